@@ -1,0 +1,35 @@
+"""asyncgrpo.dev/v1alpha1: the AsyncGRPOJob resource."""
+
+from asyncgrpo_api.v1alpha1.job import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    TERMINAL_PHASES,
+    VERSION,
+    AsyncGRPOJob,
+    AsyncGRPOJobSpec,
+    AsyncGRPOJobStatus,
+    Condition,
+    Phase,
+    Progress,
+)
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "TERMINAL_PHASES",
+    "VERSION",
+    "AsyncGRPOJob",
+    "AsyncGRPOJobSpec",
+    "AsyncGRPOJobStatus",
+    "Condition",
+    "Phase",
+    "Progress",
+]

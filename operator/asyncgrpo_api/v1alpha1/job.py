@@ -1,0 +1,184 @@
+"""The AsyncGRPOJob resource: spec, status and the object envelope."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, StringConstraints
+from typing_extensions import Annotated
+
+from asyncgrpo_api.v1alpha1.base import ApiModel, DnsSubdomain, LabelKey, ShortText
+from asyncgrpo_api.v1alpha1.placement import ClusterSpec
+from asyncgrpo_api.v1alpha1.runtime import (
+    CheckpointSpec,
+    CleanupPolicy,
+    EnvVar,
+    NetworkSpec,
+    ProgressWatchSpec,
+    SchedulerSpec,
+    SecretRef,
+    StorageSpec,
+)
+from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
+
+GROUP = "asyncgrpo.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "AsyncGRPOJob"
+PLURAL = "asyncgrpojobs"
+SINGULAR = "asyncgrpojob"
+SHORT_NAMES = ("agj",)
+
+ImageRef = Annotated[
+    str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s]+$")
+]
+
+
+class AsyncGRPOJobSpec(ApiModel):
+    """The desired state of one asynchronous GRPO training run."""
+
+    image: ImageRef = Field(description="Trainer image (Ray, torch and asyncgrpo) for the head and workers.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Pull policy of the trainer image."
+    )
+    suspend: bool = Field(
+        default=False,
+        description="true deletes the RayCluster and keeps the job (Suspended); false resumes from the "
+        "latest checkpoint. Kueue sets it to admit jobs.",
+    )
+    backoff_limit: int = Field(
+        default=2,
+        ge=0,
+        le=99,
+        description="Retries of infrastructure failures (head pod lost, driver killed by a signal, node "
+        "gone); training errors are never retried. status.restarts counts them.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, le=31_536_000, description="Fail the job after this long since it first started."
+    )
+    startup_deadline_seconds: int | None = Field(
+        default=1800,
+        ge=1,
+        le=31_536_000,
+        description="Fail an attempt whose driver is not running this long after its RayCluster was "
+        "created (e.g. GPUs never become available). Unset waits forever.",
+    )
+    progress: ProgressWatchSpec = Field(
+        default_factory=ProgressWatchSpec, description="Progress polling and stall detection."
+    )
+    cleanup_policy: CleanupPolicy = Field(
+        default_factory=CleanupPolicy, description="What is deleted after the job finishes."
+    )
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="The Ray cluster's pools.")
+    storage: StorageSpec = Field(default_factory=StorageSpec, description="Volumes mounted into the pods.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    secrets: list[SecretRef] = Field(
+        default_factory=list, max_length=32, description="Secrets exposed to the trainer as environment."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Extra environment variables for the trainer."
+    )
+    network: NetworkSpec = Field(default_factory=NetworkSpec, description="NCCL and pod networking.")
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Queueing and priority.")
+    image_pull_secrets: list[DnsSubdomain] = Field(
+        default_factory=list, max_length=16, description="Secret names used to pull the trainer image."
+    )
+    service_account_name: DnsSubdomain | None = Field(
+        default=None,
+        description="ServiceAccount of the pods; unset uses the namespace default without a mounted token.",
+    )
+    labels: dict[LabelKey, Annotated[str, StringConstraints(max_length=63)]] = Field(
+        default_factory=dict, max_length=32, description="Extra labels on the RayCluster and its pods."
+    )
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The training run itself.")
+
+
+Phase = Literal["Pending", "Provisioning", "Running", "Suspended", "Restarting", "Succeeded", "Failed"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+
+
+class Condition(ApiModel):
+    """A metav1.Condition: the source of truth of the job's state."""
+
+    type: Annotated[str, StringConstraints(min_length=1, max_length=316)] = Field(
+        description="Condition type, e.g. Ready, Running, Succeeded, Failed, Suspended, Stalled."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=1024)] = Field(
+        description="CamelCase reason, e.g. Unschedulable or DeadlineExceeded."
+    )
+    message: Annotated[str, StringConstraints(max_length=32768)] = Field(
+        default="", description="Human-readable detail."
+    )
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+
+
+class Progress(ApiModel):
+    """Training progress read from the driver's /progress endpoint."""
+
+    step: int = Field(default=0, ge=0, description="RL steps completed.")
+    max_steps: int = Field(default=0, ge=0, description="RL steps the job will run.")
+    policy_version: int = Field(default=0, ge=0, description="Weight version of the generation workers.")
+    reward_mean: float | None = Field(default=None, description="Mean reward of the last step's samples.")
+    mean_staleness: float | None = Field(
+        default=None, description="Mean policy-version lag of the last step's samples."
+    )
+    tokens_per_second: float | None = Field(default=None, description="Generated tokens per second.")
+    validation_reward: float | None = Field(default=None, description="Mean reward of the last validation.")
+    last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
+    updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
+
+
+class AsyncGRPOJobStatus(ApiModel):
+    """The observed state, written only by the operator."""
+
+    phase: Phase = Field(default="Pending", description="Derived from conditions, for printing.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=32, description="metav1.Condition list; the source of truth."
+    )
+    observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")
+    ray_cluster_name: ShortText | None = Field(default=None, description="RayCluster of the current attempt.")
+    dashboard_url: ShortText | None = Field(default=None, description="Ray dashboard of the current attempt.")
+    attempt: int = Field(default=0, ge=0, description="Index of the current attempt (0 is the first).")
+    restarts: int = Field(default=0, ge=0, description="Retries after infrastructure failures.")
+    start_time: datetime | None = Field(default=None, description="When the job first started.")
+    attempt_start_time: datetime | None = Field(default=None, description="When this attempt started.")
+    completion_time: datetime | None = Field(default=None, description="When the job finished.")
+    reason: ShortText | None = Field(default=None, description="Reason of the current phase.")
+    message: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
+        default=None, description="Detail of the current phase."
+    )
+    progress: Progress | None = Field(default=None, description="Training progress.")
+
+
+class ObjectMeta(ApiModel):
+    """The subset of metav1.ObjectMeta the API reads; other keys are kept as they are."""
+
+    model_config = ApiModel.model_config | {"extra": "allow"}
+
+    name: Annotated[str, StringConstraints(max_length=253)] = Field(default="", description="Object name.")
+    namespace: Annotated[str, StringConstraints(max_length=63)] | None = Field(
+        default=None, description="Namespace."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+
+
+class AsyncGRPOJob(ApiModel):
+    """An asynchronous GRPO training job run on a KubeRay RayCluster."""
+
+    api_version: Literal["asyncgrpo.dev/v1alpha1"] = Field(
+        default=API_VERSION, description="asyncgrpo.dev/v1alpha1."
+    )
+    kind: Literal["AsyncGRPOJob"] = Field(default=KIND, description="AsyncGRPOJob.")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
+    spec: AsyncGRPOJobSpec = Field(description="Desired state.")
+    status: AsyncGRPOJobStatus | None = Field(default=None, description="Observed state.")
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The object as a Kubernetes manifest (camelCase, defaults included, no status)."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"status"}, exclude_none=True)

@@ -1,0 +1,115 @@
+"""Where pods land: resources, node selectors, tolerations and affinity, per pool."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from asyncgrpo_api.v1alpha1.base import ApiModel, LabelKey, LabelValue, Quantity, ShortText
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class Toleration(ApiModel):
+    """A core/v1 Toleration: lets a pool's pods land on tainted nodes (GPU pools are tainted)."""
+
+    key: LabelKey | None = Field(default=None, description="Taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Equal", description="Exists matches any value; Equal matches `value`."
+    )
+    value: LabelValue | None = Field(default=None, description="Taint value to match with Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=31_536_000,
+        description="For NoExecute taints: how long the pod stays bound after the taint appears.",
+    )
+
+
+class Resources(ApiModel):
+    """CPU, memory and other per-container requests and limits, as Kubernetes quantities.
+
+    GPUs are not set here: `gpusPerReplica` sets nvidia.com/gpu requests and limits together.
+    """
+
+    requests: dict[LabelKey, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Minimum resources the scheduler reserves, e.g. {cpu: '8', memory: 64Gi}.",
+    )
+    limits: dict[LabelKey, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Maximum resources the container may use, e.g. {memory: 64Gi}.",
+    )
+
+
+class Placement(ApiModel):
+    """Scheduling constraints shared by the head and both worker pools."""
+
+    resources: Resources = Field(
+        default_factory=Resources, description="Container requests and limits (without GPUs)."
+    )
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Node labels the pool's pods require, e.g. {pool: gpu-h100}.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Taints the pool's pods tolerate; GPU pools usually taint nvidia.com/gpu.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A core/v1 Affinity object (nodeAffinity, podAffinity, podAntiAffinity), "
+        "copied into the pod spec unchanged.",
+    )
+    annotations: dict[LabelKey, ShortText] = Field(
+        default_factory=dict, max_length=32, description="Extra annotations on the pool's pods."
+    )
+
+
+class HeadGroup(Placement):
+    """The Ray head pod: runs the Ray head and the training driver; needs no GPU."""
+
+
+class WorkerGroup(Placement):
+    """A pool of identical Ray worker pods (one Ray node each)."""
+
+    replicas: int = Field(default=1, ge=0, le=1024, description="Number of worker pods in the pool.")
+    gpus_per_replica: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="nvidia.com/gpu per pod, set as both request and limit; 0 for CPU-only pools.",
+    )
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the whole pool."""
+        return self.replicas * self.gpus_per_replica
+
+
+class ClusterSpec(ApiModel):
+    """The Ray cluster a job runs on: one head and two worker pools (policy, generation)."""
+
+    ray_version: str = Field(
+        default="2.60.0",
+        pattern=r"^2\.[0-9]+(\.[0-9]+)?$",
+        max_length=16,
+        description="Ray version of the trainer image; KubeRay uses it for version-specific defaults.",
+    )
+    head: HeadGroup = Field(default_factory=HeadGroup, description="The head pod (Ray head + driver).")
+    policy_workers: WorkerGroup = Field(
+        default_factory=WorkerGroup,
+        description="Pool that trains the policy (computes log-probs, gradients, optimizer steps).",
+    )
+    generation_workers: WorkerGroup = Field(
+        default_factory=WorkerGroup,
+        description="Pool that samples rollouts from the latest synced policy weights.",
+    )

@@ -1,0 +1,189 @@
+"""What the pods need from the cluster: storage, secrets, networking, scheduling and lifecycle."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from asyncgrpo_api.v1alpha1.base import (
+    AbsolutePath,
+    ApiModel,
+    DnsLabel,
+    DnsSubdomain,
+    EnvName,
+    Quantity,
+    ShortText,
+)
+
+
+class PvcSource(ApiModel):
+    """An existing PersistentVolumeClaim in the job's namespace."""
+
+    claim_name: DnsSubdomain = Field(description="Name of the PersistentVolumeClaim.")
+    read_only: bool = Field(default=False, description="Mount the claim read-only.")
+
+
+class HostPathSource(ApiModel):
+    """A directory on the node (single-node or node-local storage)."""
+
+    path: AbsolutePath = Field(description="Absolute path on the node.")
+    type: Literal["", "Directory", "DirectoryOrCreate"] = Field(
+        default="DirectoryOrCreate", description="core/v1 HostPathType check done by the kubelet."
+    )
+
+
+class EmptyDirSource(ApiModel):
+    """Scratch space that lives and dies with the pod (lost on retry)."""
+
+    medium: Literal["", "Memory"] = Field(default="", description="'' for node disk, Memory for tmpfs.")
+    size_limit: Quantity | None = Field(default=None, description="Upper bound, e.g. 100Gi.")
+
+
+class VolumeSpec(ApiModel):
+    """One volume mounted into every pod that needs it; exactly one source must be set."""
+
+    pvc: PvcSource | None = Field(default=None, description="Back the volume with a PVC.")
+    host_path: HostPathSource | None = Field(default=None, description="Back the volume with a node path.")
+    empty_dir: EmptyDirSource | None = Field(default=None, description="Back the volume with scratch space.")
+    mount_path: AbsolutePath = Field(description="Where the volume is mounted in the containers.")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> VolumeSpec:
+        sources = [s for s in (self.pvc, self.host_path, self.empty_dir) if s is not None]
+        if len(sources) != 1:
+            raise ValueError("set exactly one of pvc, hostPath or emptyDir")
+        return self
+
+    @property
+    def survives_pod_loss(self) -> bool:
+        """Whether data written here outlives the pod (needed to resume after a retry)."""
+        return self.empty_dir is None
+
+
+class StorageSpec(ApiModel):
+    """Volumes for checkpoints, model weights and caches, and datasets."""
+
+    checkpoints: VolumeSpec | None = Field(
+        default=None,
+        description="Where checkpoints are written; use a PVC so retries and resumes find them.",
+    )
+    models: VolumeSpec | None = Field(
+        default=None, description="Model weights and caches (e.g. HF_HOME), usually a read-mostly PVC."
+    )
+    data: VolumeSpec | None = Field(default=None, description="Training and validation datasets.")
+
+
+class SecretKeyRef(ApiModel):
+    """One key of a Secret, exposed as one environment variable."""
+
+    key: ShortText = Field(min_length=1, description="Key inside the Secret.")
+    env: EnvName = Field(description="Environment variable name in the trainer containers.")
+
+
+class SecretRef(ApiModel):
+    """A Secret exposed to the trainer as environment (e.g. HF_TOKEN, WANDB_API_KEY)."""
+
+    name: DnsSubdomain = Field(description="Secret name in the job's namespace.")
+    keys: list[SecretKeyRef] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Keys to expose; empty exposes every key under its own name (envFrom).",
+    )
+
+
+class EnvVar(ApiModel):
+    """A literal environment variable for the trainer containers."""
+
+    name: EnvName = Field(description="Variable name.")
+    value: str = Field(default="", max_length=4096, description="Variable value.")
+
+
+class NetworkSpec(ApiModel):
+    """Collective-communication settings, rendered as NCCL/Gloo environment on every pod."""
+
+    nccl_socket_ifname: ShortText | None = Field(
+        default=None, description="NCCL_SOCKET_IFNAME: interfaces NCCL may use, e.g. eth0 or ^lo,docker."
+    )
+    gloo_socket_ifname: ShortText | None = Field(
+        default=None, description="GLOO_SOCKET_IFNAME for torch.distributed's Gloo backend."
+    )
+    ib_enabled: bool = Field(
+        default=False, description="Use InfiniBand/RoCE; false sets NCCL_IB_DISABLE=1."
+    )
+    ib_hca: ShortText | None = Field(
+        default=None, description="NCCL_IB_HCA: the HCAs to use when InfiniBand is on, e.g. mlx5."
+    )
+    host_network: bool = Field(
+        default=False, description="Run pods in the node's network namespace (some RDMA setups need it)."
+    )
+    nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(
+        default=None, description="NCCL_DEBUG log level."
+    )
+
+
+class SchedulerSpec(ApiModel):
+    """Queueing and priority: Kueue or KAI queue names, priority class."""
+
+    name: Literal["default", "kueue", "kai"] = Field(
+        default="default",
+        description="default: kube-scheduler; kueue: label pods and the RayCluster with "
+        "kueue.x-k8s.io/queue-name; kai: schedulerName kai-scheduler and the kai.scheduler/queue label.",
+    )
+    queue_name: DnsLabel | None = Field(
+        default=None, description="Kueue LocalQueue or KAI queue; required for kueue and kai."
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        default=None, description="PriorityClass of every pod of the job."
+    )
+
+
+class CleanupPolicy(ApiModel):
+    """What happens to the RayCluster and the job once the job has finished."""
+
+    on_success: Literal["DeleteCluster", "KeepCluster"] = Field(
+        default="DeleteCluster",
+        description="After success: delete the RayCluster (frees GPUs) or keep it for inspection.",
+    )
+    on_failure: Literal["DeleteCluster", "KeepCluster"] = Field(
+        default="KeepCluster",
+        description="After failure: keep the RayCluster for debugging (it keeps its GPUs) or delete it.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        le=31_536_000,
+        description="Delete the AsyncGRPOJob itself (and so everything it owns) this long after it "
+        "finished; unset keeps it forever.",
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """Where and how often the trainer checkpoints; retries and resumes start from the latest."""
+
+    path: AbsolutePath = Field(
+        default="/checkpoints",
+        description="Directory for checkpoints; put it under storage.checkpoints.mountPath.",
+    )
+    every_steps: int = Field(default=10, ge=1, le=1_000_000, description="Checkpoint every N RL steps.")
+    keep_last: int = Field(default=2, ge=1, le=1000, description="Checkpoints kept; older ones are removed.")
+
+
+class ProgressWatchSpec(ApiModel):
+    """How the operator decides that a running driver has stalled."""
+
+    stall_after_seconds: int = Field(
+        default=900,
+        ge=30,
+        le=604_800,
+        description="Report the Stalled condition when the driver's step has not advanced for this long.",
+    )
+    poll_seconds: int = Field(
+        default=10, ge=1, le=3600, description="How often the operator reads the driver's /progress."
+    )
+
+    @model_validator(mode="after")
+    def _stall_longer_than_poll(self) -> ProgressWatchSpec:
+        if self.stall_after_seconds <= self.poll_seconds:
+            raise ValueError("stallAfterSeconds must be greater than pollSeconds")
+        return self

@@ -1,0 +1,330 @@
+"""The trainer block: everything the single-controller async GRPO driver reads from a job.
+
+P = grpo.numPromptsPerStep, N = grpo.numGenerationsPerPrompt, S = asyncRL.maxStalenessVersions.
+Cross-field invariants live in asyncgrpo_api.rules so the webhook, the CLI and the trainer report
+them identically.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from asyncgrpo_api.v1alpha1.base import AbsolutePath, ApiModel
+
+
+class TinyModelSpec(ApiModel):
+    """A small Qwen2-shaped decoder built locally from this config (no download)."""
+
+    hidden_size: int = Field(default=64, ge=8, le=16384, description="Model width.")
+    num_layers: int = Field(default=2, ge=1, le=256, description="Decoder layers.")
+    num_heads: int = Field(default=4, ge=1, le=256, description="Attention heads.")
+    num_kv_heads: int = Field(default=2, ge=1, le=256, description="Key/value heads (grouped-query attention).")
+    intermediate_size: int | None = Field(
+        default=None, ge=8, le=65536, description="MLP width; unset uses 4 x hiddenSize."
+    )
+
+
+class ModelSpec(ApiModel):
+    """The policy model: a pretrained checkpoint on a volume, or a tiny model built from a config."""
+
+    source: Literal["tiny", "pretrained"] = Field(
+        default="tiny",
+        description="tiny: build a small model from `tiny` with random weights (CPU demos, tests); "
+        "pretrained: load a Hugging Face checkpoint directory from `path`.",
+    )
+    path: AbsolutePath | None = Field(
+        default=None,
+        description="Directory of a Hugging Face checkpoint (config, tokenizer, weights), usually under "
+        "storage.models.mountPath; required when source is pretrained. Nothing is downloaded.",
+    )
+    tiny: TinyModelSpec = Field(default_factory=TinyModelSpec, description="Shape of the tiny model.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype of the policy and generation copies."
+    )
+    max_sequence_length: int = Field(
+        default=128, ge=8, le=1_048_576, description="Prompt plus response tokens, at most."
+    )
+
+
+class GRPOSpec(ApiModel):
+    """The RL loop: how many prompts and samples make a step, and for how many steps."""
+
+    num_prompts_per_step: int = Field(
+        default=8, ge=1, le=65536, description="P: prompt groups trained on in one RL (optimizer) step."
+    )
+    num_generations_per_prompt: int = Field(
+        default=8, ge=1, le=1024, description="N: samples per prompt; advantages are relative within a group."
+    )
+    max_num_steps: int = Field(default=100, ge=1, le=10_000_000, description="RL steps to train.")
+    normalize_rewards: bool = Field(
+        default=True, description="Divide advantages by the group's reward standard deviation."
+    )
+    use_leave_one_out_baseline: bool = Field(
+        default=True, description="Baseline each sample with the mean reward of the other N-1 samples."
+    )
+    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for data order, sampling and init.")
+    val_period: int = Field(
+        default=0, ge=0, le=1_000_000, description="Validate every N steps; 0 validates only at the end."
+    )
+    val_at_end: bool = Field(default=True, description="Validate once after the last step.")
+
+
+class AsyncRLSpec(ApiModel):
+    """Asynchrony: how far rollouts may lag the trainer and how the two pumps are gated.
+
+    The four modes and their invariants are in docs/guides/async-modes.md.
+    """
+
+    max_staleness_versions: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="S: the most policy versions a trained-on rollout may lag; older data is evicted. "
+        "0 is synchronous on-policy training.",
+    )
+    over_sampling: bool = Field(
+        default=False,
+        description="Keep dispatching rollouts without waiting for the trainer; data that ages past S "
+        "is wasted. False gates one dispatch batch per trainer version.",
+    )
+    force_in_order: bool = Field(
+        default=True,
+        description="Train step t only on the batch dispatched for step t (exact batch-to-step "
+        "matching). Requires overSampling false; ignored in sync mode.",
+    )
+    min_groups_for_streaming_train: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="Prompt groups the trainer waits for before it streams a chunk into the current "
+        "step; at most P. Unset means P (one chunk per step).",
+    )
+    max_buffered_rollouts: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="Prompt groups in flight or waiting to be trained on (backpressure). Must be "
+        "P x (S+1) when overSampling is false, at least that when true. Unset means P x (S+1).",
+    )
+    max_inflight_prompts: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="Prompt groups generating at once; unset means maxBufferedRollouts.",
+    )
+    drain_before_refit: bool = Field(
+        default=False,
+        description="Before a weight update, wait for in-flight rollouts to finish so that every "
+        "rollout comes from exactly one policy version (costs generation idle time).",
+    )
+    rollout_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Deadline of one prompt group's generation and reward; a group past it is retried.",
+    )
+    max_rollout_attempts: int = Field(
+        default=3, ge=1, le=100, description="Attempts per prompt group before the run fails."
+    )
+    stall_timeout_seconds: float = Field(
+        default=600,
+        gt=0,
+        le=604_800,
+        description="Watchdog: fail the run when neither pump made progress for this long.",
+    )
+
+
+class LossSpec(ApiModel):
+    """The clipped policy-gradient loss with importance-sampling correction for stale data."""
+
+    ratio_clip_min: float = Field(default=0.2, ge=0, le=10, description="Lower clip: ratio >= 1 - this.")
+    ratio_clip_max: float = Field(default=0.28, ge=0, le=10, description="Upper clip: ratio <= 1 + this.")
+    ratio_clip_c: float | None = Field(
+        default=None, gt=1, le=100, description="Dual-clip constant for negative advantages (> 1); unset off."
+    )
+    use_importance_sampling_correction: bool = Field(
+        default=True,
+        description="Weight each token by pi_old / pi_generation to correct for data generated by an "
+        "older policy (needed for stable async training).",
+    )
+    truncated_importance_sampling_ratio: float | None = Field(
+        default=2.0, gt=0, le=1000, description="Cap on the importance weight (TIS); unset leaves it uncapped."
+    )
+    reference_policy_kl_penalty: float = Field(
+        default=0.0, ge=0, le=100, description="beta of the KL(pi || pi_ref) term; 0 skips reference log-probs."
+    )
+    kl_type: Literal["k1", "k2", "k3"] = Field(default="k3", description="KL estimator.")
+    token_level_loss: bool = Field(
+        default=True,
+        description="Average over all tokens of the step (true) or per sequence then over sequences.",
+    )
+
+
+class MegatronSpec(ApiModel):
+    """Model-parallel layout of the Megatron-core policy backend."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="Tensor-parallel ranks.")
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64, description="Pipeline stages.")
+    context_parallel_size: int = Field(default=1, ge=1, le=64, description="Context-parallel ranks.")
+
+
+class PolicySpec(ApiModel):
+    """The training side: backend, batch sizes and optimizer."""
+
+    backend: Literal["torch", "megatron"] = Field(
+        default="torch", description="torch runs on CPU or CUDA (data parallel); megatron needs GPUs."
+    )
+    train_global_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="Samples per optimizer step; must equal P x N (one RL step is one optimizer step). "
+        "Unset means P x N.",
+    )
+    train_micro_batch_size: int = Field(
+        default=8, ge=1, le=65536, description="Samples per forward/backward pass (gradient accumulation)."
+    )
+    logprob_batch_size: int | None = Field(
+        default=None, ge=1, le=65536, description="Samples per log-prob pass; unset means trainMicroBatchSize."
+    )
+    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0, le=1e6, description="Clip the global gradient norm; unset disables clipping."
+    )
+    warmup_steps: int = Field(default=0, ge=0, le=1_000_000, description="Linear learning-rate warm-up steps.")
+    megatron: MegatronSpec = Field(
+        default_factory=MegatronSpec, description="Parallel layout when backend is megatron."
+    )
+
+
+class GenerationSpec(ApiModel):
+    """The sampling side: backend and decoding settings."""
+
+    backend: Literal["torch", "vllm"] = Field(
+        default="torch", description="torch runs on CPU or CUDA; vllm needs GPUs."
+    )
+    max_new_tokens: int = Field(default=16, ge=1, le=1_048_576, description="Response length cap.")
+    temperature: float = Field(default=1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int | None = Field(default=None, ge=1, le=1_000_000, description="Top-k sampling; unset off.")
+    recompute_kv_cache_after_weight_updates: bool = Field(
+        default=False,
+        alias="recomputeKVCacheAfterWeightUpdates",
+        description="In async modes, reset the generation prefix/KV cache after each weight update "
+        "(always done in sync mode).",
+    )
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64, description="Tensor-parallel size of one generation engine (vllm)."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.8, gt=0, le=1, description="Fraction of GPU memory vllm may take."
+    )
+    colocated: bool = Field(
+        default=False,
+        description="Run generation on the policy workers' GPUs (time-shared) instead of its own pool.",
+    )
+
+
+class WeightSyncSpec(ApiModel):
+    """How new policy weights reach the generation workers after each step (refit)."""
+
+    transport: Literal["auto", "nccl", "object-store"] = Field(
+        default="auto",
+        description="auto: NCCL between GPU pools, Ray's object store otherwise.",
+    )
+    bucket_size_mb: int = Field(
+        default=512,
+        alias="bucketSizeMB",
+        ge=1, le=65536, description="Tensors are sent in buckets of about this size."
+    )
+    timeout_seconds: float = Field(default=600, gt=0, le=86_400, description="Deadline of one refit.")
+
+
+class DataSpec(ApiModel):
+    """Prompts: the environment's built-in set, or JSONL files on a volume."""
+
+    train_path: AbsolutePath | None = Field(
+        default=None,
+        description="JSONL file of {prompt, answer} rows; unset uses the environment's built-in set.",
+    )
+    validation_path: AbsolutePath | None = Field(
+        default=None, description="JSONL file of held-out {prompt, answer} rows."
+    )
+    num_validation_prompts: int = Field(
+        default=32, ge=0, le=1_000_000, description="Held-out prompts scored at each validation."
+    )
+    shuffle: bool = Field(default=True, description="Shuffle the training prompts every epoch.")
+    max_prompt_length: int = Field(
+        default=64, ge=1, le=1_048_576, description="Prompts longer than this (in tokens) are skipped."
+    )
+
+
+class EnvSpec(ApiModel):
+    """The reward environment that scores responses."""
+
+    name: Literal["arithmetic", "math"] = Field(
+        default="arithmetic",
+        description="arithmetic: a shipped synthetic task a tiny model learns from scratch; "
+        "math: exact answer checking of \\boxed{} answers for real models.",
+    )
+    num_workers: int = Field(default=1, ge=1, le=1024, description="Reward worker actors.")
+    timeout_seconds: float = Field(
+        default=10, gt=0, le=3600, description="Deadline of one scoring call; a timeout scores 0."
+    )
+
+
+class TrainerSpec(ApiModel):
+    """Everything the driver needs besides the cluster: model, algorithm, asynchrony and backends."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The policy model.")
+    grpo: GRPOSpec = Field(default_factory=GRPOSpec, description="The GRPO loop sizes.")
+    async_rl: AsyncRLSpec = Field(
+        default_factory=AsyncRLSpec, alias="asyncRL", description="Asynchrony and its invariants."
+    )
+    loss: LossSpec = Field(default_factory=LossSpec, description="The policy-gradient loss.")
+    policy: PolicySpec = Field(default_factory=PolicySpec, description="The training backend.")
+    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="The sampling backend.")
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Refit transport.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Training and validation prompts.")
+    env: EnvSpec = Field(default_factory=EnvSpec, description="The reward environment.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Driver log level."
+    )
+
+    @property
+    def required_buffer_capacity(self) -> int:
+        """P x (S+1): the groups the gated rollout pump may have outstanding."""
+        return self.grpo.num_prompts_per_step * (self.async_rl.max_staleness_versions + 1)
+
+    @property
+    def max_buffered_rollouts(self) -> int:
+        """asyncRL.maxBufferedRollouts with its default (P x (S+1)) applied."""
+        return self.async_rl.max_buffered_rollouts or self.required_buffer_capacity
+
+    @property
+    def min_groups_for_streaming_train(self) -> int:
+        """asyncRL.minGroupsForStreamingTrain with its default (P) applied."""
+        return self.async_rl.min_groups_for_streaming_train or self.grpo.num_prompts_per_step
+
+    @property
+    def max_inflight_prompts(self) -> int:
+        """asyncRL.maxInflightPrompts with its default (maxBufferedRollouts) applied."""
+        return self.async_rl.max_inflight_prompts or self.max_buffered_rollouts
+
+    @property
+    def samples_per_step(self) -> int:
+        """P x N: samples in one RL step."""
+        return self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+
+    @property
+    def train_global_batch_size(self) -> int:
+        """policy.trainGlobalBatchSize with its default (P x N) applied."""
+        return self.policy.train_global_batch_size or self.samples_per_step
+
+    @property
+    def is_sync(self) -> bool:
+        """S = 0: every rollout is generated by the policy it trains."""
+        return self.async_rl.max_staleness_versions == 0
