@@ -89,10 +89,11 @@ class AsyncRLSpec(ApiModel):
         description="Keep dispatching rollouts without waiting for the trainer; data that ages past S "
         "is wasted. False gates one dispatch batch per trainer version.",
     )
-    force_in_order: bool = Field(
-        default=True,
+    force_in_order: bool | None = Field(
+        default=None,
         description="Train step t only on the batch dispatched for step t (exact batch-to-step "
-        "matching). Requires overSampling false; ignored in sync mode.",
+        "matching). Only with overSampling false; ignored in sync mode. Unset means true when "
+        "overSampling is false and false when it is true.",
     )
     min_groups_for_streaming_train: int | None = Field(
         default=None,
@@ -323,6 +324,13 @@ class TrainerSpec(ApiModel):
     def train_global_batch_size(self) -> int:
         """policy.trainGlobalBatchSize with its default (P x N) applied."""
         return self.policy.train_global_batch_size or self.samples_per_step
+
+    @property
+    def force_in_order(self) -> bool:
+        """asyncRL.forceInOrder with its default (not overSampling) applied."""
+        if self.async_rl.force_in_order is None:
+            return not self.async_rl.over_sampling
+        return self.async_rl.force_in_order
 
     @property
     def is_sync(self) -> bool:

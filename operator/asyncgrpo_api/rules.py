@@ -1,0 +1,564 @@
+"""Validation of AsyncGRPOJob manifests: schema errors plus the cross-field invariants.
+
+One function, `validate_manifest`, is what the admission webhook, `asyncgrpo validate` and the
+trainer all call, so a job is judged the same way everywhere. Every finding names the field path
+as the user wrote it (camelCase, with list indices) and says how to fix it. Errors reject the job;
+warnings accept it and are shown to the user (admission warnings, CLI output).
+
+The async_rl invariants (P = numPromptsPerStep, N = numGenerationsPerPrompt,
+S = maxStalenessVersions) and why they exist are documented in docs/guides/async-modes.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
+from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
+
+TRAINER = "spec.trainer"
+ASYNC_RL = f"{TRAINER}.asyncRL"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or warning) with a job, anchored at a field path."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Report:
+    """The outcome of validating one manifest: the parsed job when the schema accepted it."""
+
+    job: AsyncGRPOJob | None
+    errors: tuple[Finding, ...]
+    warnings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether the job is accepted."""
+        return not self.errors
+
+
+def validate_manifest(manifest: Mapping[str, Any]) -> Report:
+    """Parse a manifest (a dict from YAML or an admission request) and check every rule."""
+    envelope = list(_envelope_errors(manifest))
+    if envelope:
+        return Report(job=None, errors=tuple(envelope), warnings=())
+    try:
+        job = AsyncGRPOJob.model_validate(dict(manifest))
+    except ValidationError as exc:
+        return Report(job=None, errors=tuple(_schema_findings(exc)), warnings=())
+    errors, warnings = check_rules(job)
+    return Report(job=job if not errors else None, errors=errors, warnings=warnings)
+
+
+def check_rules(job: AsyncGRPOJob) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
+    """The cross-field invariants of a schema-valid job: (errors, warnings)."""
+    errors: list[Finding] = []
+    warnings: list[Finding] = []
+    for rule in _ERROR_RULES:
+        errors.extend(rule(job))
+    for rule in _WARNING_RULES:
+        warnings.extend(rule(job))
+    return tuple(errors), tuple(warnings)
+
+
+# --- envelope and schema -------------------------------------------------------------------------
+
+
+def _envelope_errors(manifest: Mapping[str, Any]) -> Iterator[Finding]:
+    if not isinstance(manifest, Mapping):
+        yield Finding("(document)", f"expected a mapping (an AsyncGRPOJob object), got {type(manifest).__name__}")
+        return
+    if manifest.get("apiVersion") != API_VERSION:
+        yield Finding("apiVersion", f"must be {API_VERSION}; got {manifest.get('apiVersion')!r}")
+    if manifest.get("kind") != KIND:
+        yield Finding("kind", f"must be {KIND}; got {manifest.get('kind')!r}")
+    if "spec" not in manifest:
+        yield Finding("spec", "is required: an AsyncGRPOJob needs at least spec.image")
+
+
+def _schema_findings(exc: ValidationError) -> Iterator[Finding]:
+    for error in exc.errors():
+        loc = error["loc"]
+        path = format_path(loc)
+        if error["type"] == "extra_forbidden":
+            yield Finding(path, _unknown_field_message(loc))
+        elif error["type"] == "missing":
+            yield Finding(path, "is required")
+        else:
+            got = error.get("input")
+            shown = "" if isinstance(got, dict | list) else f"; got {got!r}"
+            yield Finding(path, f"{_lower_first(error['msg'])}{shown}")
+
+
+def format_path(loc: tuple[int | str, ...]) -> str:
+    """('spec', 'secrets', 0, 'name') -> 'spec.secrets[0].name'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith(("function-", "union[", "literal[")) or part in {"str", "int", "float", "bool"}:
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out or "(document)"
+
+
+def _unknown_field_message(loc: tuple[int | str, ...]) -> str:
+    """Suggest the closest known field name for a misspelt key."""
+    known = _known_fields(loc[:-1])
+    name = str(loc[-1])
+    hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if hint:
+        return f"unknown field; did you mean {hint[0]!r}?"
+    return "unknown field; remove it" + (f" (known fields: {', '.join(sorted(known))})" if known else "")
+
+
+def _known_fields(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] | None = AsyncGRPOJob
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        field = next(
+            (f for n, f in model.model_fields.items() if (f.alias or n) == part or n == part), None
+        )
+        model = _model_of(field.annotation) if field else None
+    if model is None:
+        return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+# --- async_rl invariants (the knob table) --------------------------------------------------------
+
+
+def _sync_mode_without_over_sampling(job: AsyncGRPOJob) -> Iterator[Finding]:
+    rl = job.spec.trainer.async_rl
+    if rl.max_staleness_versions == 0 and rl.over_sampling:
+        yield Finding(
+            f"{ASYNC_RL}.overSampling",
+            "must be false when maxStalenessVersions is 0: sync mode dispatches exactly one batch per "
+            "trainer version, which over-sampling bypasses. Set overSampling: false, or set "
+            "maxStalenessVersions >= 1 for asynchronous training",
+        )
+
+
+def _in_order_without_over_sampling(job: AsyncGRPOJob) -> Iterator[Finding]:
+    rl = job.spec.trainer.async_rl
+    if rl.force_in_order is True and rl.over_sampling:
+        yield Finding(
+            f"{ASYNC_RL}.forceInOrder",
+            "cannot be true when overSampling is true: each dispatched batch must map to exactly one "
+            "step. Set forceInOrder: false (streaming, over-sampled) or overSampling: false (exact "
+            "batch-to-step matching)",
+        )
+
+
+def _buffer_capacity(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    rl = trainer.async_rl
+    if rl.max_buffered_rollouts is None:
+        return
+    need = trainer.required_buffer_capacity
+    p, s = trainer.grpo.num_prompts_per_step, rl.max_staleness_versions
+    formula = f"numPromptsPerStep x (maxStalenessVersions + 1) = {p} x {s + 1} = {need}"
+    if not rl.over_sampling and rl.max_buffered_rollouts != need:
+        yield Finding(
+            f"{ASYNC_RL}.maxBufferedRollouts",
+            f"must equal {formula} when overSampling is false; got {rl.max_buffered_rollouts}. Set it "
+            f"to {need} or leave it unset",
+        )
+    if rl.over_sampling and rl.max_buffered_rollouts < need:
+        yield Finding(
+            f"{ASYNC_RL}.maxBufferedRollouts",
+            f"must be at least {formula} when overSampling is true, or a step could starve; got "
+            f"{rl.max_buffered_rollouts}. Raise it to {need} or more",
+        )
+
+
+def _streaming_chunk(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    chunk = trainer.async_rl.min_groups_for_streaming_train
+    p = trainer.grpo.num_prompts_per_step
+    if chunk is not None and chunk > p:
+        yield Finding(
+            f"{ASYNC_RL}.minGroupsForStreamingTrain",
+            f"must be at most numPromptsPerStep ({p}): a step trains on {p} prompt groups, so a larger "
+            f"chunk could never fill; got {chunk}. Set it to {p} or less",
+        )
+
+
+def _one_optimizer_step_per_rl_step(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    gbs = trainer.policy.train_global_batch_size
+    if gbs is not None and gbs != trainer.samples_per_step:
+        p, n = trainer.grpo.num_prompts_per_step, trainer.grpo.num_generations_per_prompt
+        yield Finding(
+            f"{TRAINER}.policy.trainGlobalBatchSize",
+            f"must equal numPromptsPerStep x numGenerationsPerPrompt = {p} x {n} = "
+            f"{trainer.samples_per_step} (one RL step is one optimizer step); got {gbs}. Set it to "
+            f"{trainer.samples_per_step} or leave it unset",
+        )
+
+
+def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    gbs = trainer.samples_per_step
+    micro = trainer.policy.train_micro_batch_size
+    ranks = policy_data_parallel_size(job)
+    if gbs % ranks:
+        yield Finding(
+            f"{TRAINER}.grpo.numPromptsPerStep",
+            f"numPromptsPerStep x numGenerationsPerPrompt = {gbs} samples must split evenly over the "
+            f"{ranks} data-parallel policy ranks; change the batch or the policy pool size",
+        )
+    elif (gbs // ranks) % micro:
+        yield Finding(
+            f"{TRAINER}.policy.trainMicroBatchSize",
+            f"must divide the per-rank batch ({gbs} samples / {ranks} ranks = {gbs // ranks}); got "
+            f"{micro}",
+        )
+
+
+def _inflight_within_buffer(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    cap = trainer.async_rl.max_inflight_prompts
+    if cap is not None and cap > trainer.max_buffered_rollouts:
+        yield Finding(
+            f"{ASYNC_RL}.maxInflightPrompts",
+            f"is above maxBufferedRollouts ({trainer.max_buffered_rollouts}), which already bounds the "
+            f"groups in flight; it has no effect above {trainer.max_buffered_rollouts}",
+        )
+
+
+def _watchdog_outlasts_rollouts(job: AsyncGRPOJob) -> Iterator[Finding]:
+    rl = job.spec.trainer.async_rl
+    if rl.rollout_timeout_seconds is not None and rl.stall_timeout_seconds <= rl.rollout_timeout_seconds:
+        yield Finding(
+            f"{ASYNC_RL}.stallTimeoutSeconds",
+            f"must be greater than rolloutTimeoutSeconds ({rl.rollout_timeout_seconds:g}), or the "
+            f"watchdog fires before a slow rollout can time out and retry",
+        )
+
+
+# --- model, sequence lengths ---------------------------------------------------------------------
+
+
+def _model_source(job: AsyncGRPOJob) -> Iterator[Finding]:
+    model = job.spec.trainer.model
+    if model.source == "pretrained" and model.path is None:
+        yield Finding(
+            f"{TRAINER}.model.path",
+            "is required when source is pretrained: the directory of a Hugging Face checkpoint, e.g. "
+            "under storage.models.mountPath",
+        )
+    tiny = model.tiny
+    if model.source == "tiny":
+        if tiny.hidden_size % tiny.num_heads:
+            yield Finding(
+                f"{TRAINER}.model.tiny.numHeads",
+                f"must divide hiddenSize ({tiny.hidden_size}); got {tiny.num_heads}",
+            )
+        if tiny.num_heads % tiny.num_kv_heads:
+            yield Finding(
+                f"{TRAINER}.model.tiny.numKvHeads",
+                f"must divide numHeads ({tiny.num_heads}); got {tiny.num_kv_heads}",
+            )
+
+
+def _sequence_fits(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    total = trainer.data.max_prompt_length + trainer.generation.max_new_tokens
+    if total > trainer.model.max_sequence_length:
+        yield Finding(
+            f"{TRAINER}.generation.maxNewTokens",
+            f"data.maxPromptLength + generation.maxNewTokens = {trainer.data.max_prompt_length} + "
+            f"{trainer.generation.max_new_tokens} = {total} exceeds model.maxSequenceLength "
+            f"({trainer.model.max_sequence_length}); lower one of them or raise maxSequenceLength",
+        )
+
+
+# --- GPU layout ----------------------------------------------------------------------------------
+
+
+def policy_data_parallel_size(job: AsyncGRPOJob) -> int:
+    """Data-parallel ranks of the policy: one per GPU (or per worker pod on CPU), over model parallelism."""
+    pool = job.spec.cluster.policy_workers
+    ranks = pool.total_gpus if pool.gpus_per_replica else max(pool.replicas, 1)
+    policy = job.spec.trainer.policy
+    if policy.backend == "megatron":
+        mp = policy.megatron
+        ranks //= max(mp.tensor_parallel_size * mp.pipeline_parallel_size * mp.context_parallel_size, 1)
+    return max(ranks, 1)
+
+
+def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
+    cluster = job.spec.cluster
+    trainer = job.spec.trainer
+    policy_pool, gen_pool = cluster.policy_workers, cluster.generation_workers
+    policy_path, gen_path = "spec.cluster.policyWorkers", "spec.cluster.generationWorkers"
+    if trainer.policy.backend == "megatron":
+        yield from _needs_gpus(policy_pool, policy_path, "policy.backend megatron")
+        mp = trainer.policy.megatron
+        model_parallel = mp.tensor_parallel_size * mp.pipeline_parallel_size * mp.context_parallel_size
+        if policy_pool.total_gpus and policy_pool.total_gpus % model_parallel:
+            yield Finding(
+                f"{TRAINER}.policy.megatron",
+                f"tensorParallelSize x pipelineParallelSize x contextParallelSize = {model_parallel} must "
+                f"divide the policy pool's {policy_pool.total_gpus} GPUs (replicas x gpusPerReplica); "
+                f"change the parallel sizes or the pool",
+            )
+        if policy_pool.gpus_per_replica and policy_pool.gpus_per_replica % mp.tensor_parallel_size:
+            yield Finding(
+                f"{TRAINER}.policy.megatron.tensorParallelSize",
+                f"must divide gpusPerReplica ({policy_pool.gpus_per_replica}) so a tensor-parallel group "
+                f"stays inside one pod; got {mp.tensor_parallel_size}",
+            )
+    generation = trainer.generation
+    serving_pool, serving_path = (policy_pool, policy_path) if generation.colocated else (gen_pool, gen_path)
+    if generation.backend == "vllm":
+        yield from _needs_gpus(serving_pool, serving_path, "generation.backend vllm")
+        if serving_pool.gpus_per_replica and serving_pool.gpus_per_replica % generation.tensor_parallel_size:
+            yield Finding(
+                f"{TRAINER}.generation.tensorParallelSize",
+                f"must divide {serving_path}.gpusPerReplica ({serving_pool.gpus_per_replica}) so one "
+                f"engine stays inside one pod; got {generation.tensor_parallel_size}",
+            )
+    elif generation.tensor_parallel_size > 1:
+        yield Finding(
+            f"{TRAINER}.generation.tensorParallelSize",
+            f"must be 1 with the torch generation backend (it does not shard); got "
+            f"{generation.tensor_parallel_size}. Use backend vllm for tensor parallelism",
+        )
+    if generation.colocated and gen_pool.replicas:
+        yield Finding(
+            f"{gen_path}.replicas",
+            "must be 0 when generation.colocated is true: generation then runs on the policy workers; "
+            "set replicas: 0 or colocated: false",
+        )
+    if not generation.colocated and gen_pool.replicas == 0 and policy_pool.replicas == 0:
+        return
+    if trainer.weight_sync.transport == "nccl" and not (policy_pool.gpus_per_replica and serving_pool.gpus_per_replica):
+        yield Finding(
+            f"{TRAINER}.weightSync.transport",
+            "nccl needs GPUs on both the policy and the generation pool; use auto or object-store on CPU",
+        )
+
+
+def _needs_gpus(pool: WorkerGroup, path: str, why: str) -> Iterator[Finding]:
+    if pool.total_gpus == 0:
+        yield Finding(
+            f"{path}.gpusPerReplica",
+            f"{why} needs GPUs, but the pool asks for none (replicas {pool.replicas}, gpusPerReplica "
+            f"{pool.gpus_per_replica}); set replicas and gpusPerReplica to at least 1, or use the torch "
+            f"backend",
+        )
+
+
+def _gpus_not_in_resources(job: AsyncGRPOJob) -> Iterator[Finding]:
+    cluster = job.spec.cluster
+    for name, group in (
+        ("head", cluster.head),
+        ("policyWorkers", cluster.policy_workers),
+        ("generationWorkers", cluster.generation_workers),
+    ):
+        for kind, values in (("requests", group.resources.requests), ("limits", group.resources.limits)):
+            if GPU_RESOURCE in values:
+                fix = "gpusPerReplica" if name != "head" else "a worker pool (the head needs no GPU)"
+                yield Finding(
+                    f"spec.cluster.{name}.resources.{kind}",
+                    f"must not set {GPU_RESOURCE}: use {fix}, which sets request and limit together",
+                )
+
+
+# --- names, scheduler, env -----------------------------------------------------------------------
+
+
+def _names_fit(job: AsyncGRPOJob) -> Iterator[Finding]:
+    name = job.metadata.name
+    if not name:
+        return
+    if not name[0].isalpha():
+        yield Finding(
+            "metadata.name",
+            f"must start with a letter: the derived Ray head Service name must be a DNS-1035 label; got {name!r}",
+        )
+    longest = raycluster_name(name, job.spec.backoff_limit)
+    if len(longest) > MAX_RAYCLUSTER_NAME_LENGTH:
+        room = MAX_RAYCLUSTER_NAME_LENGTH - (len(longest) - len(name))
+        yield Finding(
+            "metadata.name",
+            f"is too long: the RayCluster of the last retry would be {longest!r} ({len(longest)} "
+            f"characters), over KubeRay's limit of {MAX_RAYCLUSTER_NAME_LENGTH}. Use at most {room} "
+            f"characters (with backoffLimit {job.spec.backoff_limit})",
+        )
+
+
+def _scheduler_queue(job: AsyncGRPOJob) -> Iterator[Finding]:
+    scheduler = job.spec.scheduler
+    if scheduler.name in {"kueue", "kai"} and scheduler.queue_name is None:
+        yield Finding(
+            "spec.scheduler.queueName",
+            f"is required when scheduler.name is {scheduler.name}: name the queue the job is submitted to",
+        )
+
+
+def _unique_env_names(job: AsyncGRPOJob) -> Iterator[Finding]:
+    seen: dict[str, str] = {}
+    for i, var in enumerate(job.spec.env):
+        path = f"spec.env[{i}].name"
+        if var.name in seen:
+            yield Finding(path, f"{var.name} is already set by {seen[var.name]}; set each variable once")
+        seen.setdefault(var.name, path)
+    for i, secret in enumerate(job.spec.secrets):
+        for k, ref in enumerate(secret.keys):
+            path = f"spec.secrets[{i}].keys[{k}].env"
+            if ref.env in seen:
+                yield Finding(path, f"{ref.env} is already set by {seen[ref.env]}; set each variable once")
+            seen.setdefault(ref.env, path)
+
+
+# --- warnings ------------------------------------------------------------------------------------
+
+
+def _warn_force_in_order_in_sync_mode(job: AsyncGRPOJob) -> Iterator[Finding]:
+    rl = job.spec.trainer.async_rl
+    if rl.max_staleness_versions == 0 and rl.force_in_order is not None and not rl.over_sampling:
+        yield Finding(
+            f"{ASYNC_RL}.forceInOrder",
+            "is ignored in sync mode (maxStalenessVersions 0): every step trains on the batch generated "
+            "by its own policy version anyway; remove it",
+        )
+
+
+def _warn_stale_data_without_correction(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    if not trainer.is_sync and not trainer.loss.use_importance_sampling_correction:
+        yield Finding(
+            f"{TRAINER}.loss.useImportanceSamplingCorrection",
+            "is false in an asynchronous mode: data from older policies is trained on without "
+            "correction, which is known to destabilise training; set it to true",
+        )
+
+
+def _warn_checkpoints_not_durable(job: AsyncGRPOJob) -> Iterator[Finding]:
+    volume = job.spec.storage.checkpoints
+    path = job.spec.checkpoint.path
+    if volume is None or not volume.survives_pod_loss:
+        yield Finding(
+            "spec.storage.checkpoints",
+            "is not a durable volume (PVC or hostPath): checkpoints are lost with the pods, so retries "
+            "and resumes after suspend start from step 0. Mount a PVC at checkpoint.path",
+        )
+    elif not (path == volume.mount_path or path.startswith(volume.mount_path.rstrip("/") + "/")):
+        yield Finding(
+            "spec.checkpoint.path",
+            f"{path} is outside storage.checkpoints.mountPath ({volume.mount_path}), so checkpoints are "
+            f"not written to the durable volume; put the path under the mount",
+        )
+
+
+def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    if trainer.model.source == "pretrained" and "tiny" in trainer.model.model_fields_set:
+        yield Finding(f"{TRAINER}.model.tiny", "is ignored when source is pretrained; remove it")
+    if trainer.policy.backend != "megatron" and "megatron" in trainer.policy.model_fields_set:
+        yield Finding(f"{TRAINER}.policy.megatron", "is ignored unless policy.backend is megatron; remove it")
+    if job.spec.scheduler.name == "default" and job.spec.scheduler.queue_name is not None:
+        yield Finding("spec.scheduler.queueName", "is ignored with scheduler.name default; set name kueue or kai")
+    if trainer.grpo.val_period and trainer.data.num_validation_prompts == 0:
+        yield Finding(
+            f"{TRAINER}.grpo.valPeriod",
+            "has no effect while data.numValidationPrompts is 0; set validation prompts or valPeriod 0",
+        )
+
+
+_ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
+    _names_fit,
+    _sync_mode_without_over_sampling,
+    _in_order_without_over_sampling,
+    _buffer_capacity,
+    _streaming_chunk,
+    _one_optimizer_step_per_rl_step,
+    _batch_divides,
+    _watchdog_outlasts_rollouts,
+    _model_source,
+    _sequence_fits,
+    _gpu_layout,
+    _gpus_not_in_resources,
+    _scheduler_queue,
+    _unique_env_names,
+)
+_WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
+    _warn_force_in_order_in_sync_mode,
+    _inflight_within_buffer,
+    _warn_stale_data_without_correction,
+    _warn_checkpoints_not_durable,
+    _warn_ignored_settings,
+)
+
+
+# --- updates -------------------------------------------------------------------------------------
+
+ALWAYS_MUTABLE = frozenset(
+    {
+        "suspend",
+        "backoffLimit",
+        "activeDeadlineSeconds",
+        "startupDeadlineSeconds",
+        "progress",
+        "cleanupPolicy",
+    }
+)
+"""Top-level spec fields that may change at any time: they steer the operator, not the run."""
+
+MUTABLE_WHILE_SUSPENDED = frozenset({"cluster", "scheduler", "labels"})
+"""Placement fields that may change while a job is suspended or not yet started (Kueue rewrites
+node selectors and tolerations when it admits a job); the next RayCluster uses the new values."""
+
+
+def locked_changes(old_spec: Mapping[str, Any], new_spec: Mapping[str, Any], *, suspended: bool) -> list[Finding]:
+    """Spec fields an update changes that cannot change now; empty when the update is allowed.
+
+    A running job's trainer reads its spec once, so changing, say, the batch size would silently
+    do nothing until the next retry and make checkpoints inconsistent: such changes are refused.
+    """
+    mutable = ALWAYS_MUTABLE | (MUTABLE_WHILE_SUSPENDED if suspended else frozenset())
+    findings: list[Finding] = []
+    for key in sorted(set(old_spec) | set(new_spec)):
+        if key in mutable or old_spec.get(key) == new_spec.get(key):
+            continue
+        when = "while the job runs" if key in MUTABLE_WHILE_SUSPENDED else "once the job exists"
+        fix = (
+            "suspend the job first (spec.suspend: true) or create a new job"
+            if key in MUTABLE_WHILE_SUSPENDED
+            else "create a new job (or delete and re-create this one)"
+        )
+        findings.append(Finding(f"spec.{key}", f"cannot change {when}; {fix}"))
+    return findings
