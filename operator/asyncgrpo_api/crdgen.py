@@ -1,0 +1,274 @@
+"""Generate the AsyncGRPOJob CustomResourceDefinition from the pydantic models.
+
+The models are the one schema: this turns their JSON schema into a Kubernetes structural schema
+(refs inlined, nullable unions collapsed, pydantic-only keywords dropped), adds the defaults so
+the API server stores complete objects, the printer columns of `kubectl get agj`, the status
+subresource, and CEL rules for the invariants CEL can express, so the API server rejects them
+even when the admission webhook is down.
+
+Run `python -m asyncgrpo_api.crdgen` to rewrite crds/; `--check` fails when the file is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from asyncgrpo_api.v1alpha1.job import AsyncGRPOJobSpec, AsyncGRPOJobStatus
+
+CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
+Schema = dict[str, Any]
+
+_DROPPED_KEYWORDS = frozenset({"title", "propertyNames", "additionalProperties"})
+
+PRINTER_COLUMNS: list[Schema] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
+    {"name": "Staleness", "type": "number", "jsonPath": ".status.progress.meanStaleness"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Max-Steps", "type": "integer", "jsonPath": ".status.progress.maxSteps", "priority": 1},
+    {"name": "Version", "type": "integer", "jsonPath": ".status.progress.policyVersion", "priority": 1},
+    {"name": "Tokens/s", "type": "number", "jsonPath": ".status.progress.tokensPerSecond", "priority": 1},
+    {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.progress.lastCheckpointStep", "priority": 1},
+    {"name": "Cluster", "type": "string", "jsonPath": ".status.rayClusterName", "priority": 1},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+]
+
+_P = "self.grpo.numPromptsPerStep"
+_S = "self.asyncRL.maxStalenessVersions"
+_CAPACITY = f"{_P} * ({_S} + 1)"
+
+TRAINER_RULES: list[Schema] = [
+    {
+        "rule": f"!({_S} == 0 && self.asyncRL.overSampling)",
+        "fieldPath": ".asyncRL.overSampling",
+        "message": "must be false when maxStalenessVersions is 0 (sync mode gates one dispatch batch per "
+        "trainer version); set overSampling: false or maxStalenessVersions >= 1",
+    },
+    {
+        "rule": "!(has(self.asyncRL.forceInOrder) && self.asyncRL.forceInOrder && self.asyncRL.overSampling)",
+        "fieldPath": ".asyncRL.forceInOrder",
+        "message": "cannot be true when overSampling is true (each dispatched batch must map to exactly "
+        "one step); set forceInOrder: false or overSampling: false",
+    },
+    {
+        "rule": "self.asyncRL.overSampling || !has(self.asyncRL.maxBufferedRollouts) || "
+        f"self.asyncRL.maxBufferedRollouts == {_CAPACITY}",
+        "fieldPath": ".asyncRL.maxBufferedRollouts",
+        "message": "must equal numPromptsPerStep x (maxStalenessVersions + 1) when overSampling is false; "
+        "set it to that product or leave it unset",
+    },
+    {
+        "rule": "!self.asyncRL.overSampling || !has(self.asyncRL.maxBufferedRollouts) || "
+        f"self.asyncRL.maxBufferedRollouts >= {_CAPACITY}",
+        "fieldPath": ".asyncRL.maxBufferedRollouts",
+        "message": "must be at least numPromptsPerStep x (maxStalenessVersions + 1) when overSampling is "
+        "true, or a step could starve",
+    },
+    {
+        "rule": f"!has(self.asyncRL.minGroupsForStreamingTrain) || self.asyncRL.minGroupsForStreamingTrain <= {_P}",
+        "fieldPath": ".asyncRL.minGroupsForStreamingTrain",
+        "message": "must be at most numPromptsPerStep",
+    },
+    {
+        "rule": "!has(self.policy.trainGlobalBatchSize) || "
+        f"self.policy.trainGlobalBatchSize == {_P} * self.grpo.numGenerationsPerPrompt",
+        "fieldPath": ".policy.trainGlobalBatchSize",
+        "message": "must equal numPromptsPerStep x numGenerationsPerPrompt (one RL step is one optimizer "
+        "step); set it to that product or leave it unset",
+    },
+]
+
+VOLUME_RULES: list[Schema] = [
+    {
+        "rule": "[has(self.pvc), has(self.hostPath), has(self.emptyDir)].filter(x, x).size() == 1",
+        "message": "set exactly one of pvc, hostPath or emptyDir",
+    }
+]
+
+ROOT_RULES: list[Schema] = [
+    {
+        "rule": "size(self.metadata.name) + size(string(self.spec.backoffLimit)) <= 52",
+        "fieldPath": ".metadata.name",
+        "message": "is too long: the RayCluster of the last retry (<name>-<backoffLimit>) must fit "
+        "KubeRay's 53-character limit; shorten the name",
+    },
+]
+
+
+def build_crd() -> Schema:
+    """The CustomResourceDefinition object, as a dict ready to dump."""
+    spec_schema = _structural(AsyncGRPOJobSpec.model_json_schema(by_alias=True), with_defaults=True)
+    status_schema = _structural(AsyncGRPOJobStatus.model_json_schema(by_alias=True), with_defaults=False)
+    spec_schema["properties"]["trainer"]["x-kubernetes-validations"] = TRAINER_RULES
+    for volume in spec_schema["properties"]["storage"]["properties"].values():
+        volume["x-kubernetes-validations"] = VOLUME_RULES
+    root: Schema = {
+        "type": "object",
+        "description": "An asynchronous GRPO training job run on a KubeRay RayCluster.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "asyncgrpo.dev/v1alpha1."},
+            "kind": {"type": "string", "description": "AsyncGRPOJob."},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+        "x-kubernetes-validations": ROOT_RULES,
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "asyncgrpo"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["all", "asyncgrpo"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+def _structural(schema: Schema, *, with_defaults: bool) -> Schema:
+    defs: dict[str, Schema] = schema.pop("$defs", {})
+    return _convert(schema, defs, with_defaults=with_defaults)
+
+
+def _convert(node: Schema, defs: dict[str, Schema], *, with_defaults: bool) -> Schema:
+    """Rewrite one JSON-schema node into its structural OpenAPI v3 form."""
+    node = dict(node)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        node = {**target, **node}
+    nullable = False
+    if "anyOf" in node:
+        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        nullable = len(branches) == 1 and "default" in node and node["default"] is not None
+        if len(branches) != 1:
+            raise ValueError(f"unions other than Optional[X] cannot be expressed in a CRD: {branches}")
+        node = {**_convert(branches[0], defs, with_defaults=with_defaults), **node}
+    out: Schema = {}
+    for key, value in node.items():
+        if key in _DROPPED_KEYWORDS or (key == "default" and (value is None or not with_defaults)):
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "properties":
+            out[key] = {
+                name: _convert(prop, defs, with_defaults=with_defaults) for name, prop in value.items()
+            }
+        elif key == "items":
+            out[key] = _convert(value, defs, with_defaults=with_defaults)
+        elif key == "patternProperties":
+            (value_schema,) = value.values()
+            out["additionalProperties"] = _convert(value_schema, defs, with_defaults=with_defaults)
+        else:
+            out[key] = value
+    if node.get("additionalProperties") is True:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    elif isinstance(node.get("additionalProperties"), dict):
+        out["additionalProperties"] = _convert(node["additionalProperties"], defs, with_defaults=with_defaults)
+    if nullable:
+        out["nullable"] = True
+    if with_defaults and out.get("type") == "object" and "properties" in out:
+        required = set(out.get("required", []))
+        for name, prop in out["properties"].items():
+            if prop.get("type") == "object" and "properties" in prop and name not in required:
+                if "default" not in prop and not prop.get("nullable") and _defaults_fully(prop):
+                    prop["default"] = {}
+    return _ordered(out)
+
+
+def _defaults_fully(prop: Schema) -> bool:
+    """An object may default to {} only when it has no required fields (then {} is valid)."""
+    return not prop.get("required")
+
+
+_KEY_ORDER = (
+    "description",
+    "type",
+    "format",
+    "enum",
+    "default",
+    "nullable",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "maxProperties",
+    "required",
+    "properties",
+    "items",
+    "additionalProperties",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-validations",
+)
+
+
+def _ordered(node: Schema) -> Schema:
+    """A stable key order, so the generated file diffs cleanly."""
+    rank = {key: i for i, key in enumerate(_KEY_ORDER)}
+    return dict(sorted(node.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
+
+def render_crd() -> str:
+    """The CRD as YAML text, exactly as committed under crds/."""
+    header = "# GENERATED by `python -m asyncgrpo_api.crdgen` from the asyncgrpo_api models. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120, allow_unicode=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or with --check, verify) crds/asyncgrpo.dev_asyncgrpojobs.yaml."""
+    parser = argparse.ArgumentParser(prog="python -m asyncgrpo_api.crdgen", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("crds"), help="output folder (default: crds)")
+    parser.add_argument("--check", action="store_true", help="fail if the committed file is stale")
+    args = parser.parse_args(argv)
+    target: Path = args.out / CRD_FILE
+    text = render_crd()
+    if args.check:
+        if not target.exists() or target.read_text() != text:
+            print(f"{target} is stale: run `python -m asyncgrpo_api.crdgen`", file=sys.stderr)
+            return 1
+        return 0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    print(f"wrote {target} ({len(text.encode())} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `asyncgrpo` command: validate, render and run job files."""
