@@ -48,7 +48,9 @@ def read_documents(path: Path) -> Iterator[Document]:
         if isinstance(doc, dict):
             yield Document(source, index, doc)
         else:
-            yield Document(source, index, None, f"expected a mapping (an AsyncGRPOJob), got {type(doc).__name__}")
+            yield Document(
+                source, index, None, f"expected a mapping (an AsyncGRPOJob), got {type(doc).__name__}"
+            )
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -80,7 +80,9 @@ def check_rules(job: AsyncGRPOJob) -> tuple[tuple[Finding, ...], tuple[Finding, 
 
 def _envelope_errors(manifest: Mapping[str, Any]) -> Iterator[Finding]:
     if not isinstance(manifest, Mapping):
-        yield Finding("(document)", f"expected a mapping (an AsyncGRPOJob object), got {type(manifest).__name__}")
+        yield Finding(
+            "(document)", f"expected a mapping (an AsyncGRPOJob object), got {type(manifest).__name__}"
+        )
         return
     if manifest.get("apiVersion") != API_VERSION:
         yield Finding("apiVersion", f"must be {API_VERSION}; got {manifest.get('apiVersion')!r}")
@@ -132,9 +134,7 @@ def _known_fields(loc: tuple[int | str, ...]) -> list[str]:
     for part in loc:
         if model is None or isinstance(part, int):
             continue
-        field = next(
-            (f for n, f in model.model_fields.items() if (f.alias or n) == part or n == part), None
-        )
+        field = next((f for n, f in model.model_fields.items() if part in {f.alias or n, n}), None)
         model = _model_of(field.annotation) if field else None
     if model is None:
         return []
@@ -241,8 +241,7 @@ def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
     elif (gbs // ranks) % micro:
         yield Finding(
             f"{TRAINER}.policy.trainMicroBatchSize",
-            f"must divide the per-rank batch ({gbs} samples / {ranks} ranks = {gbs // ranks}); got "
-            f"{micro}",
+            f"must divide the per-rank batch ({gbs} samples / {ranks} ranks = {gbs // ranks}); got {micro}",
         )
 
 
@@ -364,7 +363,9 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
     if not generation.colocated and gen_pool.replicas == 0 and policy_pool.replicas == 0:
         return
-    if trainer.weight_sync.transport == "nccl" and not (policy_pool.gpus_per_replica and serving_pool.gpus_per_replica):
+    if trainer.weight_sync.transport == "nccl" and not (
+        policy_pool.gpus_per_replica and serving_pool.gpus_per_replica
+    ):
         yield Finding(
             f"{TRAINER}.weightSync.transport",
             "nccl needs GPUs on both the policy and the generation pool; use auto or object-store on CPU",
@@ -407,7 +408,8 @@ def _names_fit(job: AsyncGRPOJob) -> Iterator[Finding]:
     if not name[0].isalpha():
         yield Finding(
             "metadata.name",
-            f"must start with a letter: the derived Ray head Service name must be a DNS-1035 label; got {name!r}",
+            "must start with a letter: the derived Ray head Service name must be a DNS-1035 label; "
+            f"got {name!r}",
         )
     longest = raycluster_name(name, job.spec.backoff_limit)
     if len(longest) > MAX_RAYCLUSTER_NAME_LENGTH:
@@ -491,7 +493,9 @@ def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
     if trainer.policy.backend != "megatron" and "megatron" in trainer.policy.model_fields_set:
         yield Finding(f"{TRAINER}.policy.megatron", "is ignored unless policy.backend is megatron; remove it")
     if job.spec.scheduler.name == "default" and job.spec.scheduler.queue_name is not None:
-        yield Finding("spec.scheduler.queueName", "is ignored with scheduler.name default; set name kueue or kai")
+        yield Finding(
+            "spec.scheduler.queueName", "is ignored with scheduler.name default; set name kueue or kai"
+        )
     if trainer.grpo.val_period and trainer.data.num_validation_prompts == 0:
         yield Finding(
             f"{TRAINER}.grpo.valPeriod",
@@ -543,7 +547,9 @@ MUTABLE_WHILE_SUSPENDED = frozenset({"cluster", "scheduler", "labels"})
 node selectors and tolerations when it admits a job); the next RayCluster uses the new values."""
 
 
-def locked_changes(old_spec: Mapping[str, Any], new_spec: Mapping[str, Any], *, suspended: bool) -> list[Finding]:
+def locked_changes(
+    old_spec: Mapping[str, Any], new_spec: Mapping[str, Any], *, suspended: bool
+) -> list[Finding]:
     """Spec fields an update changes that cannot change now; empty when the update is allowed.
 
     A running job's trainer reads its spec once, so changing, say, the batch size would silently

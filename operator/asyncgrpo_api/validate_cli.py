@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
                 status = max(status, EXIT_UNREADABLE)
                 continue
             report = validate_manifest(doc.manifest)
-            name = doc.manifest.get("metadata", {}).get("name", "?") if isinstance(doc.manifest.get("metadata"), dict) else "?"
+            name = (
+                doc.manifest.get("metadata", {}).get("name", "?")
+                if isinstance(doc.manifest.get("metadata"), dict)
+                else "?"
+            )
             for warning in report.warnings:
                 print(f"{doc.label}: warning: {warning}", file=out)
             for error in report.errors:

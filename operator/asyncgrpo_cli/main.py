@@ -17,8 +17,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("asyncgrpo_trainer.local_run", "run a job on this machine with an embedded Ray (no Kubernetes)"),
 }
 
-USAGE = "usage: asyncgrpo {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(
-    f"  {name:<9} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()
+USAGE = (
+    "usage: asyncgrpo {"
+    + ",".join(SUBCOMMANDS)
+    + "} ...\n\n"
+    + "\n".join(f"  {name:<9} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
 )
 
 

@@ -31,13 +31,10 @@ QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 DnsLabel = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
-DnsSubdomain = Annotated[
-    str, StringConstraints(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
-]
+DnsSubdomain = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
 Quantity = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=QUANTITY_PATTERN)]
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=316, pattern=LABEL_KEY_PATTERN)]
 LabelValue = Annotated[str, StringConstraints(max_length=63)]
 ShortText = Annotated[str, StringConstraints(max_length=256)]
 AbsolutePath = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")]
-

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
-from typing_extensions import Annotated
 
 from asyncgrpo_api.v1alpha1.base import ApiModel, DnsSubdomain, LabelKey, ShortText
 from asyncgrpo_api.v1alpha1.placement import ClusterSpec
@@ -30,9 +29,7 @@ PLURAL = "asyncgrpojobs"
 SINGULAR = "asyncgrpojob"
 SHORT_NAMES = ("agj",)
 
-ImageRef = Annotated[
-    str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s]+$")
-]
+ImageRef = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
 
 
 class AsyncGRPOJobSpec(ApiModel):
@@ -172,9 +169,9 @@ class AsyncGRPOJob(ApiModel):
     """An asynchronous GRPO training job run on a KubeRay RayCluster."""
 
     api_version: Literal["asyncgrpo.dev/v1alpha1"] = Field(
-        default=API_VERSION, description="asyncgrpo.dev/v1alpha1."
+        default="asyncgrpo.dev/v1alpha1", description="asyncgrpo.dev/v1alpha1."
     )
-    kind: Literal["AsyncGRPOJob"] = Field(default=KIND, description="AsyncGRPOJob.")
+    kind: Literal["AsyncGRPOJob"] = Field(default="AsyncGRPOJob", description="AsyncGRPOJob.")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
     spec: AsyncGRPOJobSpec = Field(description="Desired state.")
     status: AsyncGRPOJobStatus | None = Field(default=None, description="Observed state.")

@@ -108,9 +108,7 @@ class NetworkSpec(ApiModel):
     gloo_socket_ifname: ShortText | None = Field(
         default=None, description="GLOO_SOCKET_IFNAME for torch.distributed's Gloo backend."
     )
-    ib_enabled: bool = Field(
-        default=False, description="Use InfiniBand/RoCE; false sets NCCL_IB_DISABLE=1."
-    )
+    ib_enabled: bool = Field(default=False, description="Use InfiniBand/RoCE; false sets NCCL_IB_DISABLE=1.")
     ib_hca: ShortText | None = Field(
         default=None, description="NCCL_IB_HCA: the HCAs to use when InfiniBand is on, e.g. mlx5."
     )

@@ -20,7 +20,9 @@ class TinyModelSpec(ApiModel):
     hidden_size: int = Field(default=64, ge=8, le=16384, description="Model width.")
     num_layers: int = Field(default=2, ge=1, le=256, description="Decoder layers.")
     num_heads: int = Field(default=4, ge=1, le=256, description="Attention heads.")
-    num_kv_heads: int = Field(default=2, ge=1, le=256, description="Key/value heads (grouped-query attention).")
+    num_kv_heads: int = Field(
+        default=2, ge=1, le=256, description="Key/value heads (grouped-query attention)."
+    )
     intermediate_size: int | None = Field(
         default=None, ge=8, le=65536, description="MLP width; unset uses 4 x hiddenSize."
     )
@@ -151,10 +153,16 @@ class LossSpec(ApiModel):
         "older policy (needed for stable async training).",
     )
     truncated_importance_sampling_ratio: float | None = Field(
-        default=2.0, gt=0, le=1000, description="Cap on the importance weight (TIS); unset leaves it uncapped."
+        default=2.0,
+        gt=0,
+        le=1000,
+        description="Cap on the importance weight (TIS); unset leaves it uncapped.",
     )
     reference_policy_kl_penalty: float = Field(
-        default=0.0, ge=0, le=100, description="beta of the KL(pi || pi_ref) term; 0 skips reference log-probs."
+        default=0.0,
+        ge=0,
+        le=100,
+        description="beta of the KL(pi || pi_ref) term; 0 skips reference log-probs.",
     )
     kl_type: Literal["k1", "k2", "k3"] = Field(default="k3", description="KL estimator.")
     token_level_loss: bool = Field(
@@ -188,14 +196,19 @@ class PolicySpec(ApiModel):
         default=8, ge=1, le=65536, description="Samples per forward/backward pass (gradient accumulation)."
     )
     logprob_batch_size: int | None = Field(
-        default=None, ge=1, le=65536, description="Samples per log-prob pass; unset means trainMicroBatchSize."
+        default=None,
+        ge=1,
+        le=65536,
+        description="Samples per log-prob pass; unset means trainMicroBatchSize.",
     )
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
     max_grad_norm: float | None = Field(
         default=1.0, gt=0, le=1e6, description="Clip the global gradient norm; unset disables clipping."
     )
-    warmup_steps: int = Field(default=0, ge=0, le=1_000_000, description="Linear learning-rate warm-up steps.")
+    warmup_steps: int = Field(
+        default=0, ge=0, le=1_000_000, description="Linear learning-rate warm-up steps."
+    )
     megatron: MegatronSpec = Field(
         default_factory=MegatronSpec, description="Parallel layout when backend is megatron."
     )
@@ -239,7 +252,9 @@ class WeightSyncSpec(ApiModel):
     bucket_size_mb: int = Field(
         default=512,
         alias="bucketSizeMB",
-        ge=1, le=65536, description="Tensors are sent in buckets of about this size."
+        ge=1,
+        le=65536,
+        description="Tensors are sent in buckets of about this size.",
     )
     timeout_seconds: float = Field(default=600, gt=0, le=86_400, description="Deadline of one refit.")
 

@@ -1,0 +1,285 @@
+"""The validating admission webhook for AsyncGRPOJob, served by the operator process (kopf).
+
+Why a webhook at all: the CRD's schema and CEL rules catch a lot, but not every invariant of
+`asyncgrpo_api.rules` (GPU layouts, the batch arithmetic, name lengths with retries, update locks
+that depend on the job's state). Running the very same `validate_manifest` here means a bad job is
+refused by `kubectl apply` on the spot, with the field path and the fix, instead of failing minutes
+later on a GPU node.
+
+Design choices, each to keep the webhook from ever wedging the cluster:
+
+* ONE handler (`HANDLER_ID`) for CREATE and UPDATE. kopf runs handlers of one request in parallel
+  and the API server shows only the first error, so all checks are ordered inside one handler and
+  every finding goes into one message.
+* DELETE is never hooked, and an UPDATE of an object being deleted (deletionTimestamp set) or an
+  UPDATE that leaves `spec` untouched (finalizers, annotations, labels, kopf's own bookkeeping) is
+  allowed without looking at it. The chart's ValidatingWebhookConfiguration expresses the same with
+  `matchConditions`, so the API server does not even call us then; the checks here are the backstop
+  for configurations without them.
+* The configuration is owned by the Helm chart, not by kopf (`settings.admission.managed = None`):
+  it is a service reference with a CA bundle, which kopf's managed mode cannot produce, and
+  `helm uninstall` removes it together with the operator, so no orphaned webhook blocks the API.
+
+The operator's `main.py` calls `configure_admission(settings)` from its `@kopf.on.startup` handler;
+importing this module registers the handler with kopf's default registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from asyncgrpo_api.rules import Finding, locked_changes, validate_manifest
+from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, AsyncGRPOJob
+
+logger = logging.getLogger(__name__)
+
+HANDLER_ID = "validate-asyncgrpojob"
+"""The kopf handler id, which is also the URL path the API server posts to (`/<HANDLER_ID>`)."""
+
+WEBHOOK_PATH = f"/{HANDLER_ID}"
+"""The path the chart's ValidatingWebhookConfiguration must use. kopf routes `/<id>` to the handler
+with that id; a request to `/` would run no handler at all and be allowed, so the path matters."""
+
+WEBHOOK_NAME = "validate.asyncgrpojobs.asyncgrpo.dev"
+"""The webhook's name in the ValidatingWebhookConfiguration; kubectl prints it on every denial."""
+
+DEFAULT_PORT = 9443
+DEFAULT_CERT_DIR = Path("/etc/asyncgrpo/webhook-tls")
+DENIAL_CODE = 422
+"""HTTP code of a denial: 422 Unprocessable Entity, like the API server's own schema errors.
+(kopf's AdmissionError defaults to 500, which kubectl would print as an internal error.)"""
+
+MAX_FINDINGS_SHOWN = 50
+
+
+# --- the decision (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the webhook answers: allowed or not, the denial message and the warnings."""
+
+    allowed: bool
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    errors: tuple[Finding, ...] = field(default=(), repr=False)
+
+
+ALLOW = Decision(allowed=True)
+
+
+def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> Decision:
+    """Judge one admission request for an AsyncGRPOJob.
+
+    Kept free of kopf so the exact rules (what is skipped, what is locked, how the message reads)
+    are unit-tested directly; `validate_job` only adapts it to kopf.
+    """
+    if new is None:
+        return ALLOW  # DELETE/CONNECT: never hooked, and never blocked if someone hooks them
+    if operation == "UPDATE" and old is not None:
+        if _being_deleted(new) or _being_deleted(old):
+            return ALLOW  # finalizer removal and the like must always pass
+        if old.get("spec") == new.get("spec"):
+            return ALLOW  # metadata-only: validated when the spec was written; rules may have moved on
+    report = validate_manifest(_user_input(new))
+    errors = list(report.errors)
+    if operation == "UPDATE" and old is not None:
+        errors = _locked(old, new) + errors
+    warnings = tuple(str(w) for w in report.warnings)
+    if not errors:
+        return Decision(allowed=True, warnings=warnings)
+    message = denial_message(new, errors)
+    return Decision(allowed=False, message=message, warnings=warnings, errors=tuple(errors))
+
+
+def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:
+    """One line per finding, `path: what is wrong and how to fix it`, like kubectl's field errors.
+
+    kubectl prints it after `admission webhook "<name>" denied the request: `.
+    """
+    metadata = _mapping(obj.get("metadata"))
+    name = str(metadata.get("name") or metadata.get("generateName") or "")
+    count = f"{len(errors)} error" + ("s" if len(errors) != 1 else "")
+    lines = [f'{KIND} "{name}" is invalid ({count}):']
+    lines += [f"- {finding}" for finding in errors[:MAX_FINDINGS_SHOWN]]
+    if len(errors) > MAX_FINDINGS_SHOWN:
+        hidden = len(errors) - MAX_FINDINGS_SHOWN
+        lines.append(f"- ... and {hidden} more (run `asyncgrpo validate` on the file)")
+    return "\n".join(lines)
+
+
+def is_suspended(obj: Mapping[str, Any]) -> bool:
+    """Whether a job has no running attempt, so its placement may still change.
+
+    True when the old object asks to be suspended (Kueue admits a job by un-suspending it and
+    rewriting node selectors in the same update), when the operator reports it Suspended, or when
+    the operator has not acted on it yet (no status): no RayCluster exists in any of these cases.
+    """
+    spec = _mapping(obj.get("spec"))
+    if spec.get("suspend") is True:
+        return True
+    status = obj.get("status")
+    if not isinstance(status, Mapping) or not status.get("phase"):
+        return True
+    return status.get("phase") == "Suspended"
+
+
+def _locked(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Finding]:
+    return locked_changes(_normalised_spec(old), _normalised_spec(new), suspended=is_suspended(old))
+
+
+def _normalised_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The spec with every default filled in, so writing out a default is not a "change".
+
+    Falls back to the raw spec when it no longer parses (the models moved on since it was stored).
+    """
+    raw = obj.get("spec")
+    if not isinstance(raw, Mapping):
+        return {}
+    try:
+        job = AsyncGRPOJob.model_validate(dict(_user_input(obj)))
+    except ValueError:
+        return raw
+    spec = job.to_manifest().get("spec", {})
+    return spec if isinstance(spec, Mapping) else raw
+
+
+def _user_input(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of an object a user writes: status belongs to the operator and is not judged."""
+    return {key: value for key, value in obj.items() if key != "status"}
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _being_deleted(obj: Mapping[str, Any]) -> bool:
+    metadata = obj.get("metadata")
+    return isinstance(metadata, Mapping) and bool(metadata.get("deletionTimestamp"))
+
+
+# --- kopf adapter --------------------------------------------------------------------------------
+
+
+@kopf.on.validate(GROUP, VERSION, PLURAL, id=HANDLER_ID, operations=["CREATE", "UPDATE"])
+async def validate_job(*, body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
+    """Deny an invalid or locked-field change with every finding; pass warnings on to kubectl.
+
+    async on purpose: validation is a few milliseconds of pure CPU, cheaper on the event loop than
+    a hop through kopf's thread pool, and it keeps admission latency low.
+    """
+    old, new = kwargs.get("old"), kwargs.get("new")
+    decision = review(
+        str(kwargs.get("operation") or ""),
+        new=dict(new) if new is not None else dict(body),
+        old=dict(old) if old is not None else None,
+    )
+    warnings.extend(decision.warnings)
+    if not decision.allowed:
+        raise kopf.AdmissionError(decision.message, code=DENIAL_CODE)
+
+
+# --- server configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """Where the webhook listens and which TLS files it serves; read from the environment.
+
+    Environment (the chart sets these):
+      ASYNCGRPO_WEBHOOK_ADDR        listen address (default 0.0.0.0)
+      ASYNCGRPO_WEBHOOK_PORT        listen port (default 9443; the Service's targetPort)
+      ASYNCGRPO_WEBHOOK_CERT_DIR    folder with tls.crt and tls.key (a mounted kubernetes.io/tls
+                                    Secret: the chart's generated one or cert-manager's)
+      ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS  how often the files are re-read (default 60)
+      ASYNCGRPO_WEBHOOK_SELF_SIGNED set to 1 for local development without cert files: a throwaway
+                                    CA and certificate are written to a temporary folder
+    """
+
+    addr: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    cert_dir: Path = DEFAULT_CERT_DIR
+    cert_check_seconds: float = 60.0
+    self_signed: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WebhookConfig:
+        """Read ASYNCGRPO_WEBHOOK_*; unset variables keep the defaults above."""
+        env = os.environ if env is None else env
+        return cls(
+            addr=env.get("ASYNCGRPO_WEBHOOK_ADDR", cls.addr),
+            port=int(env.get("ASYNCGRPO_WEBHOOK_PORT", cls.port)),
+            cert_dir=Path(env.get("ASYNCGRPO_WEBHOOK_CERT_DIR", str(cls.cert_dir))),
+            cert_check_seconds=float(env.get("ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS", cls.cert_check_seconds)),
+            self_signed=env.get("ASYNCGRPO_WEBHOOK_SELF_SIGNED", "").lower() in {"1", "true", "yes"},
+        )
+
+    @property
+    def certfile(self) -> Path:
+        return self.cert_dir / "tls.crt"
+
+    @property
+    def keyfile(self) -> Path:
+        return self.cert_dir / "tls.key"
+
+
+class WebhookConfigError(RuntimeError):
+    """The webhook cannot be served as configured (e.g. no certificate files)."""
+
+
+def build_server(config: WebhookConfig) -> kopf.WebhookServer:
+    """A kopf WebhookServer on a fixed port with TLS from files.
+
+    kopf re-reads the files every `cert_check_seconds` and restarts the listener when they change,
+    which is how rotated certificates (cert-manager renewals, a re-generated chart Secret) are
+    picked up without restarting the pod. The port is always explicit: kopf would otherwise pick a
+    random free port, which the Service could not target.
+    """
+    if config.self_signed and not config.certfile.exists():
+        from asyncgrpo_operator import certs  # noqa: PLC0415 - only needed for local development
+
+        files = certs.write_self_signed(hosts=[config.addr, "localhost", "127.0.0.1"])
+        logger.warning("Serving the webhook with a throwaway self-signed certificate; CA at %s", files.ca)
+        config = WebhookConfig(
+            addr=config.addr,
+            port=config.port,
+            cert_dir=files.directory,
+            cert_check_seconds=config.cert_check_seconds,
+        )
+    missing = [str(p) for p in (config.certfile, config.keyfile) if not p.is_file()]
+    if missing:
+        raise WebhookConfigError(
+            f"the admission webhook needs TLS files, missing: {', '.join(missing)}. Mount a "
+            f"kubernetes.io/tls Secret at {config.cert_dir} (the chart does), point "
+            f"ASYNCGRPO_WEBHOOK_CERT_DIR elsewhere, or set ASYNCGRPO_WEBHOOK_SELF_SIGNED=1 for local runs"
+        )
+    return kopf.WebhookServer(
+        addr=config.addr,
+        port=config.port,
+        certfile=str(config.certfile),
+        pkeyfile=str(config.keyfile),
+        file_check_interval=config.cert_check_seconds,
+    )
+
+
+def configure_admission(
+    settings: kopf.OperatorSettings, config: WebhookConfig | None = None
+) -> WebhookConfig:
+    """Point kopf's admission settings at our server; call from `@kopf.on.startup`.
+
+    `settings.admission.managed` stays None: the chart owns the ValidatingWebhookConfiguration
+    (service reference, CA bundle, matchConditions, failurePolicy), and the operator therefore
+    needs no RBAC on admissionregistration.k8s.io.
+    """
+    config = config or WebhookConfig.from_env()
+    settings.admission.server = build_server(config)
+    settings.admission.managed = None
+    logger.info("Admission webhook on https://%s:%d%s", config.addr, config.port, WEBHOOK_PATH)
+    return config

@@ -1,0 +1,340 @@
+"""Every invariant of the knob table, accepted and rejected, with the field named in the error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncgrpo_api.rules import locked_changes, validate_manifest
+
+from .conftest import job_with
+
+ASYNC_RL = "spec.trainer.asyncRL"
+
+# (id, manifest, field path that must be named, text the message must contain)
+REJECTED: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        "1-sync-mode-over-sampling",
+        job_with(asyncRL={"maxStalenessVersions": 0, "overSampling": True, "forceInOrder": False}),
+        f"{ASYNC_RL}.overSampling",
+        "must be false when maxStalenessVersions is 0",
+    ),
+    (
+        "2-in-order-with-over-sampling",
+        job_with(asyncRL={"maxStalenessVersions": 1, "overSampling": True, "forceInOrder": True}),
+        f"{ASYNC_RL}.forceInOrder",
+        "cannot be true when overSampling is true",
+    ),
+    (
+        "3-gated-capacity-not-exact",
+        job_with(asyncRL={"maxStalenessVersions": 1, "overSampling": False, "maxBufferedRollouts": 12}),
+        f"{ASYNC_RL}.maxBufferedRollouts",
+        "must equal numPromptsPerStep x (maxStalenessVersions + 1) = 8 x 2 = 16 when overSampling is false; "
+        "got 12",
+    ),
+    (
+        "4-chunk-larger-than-step",
+        job_with(asyncRL={"minGroupsForStreamingTrain": 9}),
+        f"{ASYNC_RL}.minGroupsForStreamingTrain",
+        "must be at most numPromptsPerStep (8)",
+    ),
+    (
+        "5-global-batch-not-p-times-n",
+        job_with(policy={"trainGlobalBatchSize": 64}),
+        "spec.trainer.policy.trainGlobalBatchSize",
+        "must equal numPromptsPerStep x numGenerationsPerPrompt = 8 x 4 = 32",
+    ),
+    (
+        "6-over-sampled-capacity-too-small",
+        job_with(asyncRL={"maxStalenessVersions": 2, "overSampling": True, "maxBufferedRollouts": 23}),
+        f"{ASYNC_RL}.maxBufferedRollouts",
+        "must be at least numPromptsPerStep x (maxStalenessVersions + 1) = 8 x 3 = 24",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "path", "text"), [r[1:] for r in REJECTED], ids=[r[0] for r in REJECTED]
+)
+def test_each_knob_table_violation_is_rejected_naming_its_field(
+    manifest: dict[str, Any], path: str, text: str
+) -> None:
+    report = validate_manifest(manifest)
+    assert not report.ok
+    assert report.job is None
+    matching = [e for e in report.errors if e.path == path]
+    assert matching, f"no error at {path}: {[str(e) for e in report.errors]}"
+    assert text in matching[0].message
+
+
+ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    ("sync", job_with(asyncRL={"maxStalenessVersions": 0, "overSampling": False, "maxBufferedRollouts": 8})),
+    (
+        "async-exact",
+        job_with(
+            asyncRL={
+                "maxStalenessVersions": 1,
+                "overSampling": False,
+                "forceInOrder": True,
+                "maxBufferedRollouts": 16,
+            }
+        ),
+    ),
+    (
+        "streaming-gated",
+        job_with(
+            asyncRL={
+                "maxStalenessVersions": 3,
+                "overSampling": False,
+                "forceInOrder": False,
+                "minGroupsForStreamingTrain": 8,
+                "maxBufferedRollouts": 32,
+            }
+        ),
+    ),
+    (
+        "streaming-over-sampled",
+        job_with(
+            asyncRL={
+                "maxStalenessVersions": 1,
+                "overSampling": True,
+                "forceInOrder": False,
+                "minGroupsForStreamingTrain": 1,
+                "maxBufferedRollouts": 100,
+            }
+        ),
+    ),
+    ("over-sampled-forceInOrder-unset", job_with(asyncRL={"maxStalenessVersions": 1, "overSampling": True})),
+    ("explicit-global-batch", job_with(policy={"trainGlobalBatchSize": 32})),
+]
+
+
+@pytest.mark.parametrize("manifest", [a[1] for a in ACCEPTED], ids=[a[0] for a in ACCEPTED])
+def test_each_mode_of_the_knob_table_is_accepted(manifest: dict[str, Any]) -> None:
+    report = validate_manifest(manifest)
+    assert report.ok, [str(e) for e in report.errors]
+    assert report.job is not None
+
+
+def test_defaults_derive_capacity_chunk_and_batch_from_p_n_and_s() -> None:
+    job = validate_manifest(job_with(asyncRL={"maxStalenessVersions": 3})).job
+    assert job is not None
+    trainer = job.spec.trainer
+    assert trainer.max_buffered_rollouts == 8 * 4
+    assert trainer.min_groups_for_streaming_train == 8
+    assert trainer.train_global_batch_size == 32
+    assert trainer.max_inflight_prompts == 32
+    assert trainer.force_in_order is True
+
+
+def test_over_sampling_defaults_force_in_order_off() -> None:
+    job = validate_manifest(job_with(asyncRL={"overSampling": True})).job
+    assert job is not None and job.spec.trainer.force_in_order is False
+
+
+def test_force_in_order_in_sync_mode_is_accepted_with_a_warning() -> None:
+    report = validate_manifest(job_with(asyncRL={"maxStalenessVersions": 0, "forceInOrder": True}))
+    assert report.ok
+    assert any(
+        w.path == f"{ASYNC_RL}.forceInOrder" and "ignored in sync mode" in w.message for w in report.warnings
+    )
+
+
+def test_sync_mode_without_force_in_order_has_no_sync_warning() -> None:
+    report = validate_manifest(job_with(asyncRL={"maxStalenessVersions": 0}))
+    assert not any(w.path == f"{ASYNC_RL}.forceInOrder" for w in report.warnings)
+
+
+def test_every_violation_is_reported_not_only_the_first() -> None:
+    manifest = job_with(
+        asyncRL={
+            "maxStalenessVersions": 0,
+            "overSampling": True,
+            "forceInOrder": True,
+            "minGroupsForStreamingTrain": 99,
+        },
+        policy={"trainGlobalBatchSize": 1},
+    )
+    paths = {e.path for e in validate_manifest(manifest).errors}
+    assert {
+        f"{ASYNC_RL}.overSampling",
+        f"{ASYNC_RL}.forceInOrder",
+        f"{ASYNC_RL}.minGroupsForStreamingTrain",
+        "spec.trainer.policy.trainGlobalBatchSize",
+    } <= paths
+
+
+@pytest.mark.parametrize(
+    ("spec_patch", "path", "text"),
+    [
+        (
+            {"trainer": {"policy": {"backend": "megatron"}}},
+            "spec.cluster.policyWorkers.gpusPerReplica",
+            "needs GPUs",
+        ),
+        (
+            {"trainer": {"generation": {"backend": "vllm"}}},
+            "spec.cluster.generationWorkers.gpusPerReplica",
+            "needs GPUs",
+        ),
+        (
+            {
+                "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 6}},
+                "trainer": {"policy": {"backend": "megatron", "megatron": {"tensorParallelSize": 4}}},
+            },
+            "spec.trainer.policy.megatron",
+            "must divide the policy pool's 6 GPUs",
+        ),
+        (
+            {
+                "cluster": {"generationWorkers": {"replicas": 2, "gpusPerReplica": 2}},
+                "trainer": {"generation": {"backend": "vllm", "tensorParallelSize": 4}},
+            },
+            "spec.trainer.generation.tensorParallelSize",
+            "must divide spec.cluster.generationWorkers.gpusPerReplica (2)",
+        ),
+        (
+            {"cluster": {"policyWorkers": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}}},
+            "spec.cluster.policyWorkers.resources.limits",
+            "use gpusPerReplica",
+        ),
+        (
+            {"trainer": {"generation": {"colocated": True}}},
+            "spec.cluster.generationWorkers.replicas",
+            "must be 0 when generation.colocated is true",
+        ),
+    ],
+    ids=[
+        "megatron-without-gpus",
+        "vllm-without-gpus",
+        "tp-pp-not-dividing-pool",
+        "vllm-tp-not-dividing-pod",
+        "gpu-in-resources",
+        "colocated-with-pool",
+    ],
+)
+def test_gpu_layouts_that_cannot_be_placed_are_rejected(
+    base_job: dict[str, Any], spec_patch: dict[str, Any], path: str, text: str
+) -> None:
+    _merge(base_job["spec"], spec_patch)
+    errors = validate_manifest(base_job).errors
+    assert any(e.path == path and text in e.message for e in errors), [str(e) for e in errors]
+
+
+def test_a_valid_gpu_layout_is_accepted(base_job: dict[str, Any]) -> None:
+    _merge(
+        base_job["spec"],
+        {
+            "cluster": {
+                "policyWorkers": {"replicas": 2, "gpusPerReplica": 4},
+                "generationWorkers": {"replicas": 1, "gpusPerReplica": 4},
+            },
+            "trainer": {
+                "policy": {
+                    "backend": "megatron",
+                    "trainMicroBatchSize": 4,
+                    "megatron": {"tensorParallelSize": 2},
+                },
+                "generation": {"backend": "vllm", "tensorParallelSize": 2},
+            },
+        },
+    )
+    report = validate_manifest(base_job)
+    assert report.ok, [str(e) for e in report.errors]
+
+
+def test_a_name_too_long_for_the_last_retry_cluster_is_rejected_with_the_room_left(
+    base_job: dict[str, Any],
+) -> None:
+    base_job["metadata"]["name"] = "a" * 51
+    base_job["spec"]["backoffLimit"] = 10
+    errors = [e for e in validate_manifest(base_job).errors if e.path == "metadata.name"]
+    assert errors and "Use at most 50 characters" in errors[0].message
+
+
+def test_a_name_that_fits_with_its_backoff_limit_is_accepted(base_job: dict[str, Any]) -> None:
+    base_job["metadata"]["name"] = "a" * 51
+    base_job["spec"]["backoffLimit"] = 2
+    assert validate_manifest(base_job).ok
+
+
+@pytest.mark.parametrize(
+    ("patch", "path"),
+    [
+        ({"trainer": {"asyncRL": {"maxStalenessVersions": -1}}}, f"{ASYNC_RL}.maxStalenessVersions"),
+        ({"trainer": {"grpo": {"numPromptsPerStep": 0}}}, "spec.trainer.grpo.numPromptsPerStep"),
+        ({"trainer": {"policy": {"learningRate": 2}}}, "spec.trainer.policy.learningRate"),
+        ({"cluster": {"policyWorkers": {"gpusPerReplica": 17}}}, "spec.cluster.policyWorkers.gpusPerReplica"),
+        ({"backoffLimit": 100}, "spec.backoffLimit"),
+        ({"secrets": [{"name": "UPPER"}]}, "spec.secrets[0].name"),
+        ({"image": "has space"}, "spec.image"),
+    ],
+)
+def test_out_of_range_values_are_rejected_at_their_path(
+    base_job: dict[str, Any], patch: dict[str, Any], path: str
+) -> None:
+    _merge(base_job["spec"], patch)
+    errors = validate_manifest(base_job).errors
+    assert any(e.path == path for e in errors), [str(e) for e in errors]
+
+
+def test_a_misspelt_field_is_rejected_with_a_suggestion(base_job: dict[str, Any]) -> None:
+    base_job["spec"]["trainer"]["asyncRL"] = {"maxStalenesVersions": 1}
+    errors = validate_manifest(base_job).errors
+    assert [str(e) for e in errors] == [
+        "spec.trainer.asyncRL.maxStalenesVersions: unknown field; did you mean 'maxStalenessVersions'?"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "path"),
+    [
+        ({"apiVersion": "v1", "kind": "AsyncGRPOJob", "spec": {"image": "x"}}, "apiVersion"),
+        ({"apiVersion": "asyncgrpo.dev/v1alpha1", "kind": "RayJob", "spec": {"image": "x"}}, "kind"),
+        ({"apiVersion": "asyncgrpo.dev/v1alpha1", "kind": "AsyncGRPOJob"}, "spec"),
+    ],
+)
+def test_wrong_kind_api_version_or_missing_spec_is_named(manifest: dict[str, Any], path: str) -> None:
+    assert [e.path for e in validate_manifest(manifest).errors] == [path]
+
+
+def test_storage_needs_exactly_one_source(base_job: dict[str, Any]) -> None:
+    base_job["spec"]["storage"] = {
+        "checkpoints": {"pvc": {"claimName": "c"}, "emptyDir": {}, "mountPath": "/checkpoints"}
+    }
+    errors = validate_manifest(base_job).errors
+    assert any(e.path == "spec.storage.checkpoints" and "exactly one" in e.message for e in errors)
+
+
+def test_checkpoints_on_scratch_space_earn_a_warning(base_job: dict[str, Any]) -> None:
+    base_job["spec"]["storage"] = {"checkpoints": {"emptyDir": {}, "mountPath": "/checkpoints"}}
+    report = validate_manifest(base_job)
+    assert report.ok
+    assert any(w.path == "spec.storage.checkpoints" for w in report.warnings)
+
+
+def test_locked_fields_cannot_change_on_a_running_job() -> None:
+    old = {"suspend": False, "trainer": {"grpo": {"numPromptsPerStep": 8}}, "cluster": {"head": {}}}
+    new = {
+        "suspend": False,
+        "trainer": {"grpo": {"numPromptsPerStep": 16}},
+        "cluster": {"head": {"nodeSelector": {"a": "b"}}},
+    }
+    assert {f.path for f in locked_changes(old, new, suspended=False)} == {"spec.trainer", "spec.cluster"}
+
+
+def test_suspend_and_deadlines_can_always_change_and_placement_while_suspended() -> None:
+    old = {"suspend": False, "activeDeadlineSeconds": 10, "cluster": {"head": {}}}
+    new = {"suspend": True, "activeDeadlineSeconds": 20, "cluster": {"head": {}}}
+    assert locked_changes(old, new, suspended=False) == []
+    moved = {**new, "cluster": {"head": {"nodeSelector": {"zone": "b"}}}}
+    assert locked_changes(new, moved, suspended=True) == []
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value

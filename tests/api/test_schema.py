@@ -1,0 +1,166 @@
+"""The models as a contract: round trips, descriptions, bounds and the generated CRD."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from asyncgrpo_api.crdgen import CRD_FILE, PRINTER_COLUMNS, build_crd, render_crd
+from asyncgrpo_api.rules import validate_manifest
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobSpec, AsyncGRPOJobStatus
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_yaml_to_model_to_yaml_round_trips(path: Path) -> None:
+    manifest = yaml.safe_load(path.read_text())
+    job = AsyncGRPOJob.model_validate(manifest)
+    again = AsyncGRPOJob.model_validate(yaml.safe_load(yaml.safe_dump(job.to_manifest())))
+    assert again == job
+    assert _contains(job.to_manifest(), manifest), "every field the user wrote survives the round trip"
+
+
+def _contains(full: Any, written: Any) -> bool:
+    if isinstance(written, dict):
+        return isinstance(full, dict) and all(k in full and _contains(full[k], v) for k, v in written.items())
+    if isinstance(written, list):
+        return isinstance(full, list) and len(full) == len(written) and all(map(_contains, full, written))
+    return bool(full == written)
+
+
+def _all_models(root: type[BaseModel]) -> set[type[BaseModel]]:
+    seen: set[type[BaseModel]] = set()
+    stack = [root]
+    while stack:
+        model = stack.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for field in model.model_fields.values():
+            stack.extend(_models_in(field.annotation))
+    return seen
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]
+
+
+@pytest.mark.parametrize("root", [AsyncGRPOJobSpec, AsyncGRPOJobStatus])
+def test_every_field_has_a_description(root: type[BaseModel]) -> None:
+    missing = [
+        f"{model.__name__}.{name}"
+        for model in _all_models(root)
+        for name, field in model.model_fields.items()
+        if not field.description
+    ]
+    assert missing == []
+
+
+def test_every_spec_number_string_and_list_is_bounded() -> None:
+    unbounded = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        kind = node.get("type")
+        if kind in {"integer", "number"} and not ({"minimum", "maximum"} <= node.keys() or "enum" in node):
+            unbounded.append(path)
+        if kind == "string" and not ("maxLength" in node or "enum" in node):
+            unbounded.append(path)
+        if kind == "array" and "maxItems" not in node:
+            unbounded.append(path)
+        if kind == "object" and "additionalProperties" in node and "maxProperties" not in node:
+            unbounded.append(path)
+        for name, child in node.get("properties", {}).items():
+            walk(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    crd = build_crd()
+    walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")
+    assert unbounded == []
+
+
+def test_the_committed_crd_is_what_the_models_generate() -> None:
+    committed = (REPO / "crds" / CRD_FILE).read_text()
+    assert committed == render_crd(), "crds/ is stale: run `python -m asyncgrpo_api.crdgen`"
+
+
+def test_crd_generation_is_deterministic_across_processes() -> None:
+    code = "from asyncgrpo_api.crdgen import render_crd; import sys; sys.stdout.write(render_crd())"
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(runs) == 1
+
+
+def test_the_crd_stays_well_under_the_client_side_apply_annotation_limit() -> None:
+    assert len(render_crd().encode()) < 262_144 // 2
+
+
+def test_the_crd_prints_phase_step_reward_staleness_restarts_age() -> None:
+    default_columns = [c["name"] for c in PRINTER_COLUMNS if "priority" not in c]
+    assert default_columns == ["Phase", "Step", "Reward", "Staleness", "Restarts", "Age"]
+    version = build_crd()["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+
+
+def test_the_crd_schema_has_no_refs_or_pydantic_only_keywords() -> None:
+    text = render_crd()
+    for keyword in ("$ref", "anyOf", "title:", "propertyNames", "additionalProperties: false", "const:"):
+        assert keyword not in text
+
+
+@pytest.mark.parametrize(
+    "minimal",
+    [
+        {"image": "x"},
+        {"image": "x", "storage": {"checkpoints": {"pvc": {"claimName": "c"}, "mountPath": "/c"}}},
+        {"image": "x", "trainer": {"asyncRL": {"overSampling": True}}},
+    ],
+    ids=["bare", "with-volume", "over-sampled"],
+)
+def test_api_server_defaults_make_a_minimal_job_equal_to_the_model_defaults(minimal: dict[str, Any]) -> None:
+    """The CRD's defaults, applied to a minimal job, give exactly what the models default to."""
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    defaulted = _apply_defaults(schema, minimal)
+    model_view = AsyncGRPOJobSpec.model_validate(minimal).model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+    assert AsyncGRPOJobSpec.model_validate(defaulted) == AsyncGRPOJobSpec.model_validate(model_view)
+    assert validate_manifest(
+        {
+            "apiVersion": "asyncgrpo.dev/v1alpha1",
+            "kind": "AsyncGRPOJob",
+            "metadata": {"name": "a"},
+            "spec": defaulted,
+        }
+    ).ok
+
+
+def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Structural-schema defaulting as the API server does it (top-down, objects only)."""
+    if schema.get("type") != "object" or not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for name, child in schema.get("properties", {}).items():
+        if name not in out and "default" in child:
+            out[name] = child["default"]
+        if name in out:
+            out[name] = _apply_defaults(child, out[name])
+    return out
