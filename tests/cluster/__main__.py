@@ -1,0 +1,109 @@
+"""CLI: python -m tests.cluster build|up|down|status|logs|env.
+
+`up` builds first when the binaries are missing, so `python -m tests.cluster up` is the one command
+a developer or the demo needs. The processes outlive the CLI; `down` stops them by recorded PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tests.cluster.build import BuildError, build, layout
+from tests.cluster.cluster import ClusterError, LocalCluster
+from tests.cluster.processes import log_tail
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    out = build(force=args.force)
+    print(out.bin)
+    return 0
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    cluster.up(build())
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    LocalCluster.from_env().down(purge=args.purge)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    rows = cluster.status()
+    live = cluster.is_live()
+    if args.json:
+        print(
+            json.dumps({"live": live, "state": str(cluster.paths.root), "processes": rows, **cluster.info()})
+        )
+        return 0 if live else 1
+    print(f"state:      {cluster.paths.root}")
+    print(f"binaries:   {layout().bin} ({'complete' if layout().complete() else 'not built'})")
+    print(f"kubeconfig: {cluster.kubeconfig}")
+    print(f"live:       {live}")
+    for r in rows:
+        alive = "running" if r["alive"] else "DEAD"
+        print(f"  {r['name']:<24} pid {r['pid']:<8} {alive:<8} {r['rss_mib']:>5} MiB")
+    if rows:
+        print(f"  total RSS {sum(r['rss_mib'] for r in rows)} MiB")
+    return 0 if live else 1
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    if not args.component:
+        print(cluster.logs)
+        return 0
+    for rec in cluster.records():
+        if rec.name == args.component:
+            print(log_tail(rec.log, args.lines))
+            return 0
+    print(f"no component {args.component!r}; known: {[r.name for r in cluster.records()]}", file=sys.stderr)
+    return 2
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"export PATH={layout().bin}:$PATH")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("build", help="build the binaries (no-op when cached); prints the bin folder")
+    p.add_argument("--force", action="store_true", help="rebuild even if present")
+    p.set_defaults(fn=_cmd_build)
+    sub.add_parser("up", help="build if needed, start everything, print the KUBECONFIG").set_defaults(
+        fn=_cmd_up
+    )
+    p = sub.add_parser("down", help="stop the recorded processes (logs are kept)")
+    p.add_argument("--purge", action="store_true", help="also delete the state folder")
+    p.set_defaults(fn=_cmd_down)
+    p = sub.add_parser("status", help="processes, memory, liveness (exit 1 when not live)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_status)
+    p = sub.add_parser("logs", help="print the log folder, or the tail of one component's log")
+    p.add_argument("component", nargs="?")
+    p.add_argument("-n", "--lines", type=int, default=50)
+    p.set_defaults(fn=_cmd_logs)
+    sub.add_parser("env", help="print shell exports for kubectl against the cluster").set_defaults(
+        fn=_cmd_env
+    )
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.fn(args)
+    except (BuildError, ClusterError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

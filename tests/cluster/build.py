@@ -1,0 +1,246 @@
+"""Build the control-plane binaries from the pinned wrapper Go modules into a cache outside the repo.
+
+Why a wrapper module per upstream: k8s.io/kubernetes and etcd's server carry replace directives, so
+`go install pkg@version` refuses them; a wrapper module that requires them (with the staging replaces
+for k8s) builds fine, and each upstream pins different versions of shared dependencies, so they cannot
+share one go.mod.
+
+The output folder is keyed by a hash of everything that changes the binaries (versions.toml, every
+go.mod/go.sum, the Go version, the flags), so a version bump builds into a fresh folder and an
+unchanged checkout reuses the old one without running the Go toolchain at all.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from tests.cluster.config import GOMOD_DIR, VERSIONS_FILE, cache_root, components
+
+K8S_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+BUILD_DATE = "2026-01-01T00:00:00Z"  # fixed, so identical inputs give identical binaries
+
+
+@dataclass(frozen=True)
+class Target:
+    """One `go build` invocation: packages of one wrapper module and the binaries they produce."""
+
+    component: str
+    packages: tuple[str, ...]
+    binaries: tuple[str, ...]
+    ldflags: str
+    tags: str = ""
+
+
+def k8s_ldflags(version: str) -> str:
+    """Stamp the version the way upstream hack/lib/version.sh does, or /version says v0.0.0-master."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in K8S_VERSION_PACKAGES:
+        flags += [
+            f"-X '{pkg}.gitVersion={version}'",
+            f"-X '{pkg}.gitMajor={major}'",
+            f"-X '{pkg}.gitMinor={minor}'",
+            f"-X '{pkg}.gitTreeState=clean'",
+            f"-X '{pkg}.buildDate={BUILD_DATE}'",
+        ]
+    return " ".join(flags)
+
+
+def targets() -> list[Target]:
+    """The five builds, in the order a cold machine should run them (the slow one first)."""
+    c = components()
+    k8s = "k8s.io/kubernetes/cmd"
+    k8s_bins = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+    return [
+        Target(
+            "kubernetes",
+            tuple(f"{k8s}/{b}" for b in k8s_bins),
+            k8s_bins,
+            k8s_ldflags(c["kubernetes"].version),
+            tags="selinux,notest",
+        ),
+        Target("etcd", (c["etcd"].module,), ("etcd",), "-s -w"),
+        Target("kwok", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",), "-s -w"),
+        Target("kuberay", (c["kuberay"].module,), ("ray-operator",), "-s -w"),
+        Target(
+            "helm",
+            ("helm.sh/helm/v3/cmd/helm",),
+            ("helm",),
+            f"-s -w -X helm.sh/helm/v3/internal/version.version={c['helm'].version}",
+        ),
+    ]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one build's outputs live: <cache>/<hash>/bin and <cache>/<hash>/share."""
+
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def share(self) -> Path:
+        return self.root / "share"
+
+    @property
+    def kuberay_crds(self) -> Path:
+        return self.share / "kuberay-crds"
+
+    def binary(self, name: str) -> Path:
+        return self.bin / name
+
+    def complete(self) -> bool:
+        """True when every binary and the KubeRay CRDs are present, i.e. `build` has nothing to do."""
+        bins = all(self.binary(b).is_file() for t in targets() for b in t.binaries)
+        return bins and any(self.kuberay_crds.glob("*.yaml"))
+
+
+@cache
+def go_version() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("`go` is not on PATH; the control plane is built from Go modules (Go >= 1.26)")
+    return subprocess.run([go, "version"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def build_hash() -> str:
+    """Hash of everything that changes the binaries; names the cache folder."""
+    h = hashlib.sha256()
+    h.update(VERSIONS_FILE.read_bytes())
+    h.update(go_version().encode())
+    for t in targets():
+        h.update(repr(t).encode())
+    for f in sorted(GOMOD_DIR.glob("*/go.*")):
+        h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def layout() -> Layout:
+    """The cache folder the current checkout builds into (it may not exist yet)."""
+    return Layout(cache_root() / build_hash())
+
+
+class BuildError(RuntimeError):
+    """The toolchain is missing, a pin is inconsistent, or `go build` failed."""
+
+
+def check_pins() -> None:
+    """Refuse to build when versions.toml and a wrapper go.mod disagree: there must be one truth."""
+    for comp in components().values():
+        gomod = (comp.gomod_dir / "go.mod").read_text()
+        needle = f"{comp.module} {comp.version}"
+        if needle not in gomod:
+            raise BuildError(
+                f"{comp.gomod_dir / 'go.mod'} does not require {needle} (versions.toml says so); "
+                f"run `go get -tool {comp.module}@{comp.version} && go mod tidy` there"
+            )
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["CGO_ENABLED"] = "0"  # static binaries; also what the warm GOCACHE was built with
+    env["GOTOOLCHAIN"] = "local"  # never download a toolchain
+    flags = env.get("GOFLAGS", "")
+    if "-buildvcs" not in flags:
+        env["GOFLAGS"] = f"{flags} -buildvcs=false".strip()
+    return env
+
+
+def _log(msg: str) -> None:
+    print(f"[ctrlplane build] {msg}", file=sys.stderr, flush=True)
+
+
+def build_target(t: Target, out: Layout) -> float:
+    """Run one `go build`; return its wall time in seconds."""
+    comp = components()[t.component]
+    cmd = ["go", "build", "-trimpath"]
+    if t.tags:
+        cmd.append(f"-tags={t.tags}")
+    cmd += [f"-ldflags={t.ldflags}"]
+    if len(t.binaries) == 1:
+        cmd += ["-o", str(out.binary(t.binaries[0]))]
+    else:
+        cmd += ["-o", str(out.bin) + "/"]
+    cmd += list(t.packages)
+    _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}) ...")
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=comp.gomod_dir, env=_go_env(), check=False)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        raise BuildError(f"go build of {t.component} failed (exit {proc.returncode}): {' '.join(cmd)}")
+    _log(f"built {', '.join(t.binaries)} in {elapsed:.0f} s")
+    return elapsed
+
+
+def module_dir(component: str) -> Path:
+    """The read-only module-cache folder of a pinned module (downloads it if the cache lacks it)."""
+    comp = components()[component]
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", comp.module],
+        cwd=comp.gomod_dir,
+        env=_go_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return Path(json.loads(out)["Dir"])
+
+
+def copy_kuberay_crds(out: Layout) -> None:
+    """Copy ray.io CRDs out of the module cache so `up` never needs the Go toolchain."""
+    src = module_dir("kuberay") / "config" / "crd" / "bases"
+    out.kuberay_crds.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.glob("*.yaml")):
+        dst = out.kuberay_crds / f.name
+        shutil.copyfile(f, dst)
+        dst.chmod(0o644)
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """Serialise concurrent builders (two pytest sessions) on one cache folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build(force: bool = False) -> Layout:
+    """Build whatever is missing from the cache folder and return it; a no-op when complete."""
+    out = layout()
+    if out.complete() and not force:
+        return out
+    check_pins()
+    with _lock(out.root / ".lock"):
+        out.bin.mkdir(parents=True, exist_ok=True)
+        times: dict[str, float] = {}
+        for t in targets():
+            if force or not all(out.binary(b).is_file() for b in t.binaries):
+                times[t.component] = round(build_target(t, out), 1)
+        if force or not any(out.kuberay_crds.glob("*.yaml")):
+            copy_kuberay_crds(out)
+        if times:
+            record = {"go": go_version(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            with (out.root / "build-times.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+    _log(f"binaries in {out.bin}")
+    return out

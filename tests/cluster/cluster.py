@@ -1,0 +1,316 @@
+"""`up`, `down` and `status` of the local control plane.
+
+Order matters (see docs/operations/local-cluster.md): etcd, then the API server; the KubeRay CRDs,
+KCM, the scheduler and kwok next (in parallel); the fake nodes once kwok runs; the KubeRay operator
+only after its CRDs are Established, or its informers fail. `up` is idempotent: on a live cluster it
+returns at once, on a dead one it stops what is left and starts afresh in the same state folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster import components as comp
+from tests.cluster import pki as pki_mod
+from tests.cluster.build import Layout
+from tests.cluster.config import HERE, HOST, PORTS, state_dir
+from tests.cluster.nodes import default_nodes
+from tests.cluster.processes import (
+    PidFile,
+    ProcRecord,
+    is_alive,
+    log_tail,
+    port_in_use,
+    rss_bytes,
+    spawn,
+    stop,
+)
+from tests.cluster.rest import Api, ApiError, client_context
+
+STAGES_FILE = HERE / "kwok-stages.yaml"
+KWOK_CONFIG_HEADER = "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions: {}\n---\n"
+UP_TIMEOUT = 180.0
+
+
+class ClusterError(RuntimeError):
+    """`up` could not bring the control plane up; the message names the component and its log."""
+
+
+def _log(msg: str) -> None:
+    print(f"[ctrlplane] {msg}", file=sys.stderr, flush=True)
+
+
+def _probe(url: str, ctx: ssl.SSLContext | None) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class LocalCluster:
+    """A control plane whose state (PKI, etcd data, logs, PIDs, kubeconfig) lives in one folder."""
+
+    paths: comp.StatePaths
+
+    @classmethod
+    def from_env(cls) -> LocalCluster:
+        """The cluster in ASYNCGRPO_CLUSTER_STATE, or in the default state folder."""
+        return cls(comp.StatePaths(state_dir()))
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.paths.kubeconfig
+
+    @property
+    def logs(self) -> Path:
+        return self.paths.logs
+
+    @property
+    def api(self) -> Api:
+        return Api(comp.apiserver_url(), self.paths.pki)
+
+    @property
+    def pidfile(self) -> PidFile:
+        return PidFile(self.paths.pids)
+
+    def records(self) -> list[ProcRecord]:
+        return self.pidfile.load()
+
+    def info(self) -> dict[str, Any]:
+        """What `up` wrote about itself: binaries folder, start timings."""
+        if not self.paths.info.exists():
+            return {}
+        data: dict[str, Any] = json.loads(self.paths.info.read_text())
+        return data
+
+    def is_live(self) -> bool:
+        """Every recorded process runs and the API server answers /readyz."""
+        recs = self.records()
+        names = {r.name for r in recs}
+        if not recs or not all(is_alive(r) for r in recs) or "ray-operator" not in names:
+            return False
+        return _probe(comp.apiserver_url() + "/readyz", self._ctx())
+
+    def _ctx(self) -> ssl.SSLContext | None:
+        return client_context(self.paths.pki) if self.paths.pki.admin_crt.exists() else None
+
+    # ----------------------------------------------------------------- up
+
+    def up(self, binaries: Layout) -> dict[str, float]:
+        """Start everything; return seconds since start at which each milestone was reached."""
+        if self.is_live():
+            _log(f"already up (state {self.paths.root})")
+            return {}
+        self.down(quiet=True)
+        self._fresh_state()
+        self._check_ports()
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
+
+        def mark(what: str) -> None:
+            timings[what] = round(time.monotonic() - t0, 2)
+            _log(f"{what} after {timings[what]:.1f} s")
+
+        p = pki_mod.create(self.paths.pki.dir)
+        self._write_kubeconfig(p)
+        self.paths.kwok_config.write_text(KWOK_CONFIG_HEADER + STAGES_FILE.read_text())
+        mark("pki")
+
+        etcd = self._start(comp.etcd(binaries, self.paths))
+        self._wait_ready([etcd])
+        mark("etcd ready")
+        api = self._start(comp.kube_apiserver(binaries, self.paths))
+        self._wait_ready([etcd, api])
+        mark("kube-apiserver ready")
+
+        rest = [
+            self._start(comp.kube_controller_manager(binaries, self.paths)),
+            self._start(comp.kube_scheduler(binaries, self.paths)),
+            self._start(comp.kwok(binaries, self.paths)),
+        ]
+        self._apply_crds(binaries.kuberay_crds)
+        mark("KubeRay CRDs established")
+        ray = self._start(comp.ray_operator(binaries, self.paths))
+        self._create_nodes()
+        self._wait_ready([etcd, api, *rest, ray])
+        mark("components healthy")
+        self._wait(self._nodes_schedulable, "fake nodes Ready and untainted", [etcd, api, *rest])
+        mark("nodes ready")
+        info = {
+            "binaries": str(binaries.root),
+            "timings": timings,
+            "ports": PORTS,
+            "state": str(self.paths.root),
+        }
+        self.paths.info.write_text(json.dumps(info, indent=1))
+        _log(f"up in {timings['nodes ready']:.1f} s; KUBECONFIG={self.kubeconfig}; logs in {self.logs}")
+        return timings
+
+    def _fresh_state(self) -> None:
+        """Empty the state folder, but only if it is ours (never wipe a folder someone mistyped)."""
+        root = self.paths.root
+        if root.exists() and any(root.iterdir()) and not self.paths.marker.exists():
+            raise ClusterError(
+                f"{root} is not empty and not a control-plane state folder; refusing to use it"
+            )
+        if root.exists():
+            shutil.rmtree(root)
+        for d in (root, self.logs, self.paths.home):
+            d.mkdir(parents=True, exist_ok=True)
+        self.paths.marker.write_text("state folder of tests/cluster; `down --purge` deletes it\n")
+
+    def _check_ports(self) -> None:
+        taken = [f"{name} ({HOST}:{port})" for name, port in PORTS.items() if port_in_use(HOST, port)]
+        if taken:
+            raise ClusterError(
+                "ports already in use: " + ", ".join(taken) + ". Another control plane may be running: "
+                "`python -m tests.cluster status`, or `down` with its ASYNCGRPO_CLUSTER_STATE."
+            )
+
+    def _write_kubeconfig(self, p: pki_mod.Pki) -> None:
+        name = "asyncgrpo-local"
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": name,
+                    "cluster": {"server": comp.apiserver_url(), "certificate-authority": str(p.ca_crt)},
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {"client-certificate": str(p.admin_crt), "client-key": str(p.admin_key)},
+                }
+            ],
+            "contexts": [
+                {"name": name, "context": {"cluster": name, "user": "admin", "namespace": "default"}}
+            ],
+            "current-context": name,
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "GO"))}
+        home = str(self.paths.home)
+        env.update(HOME=home, TMPDIR=home, KUBECONFIG=str(self.kubeconfig))
+        return env
+
+    def _start(self, spec: comp.Spec) -> ProcRecord:
+        rec = spawn(
+            spec.name, spec.argv, logs=self.logs, env=self._env(), cwd=self.paths.home, pids=self.pidfile
+        )
+        self._specs[rec.name] = spec
+        return rec
+
+    def __post_init__(self) -> None:
+        self._specs: dict[str, comp.Spec] = {}
+
+    def _wait(
+        self, ok: Callable[[], bool], what: str, watch: Iterable[ProcRecord], timeout: float = UP_TIMEOUT
+    ) -> None:
+        """Poll `ok` until true; fail early, with the log tail, if a watched process exits."""
+        deadline = time.monotonic() + timeout
+        watch = list(watch)
+        while time.monotonic() < deadline:
+            for rec in watch:
+                if not is_alive(rec):
+                    raise ClusterError(
+                        f"{rec.name} exited while waiting for {what}; log {rec.log}:\n{log_tail(rec.log)}"
+                    )
+            if ok():
+                return
+            time.sleep(0.2)
+        raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}; logs in {self.logs}")
+
+    def _wait_ready(self, recs: list[ProcRecord]) -> None:
+        ctx = self._ctx()
+        for rec in recs:
+            url = self._specs[rec.name].ready_url
+            if url is not None:
+                self._wait(partial(_probe, url, ctx), f"{rec.name} at {url}", recs)
+
+    def _apply_crds(self, folder: Path) -> None:
+        """Server-side apply the KubeRay CRDs (too big for client-side apply) and wait Established."""
+        api = self.api
+        names = []
+        for f in sorted(folder.glob("*.yaml")):
+            doc = yaml.safe_load(f.read_text())
+            name = doc["metadata"]["name"]
+            api.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", json.dumps(doc))
+            names.append(name)
+
+        def established() -> bool:
+            for n in names:
+                crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")
+                conds = crd.get("status", {}).get("conditions", [])
+                if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                    return False
+            return True
+
+        self._wait(established, "KubeRay CRDs Established", self.records())
+
+    def _create_nodes(self) -> None:
+        for node in default_nodes():
+            try:
+                self.api.create("/api/v1/nodes", node)
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+
+    def _nodes_schedulable(self) -> bool:
+        items = self.api.get("/api/v1/nodes", labelSelector="type=kwok").get("items", [])
+        if len(items) < len(default_nodes()):
+            return False
+        for n in items:
+            conds = n.get("status", {}).get("conditions", [])
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+            taints = n.get("spec", {}).get("taints") or []
+            if not ready or any(t["key"].startswith("node.kubernetes.io/") for t in taints):
+                return False
+        return True
+
+    # ----------------------------------------------------------------- down / status
+
+    def down(self, *, purge: bool = False, quiet: bool = False) -> list[str]:
+        """Stop the recorded processes, newest first; keep logs unless `purge` (then delete state)."""
+        stopped = []
+        for rec in reversed(self.records()):
+            if stop(rec):
+                stopped.append(rec.name)
+        self.pidfile.clear()
+        if stopped and not quiet:
+            _log(f"stopped {', '.join(stopped)}; logs kept in {self.logs}")
+        if purge and self.paths.marker.exists():
+            shutil.rmtree(self.paths.root)
+        return stopped
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per recorded process: pid, alive, RSS in MiB, log file."""
+        return [
+            {
+                "name": r.name,
+                "pid": r.pid,
+                "alive": is_alive(r),
+                "rss_mib": round(rss_bytes(r.pid) / 2**20),
+                "log": r.log,
+            }
+            for r in self.records()
+        ]

@@ -1,0 +1,192 @@
+"""Command lines of the control-plane processes, and how to tell each one is ready.
+
+Kept apart from the launcher so the flags (the part people tune) read as one table. Flags follow
+controller-runtime's envtest defaults plus what a realistic cluster needs: TLS on 127.0.0.1,
+service-account keys, RBAC, the default admission plugins (so Mutating/ValidatingAdmissionWebhook
+stay on), and KCM with the garbage collector and a short node grace period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.cluster.build import Layout
+from tests.cluster.config import HOST, NODE_IP, POD_CIDR, PORTS, SERVICE_CIDR
+from tests.cluster.pki import Pki
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    """Files and folders of one running cluster, all under the state folder."""
+
+    root: Path
+
+    @property
+    def marker(self) -> Path:
+        return self.root / ".asyncgrpo-ctrlplane"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def pki(self) -> Pki:
+        return Pki(self.root / "pki")
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def pids(self) -> Path:
+        return self.root / "pids.json"
+
+    @property
+    def home(self) -> Path:
+        """HOME and TMPDIR of the children, so nothing they write escapes the state folder."""
+        return self.root / "home"
+
+    @property
+    def kwok_config(self) -> Path:
+        return self.root / "kwok.yaml"
+
+    @property
+    def info(self) -> Path:
+        """JSON with the binaries folder, timings and ports of the running cluster."""
+        return self.root / "cluster.json"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One process: its argv and the URL that answers 200 once it is ready (None: no probe)."""
+
+    name: str
+    argv: list[str]
+    ready_url: str | None
+
+
+def _https(port_name: str, path: str) -> str:
+    return f"https://{HOST}:{PORTS[port_name]}{path}"
+
+
+def apiserver_url() -> str:
+    return _https("kube-apiserver", "")
+
+
+def etcd(b: Layout, s: StatePaths) -> Spec:
+    client = f"http://{HOST}:{PORTS['etcd-client']}"
+    peer = f"http://{HOST}:{PORTS['etcd-peer']}"
+    argv = [
+        str(b.binary("etcd")),
+        "--name=local",
+        f"--data-dir={s.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=local={peer}",
+        "--unsafe-no-fsync=true",  # throw-away data: skip fsync, as envtest does
+        "--quota-backend-bytes=2147483648",
+        "--max-request-bytes=8388608",  # headroom for the ~1 MB KubeRay CRDs
+        "--auto-compaction-retention=1",
+        "--log-level=warn",
+    ]
+    return Spec("etcd", argv, f"{client}/health")
+
+
+def kube_apiserver(b: Layout, s: StatePaths) -> Spec:
+    p = s.pki
+    argv = [
+        str(b.binary("kube-apiserver")),
+        f"--etcd-servers=http://{HOST}:{PORTS['etcd-client']}",
+        f"--bind-address={HOST}",
+        f"--advertise-address={HOST}",
+        f"--secure-port={PORTS['kube-apiserver']}",
+        f"--cert-dir={p.dir}",
+        f"--tls-cert-file={p.server_crt}",
+        f"--tls-private-key-file={p.server_key}",
+        f"--client-ca-file={p.ca_crt}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={p.sa_pub}",
+        f"--service-account-signing-key-file={p.sa_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=RBAC",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=none",  # a loopback endpoint for `kubernetes` would be rejected
+        "--enable-priority-and-fairness=false",
+        "--profiling=false",
+    ]
+    return Spec("kube-apiserver", argv, _https("kube-apiserver", "/readyz"))
+
+
+def _delegated_auth(s: StatePaths) -> list[str]:
+    kc = str(s.kubeconfig)
+    return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"]
+
+
+def kube_controller_manager(b: Layout, s: StatePaths) -> Spec:
+    p = s.pki
+    argv = [
+        str(b.binary("kube-controller-manager")),
+        *_delegated_auth(s),
+        "--leader-elect=false",
+        f"--bind-address={HOST}",
+        f"--secure-port={PORTS['kube-controller-manager']}",
+        f"--tls-cert-file={p.server_crt}",
+        f"--tls-private-key-file={p.server_key}",
+        f"--root-ca-file={p.ca_crt}",
+        f"--service-account-private-key-file={p.sa_key}",
+        f"--cluster-signing-cert-file={p.ca_crt}",
+        f"--cluster-signing-key-file={p.ca_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--node-monitor-grace-period=20s",  # NotReady nodes show up in seconds, not 50 s
+        "--kube-api-qps=100",
+        "--kube-api-burst=200",
+    ]
+    return Spec("kube-controller-manager", argv, _https("kube-controller-manager", "/healthz"))
+
+
+def kube_scheduler(b: Layout, s: StatePaths) -> Spec:
+    p = s.pki
+    argv = [
+        str(b.binary("kube-scheduler")),
+        *_delegated_auth(s),
+        "--leader-elect=false",
+        f"--bind-address={HOST}",
+        f"--secure-port={PORTS['kube-scheduler']}",
+        f"--tls-cert-file={p.server_crt}",
+        f"--tls-private-key-file={p.server_key}",
+    ]
+    return Spec("kube-scheduler", argv, _https("kube-scheduler", "/healthz"))
+
+
+def kwok(b: Layout, s: StatePaths) -> Spec:
+    argv = [
+        str(b.binary("kwok")),
+        f"--kubeconfig={s.kubeconfig}",
+        f"--config={s.kwok_config}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-label-selector=type=kwok",
+        "--node-lease-duration-seconds=20",  # renewed every 5 s; KCM's grace period is 20 s
+        f"--cidr={POD_CIDR}",
+        f"--node-ip={NODE_IP}",
+        f"--server-address={HOST}:{PORTS['kwok']}",
+    ]
+    return Spec("kwok", argv, f"http://{HOST}:{PORTS['kwok']}/healthz")
+
+
+def ray_operator(b: Layout, s: StatePaths) -> Spec:
+    argv = [
+        str(b.binary("ray-operator")),  # reads KUBECONFIG from the environment
+        "--enable-leader-election=false",
+        "--metrics-addr=0",
+        f"--health-probe-bind-address={HOST}:{PORTS['ray-operator-probe']}",
+        "--log-stdout-encoder=console",
+        "--reconcile-concurrency=2",
+    ]
+    return Spec("ray-operator", argv, f"http://{HOST}:{PORTS['ray-operator-probe']}/readyz")

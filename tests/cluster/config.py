@@ -1,0 +1,79 @@
+"""Pinned versions, fixed ports and folder locations of the local control plane.
+
+Everything the builder, the launcher and the tests need to agree on lives here, so that a port or a
+folder is never spelled twice. Versions come from versions.toml (the single pin) and are checked
+against the wrapper go.mod files by the builder.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GOMOD_DIR = HERE / "gomod"
+VERSIONS_FILE = HERE / "versions.toml"
+
+# Fixed loopback ports. They sit away from the upstream defaults (2379, 6443, 10257, ...) so that
+# a developer's own cluster on this machine does not collide; `up` fails with the port's name if
+# one is taken.
+PORTS: dict[str, int] = {
+    "etcd-client": 16379,
+    "etcd-peer": 16380,
+    "kube-apiserver": 16443,
+    "kube-controller-manager": 16257,
+    "kube-scheduler": 16259,
+    "kwok": 16247,
+    "kwok-metrics": 16248,
+    "ray-operator-probe": 16082,
+}
+
+HOST = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"  # kwok's fake pod IPs; kept apart from the service range
+NODE_IP = "10.250.0.1"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One upstream Go module we build binaries from."""
+
+    name: str
+    version: str
+    module: str
+    gomod: str
+
+    @property
+    def gomod_dir(self) -> Path:
+        return GOMOD_DIR / self.gomod
+
+
+@cache
+def components() -> dict[str, Component]:
+    """Read versions.toml once; keys are kubernetes, etcd, kwok, kuberay, helm."""
+    data = tomllib.loads(VERSIONS_FILE.read_text())
+    return {
+        name: Component(name=name, version=str(v["version"]), module=str(v["module"]), gomod=str(v["gomod"]))
+        for name, v in data.items()
+    }
+
+
+def kubernetes_version() -> str:
+    """The gitVersion the API server must report on /version, e.g. v1.36.3."""
+    return components()["kubernetes"].version
+
+
+def cache_root() -> Path:
+    """~/.cache/asyncgrpo/ctrlplane unless ASYNCGRPO_CACHE says otherwise (then <it>/ctrlplane)."""
+    base = os.environ.get("ASYNCGRPO_CACHE")
+    root = Path(base) if base else Path.home() / ".cache" / "asyncgrpo"
+    return root / "ctrlplane"
+
+
+def state_dir() -> Path:
+    """Where `up` keeps PKI, etcd data, logs, PIDs and the kubeconfig (ASYNCGRPO_CLUSTER_STATE)."""
+    env = os.environ.get("ASYNCGRPO_CLUSTER_STATE")
+    return Path(env).expanduser().resolve() if env else cache_root() / "state"

@@ -1,0 +1,1 @@
+"""End-to-end tests against the local control plane (tests/cluster)."""
