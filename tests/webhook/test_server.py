@@ -1,0 +1,131 @@
+"""The webhook over HTTPS, through kopf's admission engine, as the API server calls it."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+
+from asyncgrpo_operator import certs
+from asyncgrpo_operator.webhook import (
+    DEFAULT_CERT_DIR,
+    DEFAULT_PORT,
+    WEBHOOK_PATH,
+    WebhookConfig,
+    WebhookConfigError,
+    configure_admission,
+)
+from tests.webhook.jobs import INVALID_COMBINATIONS, SYNC_WITH_FORCE_IN_ORDER, VALID_MODES
+from tests.webhook.server import admission_review, free_port, post, serving
+
+
+def tls_config(tmp_path: Path, *, check_seconds: float = 60.0) -> WebhookConfig:
+    files = certs.write_self_signed(["127.0.0.1", "localhost"], tmp_path / "tls")
+    return WebhookConfig(
+        addr="127.0.0.1", port=free_port(), cert_dir=files.directory, cert_check_seconds=check_seconds
+    )
+
+
+def url(config: WebhookConfig) -> str:
+    return f"https://{config.addr}:{config.port}{WEBHOOK_PATH}"
+
+
+def test_a_denial_carries_every_finding_with_code_422(tmp_path: Path) -> None:
+    config = tls_config(tmp_path)
+    bad = INVALID_COMBINATIONS[0]
+
+    async def scenario() -> dict[str, Any]:
+        async with serving(config):
+            return await post(
+                url(config), config.cert_dir / "ca.crt", admission_review("CREATE", bad.manifest)
+            )
+
+    response = asyncio.run(scenario())["response"]
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 422
+    assert f"- {bad.path}: " in response["status"]["message"]
+
+
+def test_a_valid_job_is_allowed_and_its_warnings_returned(tmp_path: Path) -> None:
+    config = tls_config(tmp_path)
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with serving(config):
+            ca = config.cert_dir / "ca.crt"
+            plain = await post(url(config), ca, admission_review("CREATE", VALID_MODES[1].manifest))
+            warned = await post(url(config), ca, admission_review("CREATE", SYNC_WITH_FORCE_IN_ORDER))
+            return plain["response"], warned["response"]
+
+    plain, warned = asyncio.run(scenario())
+    assert plain["allowed"] is True and "status" not in plain
+    assert warned["allowed"] is True
+    assert any(str(w).startswith("spec.trainer.asyncRL.forceInOrder: is ignored") for w in warned["warnings"])
+
+
+def test_rotated_certificate_files_are_served_without_a_restart(tmp_path: Path) -> None:
+    config = tls_config(tmp_path, check_seconds=0.2)
+    new_ca = certs.generate_ca("rotated-ca")
+
+    async def scenario() -> None:
+        async with serving(config):
+            old_ca = tmp_path / "old-ca.crt"
+            old_ca.write_bytes((config.cert_dir / "ca.crt").read_bytes())
+            review = admission_review("CREATE", VALID_MODES[0].manifest)
+            await post(url(config), old_ca, review)
+            certs.write_tls_dir(config.cert_dir, new_ca, certs.issue_serving_cert(new_ca, ["127.0.0.1"]))
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:  # the listener restarts within ~cert_check_seconds
+                try:
+                    await post(url(config), config.cert_dir / "ca.crt", review)
+                    break
+                except Exception:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+            with pytest.raises(Exception, match="certificate verify failed"):
+                await post(url(config), old_ca, review)
+
+    asyncio.run(scenario())
+
+
+def test_missing_certificate_files_fail_at_startup_with_the_fix(tmp_path: Path) -> None:
+    settings = kopf.OperatorSettings()
+    with pytest.raises(WebhookConfigError, match=r"Mount a kubernetes\.io/tls Secret"):
+        configure_admission(settings, WebhookConfig(cert_dir=tmp_path / "nothing"))
+
+
+def test_self_signed_mode_serves_tls_for_local_runs() -> None:
+    settings = kopf.OperatorSettings()
+    config = configure_admission(
+        settings, WebhookConfig(addr="127.0.0.1", port=free_port(), self_signed=True)
+    )
+    server = settings.admission.server
+    assert isinstance(server, kopf.WebhookServer)
+    assert server.certfile is not None
+    ssl.create_default_context().load_cert_chain(server.certfile, server.pkeyfile)
+    assert config.port == server.port
+
+
+def test_the_chart_owns_the_webhook_configuration(tmp_path: Path) -> None:
+    settings = kopf.OperatorSettings()
+    settings.admission.managed = "left-over.example.com"
+    configure_admission(settings, tls_config(tmp_path))
+    assert settings.admission.managed is None
+
+
+def test_config_from_environment_and_defaults() -> None:
+    assert WebhookConfig.from_env({}) == WebhookConfig(
+        addr="0.0.0.0", port=DEFAULT_PORT, cert_dir=DEFAULT_CERT_DIR
+    )
+    env = {
+        "ASYNCGRPO_WEBHOOK_ADDR": "127.0.0.1",
+        "ASYNCGRPO_WEBHOOK_PORT": "19443",
+        "ASYNCGRPO_WEBHOOK_CERT_DIR": "/tmp/tls",
+        "ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS": "5",
+        "ASYNCGRPO_WEBHOOK_SELF_SIGNED": "true",
+    }
+    assert WebhookConfig.from_env(env) == WebhookConfig("127.0.0.1", 19443, Path("/tmp/tls"), 5.0, True)
