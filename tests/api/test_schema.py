@@ -164,3 +164,9 @@ def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
         if name in out:
             out[name] = _apply_defaults(child, out[name])
     return out
+
+
+def test_the_committed_api_reference_is_what_the_models_generate() -> None:
+    from asyncgrpo_api.apidoc import render_api_doc
+
+    assert (REPO / "docs" / "api.md").read_text() == render_api_doc(), "run `python -m asyncgrpo_api.apidoc`"
