@@ -2,6 +2,7 @@
 
 from asyncgrpo_api.v1alpha1.job import (
     API_VERSION,
+    DRIVER_PROGRESS_PORT,
     GROUP,
     KIND,
     PLURAL,
@@ -19,6 +20,7 @@ from asyncgrpo_api.v1alpha1.job import (
 
 __all__ = [
     "API_VERSION",
+    "DRIVER_PROGRESS_PORT",
     "GROUP",
     "KIND",
     "PLURAL",

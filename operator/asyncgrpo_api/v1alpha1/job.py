@@ -28,6 +28,8 @@ KIND = "AsyncGRPOJob"
 PLURAL = "asyncgrpojobs"
 SINGULAR = "asyncgrpojob"
 SHORT_NAMES = ("agj",)
+DRIVER_PROGRESS_PORT = 8090
+"""Port of the driver's HTTP server on the head pod: GET /progress (JSON) and /metrics."""
 
 ImageRef = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
 
