@@ -172,14 +172,8 @@ def _convert(node: Schema, defs: dict[str, Schema], *, with_defaults: bool) -> S
     if "$ref" in node:
         target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
         node = {**target, **node}
-    nullable = False
-    from_union = "anyOf" in node
-    if from_union:
-        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
-        nullable = len(branches) == 1 and "default" in node and node["default"] is not None
-        if len(branches) != 1:
-            raise ValueError(f"unions other than Optional[X] cannot be expressed in a CRD: {branches}")
-        node = {**_convert(branches[0], defs, with_defaults=with_defaults), **node}
+    if "anyOf" in node:
+        return _convert_optional(node, defs, with_defaults=with_defaults)
     out: Schema = {}
     for key, value in node.items():
         if key in _DROPPED_KEYWORDS or (key == "default" and (value is None or not with_defaults)):
@@ -206,10 +200,29 @@ def _convert(node: Schema, defs: dict[str, Schema], *, with_defaults: bool) -> S
         out["additionalProperties"] = _convert(
             node["additionalProperties"], defs, with_defaults=with_defaults
         )
-    if nullable:
-        out["nullable"] = True
-    if with_defaults and out.get("type") == "object" and not from_union:
+    if with_defaults and out.get("type") == "object":
         _default_nested_objects(out, node.get("properties", {}))
+    return _ordered(out)
+
+
+def _convert_optional(node: Schema, defs: dict[str, Schema], *, with_defaults: bool) -> Schema:
+    """`X | None` becomes X; it is nullable only when the model's default is not None.
+
+    A None default means "leave the field out", which needs no null; a non-None default that the
+    user may clear (startupDeadlineSeconds: null waits forever) needs nullable so the API server
+    keeps the null instead of applying the default.
+    """
+    branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+    if len(branches) != 1:
+        raise ValueError(f"unions other than Optional[X] cannot be expressed in a CRD: {branches}")
+    out = _convert(branches[0], defs, with_defaults=with_defaults)
+    if "description" in node:
+        out["description"] = node["description"]
+    default = node.get("default")
+    if default is not None:
+        out["nullable"] = True
+        if with_defaults:
+            out["default"] = default
     return _ordered(out)
 
 
