@@ -1,0 +1,110 @@
+"""The clipped policy-gradient loss with truncated importance-sampling (TIS) correction, and KL.
+
+Inputs per token, shapes (B, T) with a 0/1 `mask` of response tokens:
+- `logprobs`: log pi_theta (the only input with a gradient);
+- `prev_logprobs`: log pi_old, the policy at the start of the step (the PPO ratio's denominator);
+- `generation_logprobs`: log pi_gen as recorded by the generation worker when it sampled the token,
+  possibly several versions older than pi_old;
+- `reference_logprobs`: log pi_ref, only when the KL penalty is on.
+
+loss_t = w_t * max(-A * r_t, -A * clip(r_t, 1 - eps_lo, 1 + eps_hi))  [dual clip: min with -c A, A<0]
+         + beta * KL_t(pi_theta || pi_ref)
+with r_t = exp(logprobs - prev_logprobs) and w_t = min(exp(prev_logprobs - generation_logprobs), C),
+detached (nan/inf -> 0). The step's loss is the sum over all tokens divided once by the global
+number of response tokens (token-level loss) or the per-sequence means summed and divided by the
+number of sequences. The caller passes that global normalizer, so that streaming a step in chunks
+and splitting it over data-parallel ranks gives exactly the loss of one big batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    ratio_clip_min: float = 0.2
+    ratio_clip_max: float = 0.28
+    ratio_clip_c: float | None = None
+    use_importance_sampling_correction: bool = True
+    truncated_importance_sampling_ratio: float | None = 2.0
+    reference_policy_kl_penalty: float = 0.0
+    kl_type: str = "k3"
+    token_level_loss: bool = True
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman's k1/k2/k3)."""
+    log_ratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.pow(2)
+    if kind == "k3":
+        return (log_ratio.exp() - 1.0 - log_ratio).clamp(max=10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def importance_weights(
+    prev_logprobs: torch.Tensor, generation_logprobs: torch.Tensor, cap: float | None
+) -> torch.Tensor:
+    """w = pi_old / pi_gen per token, truncated at `cap`, non-finite values zeroed; no gradient."""
+    w = torch.exp(prev_logprobs.detach() - generation_logprobs.detach())
+    w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+    return w.clamp(max=cap) if cap is not None else w
+
+
+def policy_loss_sum(
+    *,
+    logprobs: torch.Tensor,
+    prev_logprobs: torch.Tensor,
+    generation_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    reference_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Unnormalized loss: sum over tokens (token-level) or sum of per-sequence means, and metrics.
+
+    Divide the result by the global normalizer of the step (tokens or sequences), once.
+    advantages may be (B,) per sequence or (B, T) per token.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    mask = mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - prev_logprobs.detach())
+    clipped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+    per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
+    if cfg.ratio_clip_c is not None:
+        dual = torch.minimum(per_token, -advantages * cfg.ratio_clip_c)
+        per_token = torch.where(advantages < 0, dual, per_token)
+    if cfg.use_importance_sampling_correction:
+        weights = importance_weights(prev_logprobs, generation_logprobs, cfg.truncated_importance_sampling_ratio)
+    else:
+        weights = torch.ones_like(per_token)
+    per_token = weights * per_token
+    kl = torch.zeros_like(per_token)
+    if cfg.reference_policy_kl_penalty > 0:
+        if reference_logprobs is None:
+            raise ValueError("reference_logprobs are required when referencePolicyKlPenalty > 0")
+        kl = kl_estimate(logprobs, reference_logprobs, cfg.kl_type)
+        per_token = per_token + cfg.reference_policy_kl_penalty * kl
+    if cfg.token_level_loss:
+        total = (per_token * mask).sum()
+    else:
+        total = ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum()
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        clip_hit = ((ratio < 1.0 - cfg.ratio_clip_min) | (ratio > 1.0 + cfg.ratio_clip_max)).to(mask.dtype)
+        metrics = {
+            "tokens": float(mask.sum()),
+            "is_weight_sum": float((weights * mask).sum()),
+            "is_weight_max": float((weights * mask).max()) if mask.any() else 0.0,
+            "clip_fraction_sum": float((clip_hit * mask).sum()),
+            "kl_sum": float((kl * mask).sum()),
+            "gen_kl_sum": float(((prev_logprobs - generation_logprobs) * mask).sum()),
+            "ratio_mean": float((ratio * mask).sum() / n),
+        }
+    return total, metrics

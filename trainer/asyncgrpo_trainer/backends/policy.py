@@ -1,0 +1,260 @@
+"""The policy side: the interface every trainer backend implements, and the torch backend.
+
+One RL step is one optimizer step, possibly fed in several chunks (streaming): `train_chunk`
+runs forward/backward on its rows and accumulates *unnormalized* gradient sums; `finish_step`
+all-reduces gradients and the token (or sequence) count over the data-parallel group once, scales
+by 1/count, clips, and steps the optimizer. So chunking and sharding give exactly the gradient of
+one big batch, and grad_norm is the norm of that global gradient before clipping (the reference
+system read the gradient before its reduce had finished and reported about half of it).
+
+prev_logprobs (pi_old) are the detached log-probs of the same forward pass: the weights do not
+change within a step, so a separate "old policy" pass would compute the same numbers. Reference
+log-probs come from a frozen copy of the initial weights, built only when the KL penalty is on.
+Megatron-core plugs in behind `PolicyWorker` with the same four calls.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import sampling
+from asyncgrpo_trainer.backends.modelspec import ModelBuild
+
+
+@dataclass(frozen=True)
+class TrainRow:
+    """One sample to train on: the prompt, the sampled response and what the loss needs."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    generation_logprobs: list[float]
+    advantage: float
+    reference_logprobs: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    learning_rate: float
+    weight_decay: float
+    max_grad_norm: float | None
+    warmup_steps: int
+    micro_batch_size: int
+    logprob_batch_size: int
+    temperature: float
+
+
+class PolicyWorker(abc.ABC):
+    """What the controller calls on one data-parallel rank of the trainer."""
+
+    @abc.abstractmethod
+    def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]: ...
+
+    @abc.abstractmethod
+    def train_chunk(self, rows: list[TrainRow]) -> dict[str, float]: ...
+
+    @abc.abstractmethod
+    def finish_step(self) -> dict[str, float]: ...
+
+    @abc.abstractmethod
+    def weights(self) -> dict[str, torch.Tensor]: ...
+
+    @abc.abstractmethod
+    def state(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+
+class TorchPolicyWorker(PolicyWorker):
+    """Plain torch training on CPU or CUDA, data parallel over gloo/nccl; see the module docstring."""
+
+    def __init__(
+        self,
+        build: ModelBuild,
+        optim: OptimConfig,
+        loss: losses.LossConfig,
+        *,
+        rank: int,
+        world_size: int,
+        device: str,
+        rendezvous: str | None = None,
+        num_threads: int = 1,
+    ) -> None:
+        torch.set_num_threads(num_threads)
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device)
+        if world_size > 1:
+            if rendezvous is None:
+                raise ValueError("data-parallel policy workers need a rendezvous address")
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world_size)
+        self.build, self.optim_cfg, self.loss_cfg = build, optim, loss
+        self.model = build.instantiate().to(self.device).train()
+        self.reference = None
+        if loss.reference_policy_kl_penalty > 0:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
+        )
+        self.steps_taken = 0
+        self._reset_step()
+        self.busy_seconds = 0.0
+
+    def _reset_step(self) -> None:
+        self._count = 0.0
+        self._sums: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _lr(self) -> float:
+        warm = self.optim_cfg.warmup_steps
+        scale = min(1.0, (self.steps_taken + 1) / warm) if warm else 1.0
+        return self.optim_cfg.learning_rate * scale
+
+    def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        if self.reference is None:
+            raise RuntimeError("reference log-probs requested but the KL penalty is off")
+        t0 = time.perf_counter()
+        out: list[list[float]] = []
+        size = self.optim_cfg.logprob_batch_size
+        for i in range(0, len(rows), size):
+            part = rows[i : i + size]
+            lp, _ = sampling.token_logprobs(
+                self.reference, part, pad_id=self.build.pad_id,
+                temperature=self.optim_cfg.temperature, device=self.device,
+            )
+            out.extend(lp[j, : len(r)].tolist() for j, (_, r) in enumerate(part))
+        self.busy_seconds += time.perf_counter() - t0
+        return out
+
+    def train_chunk(self, rows: list[TrainRow]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        size = self.optim_cfg.micro_batch_size
+        for i in range(0, len(rows), size):
+            self._train_micro(rows[i : i + size])
+        self.busy_seconds += time.perf_counter() - t0
+        return dict(self._sums)
+
+    def _train_micro(self, rows: list[TrainRow]) -> None:
+        pairs = [(r.prompt_ids, r.response_ids) for r in rows]
+        logp, mask = sampling.token_logprobs(
+            self.model, pairs, pad_id=self.build.pad_id,
+            temperature=self.optim_cfg.temperature, device=self.device, grad=True,
+        )
+        gen = _padded([r.generation_logprobs for r in rows], mask)
+        ref = None
+        if self.reference is not None:
+            ref = _padded([r.reference_logprobs or [] for r in rows], mask)
+        adv = torch.tensor([r.advantage for r in rows], dtype=logp.dtype, device=self.device)
+        total, metrics = losses.policy_loss_sum(
+            logprobs=logp, prev_logprobs=logp.detach(), generation_logprobs=gen,
+            advantages=adv, mask=mask, cfg=self.loss_cfg, reference_logprobs=ref,
+        )
+        total.backward()  # type: ignore[no-untyped-call]
+        self._count += float(mask.sum()) if self.loss_cfg.token_level_loss else float(len(rows))
+        metrics["loss_sum"] = float(total.detach())
+        metrics["sequences"] = float(len(rows))
+        for key, value in metrics.items():
+            if key.endswith("_max"):
+                self._sums[key] = max(self._sums.get(key, 0.0), value)
+            elif key != "ratio_mean":
+                self._sums[key] = self._sums.get(key, 0.0) + value
+
+    def finish_step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        keys = sorted(k for k in self._sums if not k.endswith("_max"))
+        stats = torch.tensor([self._count, *(self._sums[k] for k in keys)], dtype=torch.float64)
+        if self.world_size > 1:
+            # One reduce per step for the gradients and one for the counters; the backward passes
+            # above ran without any communication.
+            flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+            dist.all_reduce(flat)
+            offset = 0
+            for p in params:
+                assert p.grad is not None
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
+            stats = stats.to(self.device)
+            dist.all_reduce(stats)
+            stats = stats.cpu()
+        count = max(float(stats[0]), 1.0)
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(count)
+        max_norm = self.optim_cfg.max_grad_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.steps_taken += 1
+        sums = dict(zip(keys, stats[1:].tolist(), strict=True))
+        out = {
+            "loss": sums.get("loss_sum", 0.0) / count,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "train_tokens": sums.get("tokens", 0.0),
+            "is_weight_mean": sums.get("is_weight_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
+            "clip_fraction": sums.get("clip_fraction_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
+            "kl": sums.get("kl_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
+            "gen_kl_error": sums.get("gen_kl_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
+        }
+        self._reset_step()
+        self.busy_seconds += time.perf_counter() - t0
+        return out
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.weights(),
+            "optimizer": self.optimizer.state_dict(),
+            "steps_taken": self.steps_taken,
+            "reference": None if self.reference is None else {
+                k: v.detach().cpu() for k, v in self.reference.state_dict().items()
+            },
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_taken = int(state["steps_taken"])
+        if self.reference is not None and state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])
+        self._reset_step()
+
+    def busy(self) -> float:
+        return self.busy_seconds
+
+    def shutdown(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _padded(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
+    """Ragged per-row floats -> (B, R) aligned with `mask`, zeros past each row's end."""
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    for i, row in enumerate(values):
+        out[i, : len(row)] = torch.tensor(row[: mask.shape[1]], dtype=torch.float32)
+    return out.to(mask.device)
+
+
+def default_device(gpus: int) -> str:
+    """cuda when this worker was given a GPU and torch sees one, else cpu."""
+    if gpus > 0 and torch.cuda.is_available():
+        return "cuda"
+    return os.environ.get("ASYNCGRPO_DEVICE", "cpu")

@@ -1,0 +1,128 @@
+"""The replay buffer: group-granular slots from dispatch to training, in dispatch order.
+
+A slot is reserved when a prompt group is dispatched (so buffer order is dispatch order and
+`start_version` never decreases along it), filled by `commit` when all N samples of the group have
+been generated and scored, and removed when the trainer selects it, the sampler evicts it, the
+controller aborts it, or its rollout fails. Only whole groups ever become ready: a failed or
+timed-out generation never turns into zero-reward rows (the reference system's silent bias).
+
+The buffer is a plain object owned by the controller actor; the rollout pump writes and the train
+pump reads on the same event loop, so it needs no locks. Its state (ready groups with their data,
+and the prompts of groups still in flight) is part of every checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from asyncgrpo_trainer.envs.base import Example
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """The N samples of one prompt group, as generated and scored."""
+
+    prompt_ids: list[int]
+    response_ids: list[list[int]]
+    generation_logprobs: list[list[float]]
+    rewards: list[float]
+    finished: list[bool]
+    first_version: int
+    """Weight version of the generation worker when the first token was sampled."""
+    last_version: int
+    """Weight version when the last token was sampled (> first_version after an in-flight update)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r) for r in self.response_ids)
+
+
+@dataclass
+class Slot:
+    """One dispatched prompt group."""
+
+    group_id: int
+    example: Example
+    start_version: int
+    """Generation weight version at dispatch; staleness is measured on it."""
+    target_step: int | None = None
+    """The trainer step this group was dispatched for (in-order samplers only)."""
+    record: GroupRecord | None = None
+    end_version: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.record is not None
+
+
+@dataclass
+class ReplayBuffer:
+    """Ordered slots keyed by group id; see the module docstring."""
+
+    slots: dict[int, Slot] = field(default_factory=dict)
+    next_group_id: int = 0
+
+    def reserve(self, example: Example, *, start_version: int, target_step: int | None) -> int:
+        gid = self.next_group_id
+        self.next_group_id += 1
+        self.slots[gid] = Slot(gid, example, start_version, target_step)
+        return gid
+
+    def commit(self, group_id: int, record: GroupRecord, *, end_version: int) -> None:
+        slot = self.slots[group_id]
+        if slot.ready:
+            raise RuntimeError(f"group {group_id} committed twice")
+        slot.record, slot.end_version = record, end_version
+
+    def restart(self, group_id: int, *, start_version: int) -> None:
+        """Re-dispatch an unready slot (a retry) from the current weights, keeping its place."""
+        self.slots[group_id].start_version = start_version
+
+    def remove(self, group_ids: Iterable[int]) -> list[Slot]:
+        return [self.slots.pop(gid) for gid in list(group_ids) if gid in self.slots]
+
+    def ordered(self) -> list[Slot]:
+        return list(self.slots.values())
+
+    def ready(self) -> list[Slot]:
+        return [s for s in self.slots.values() if s.ready]
+
+    def in_flight(self) -> list[Slot]:
+        return [s for s in self.slots.values() if not s.ready]
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: every slot (in-flight ones without a record are re-dispatched on resume)."""
+        return {
+            "next_group_id": self.next_group_id,
+            "slots": [
+                {
+                    "group_id": s.group_id,
+                    "example": asdict(s.example),
+                    "start_version": s.start_version,
+                    "target_step": s.target_step,
+                    "end_version": s.end_version,
+                    "record": asdict(s.record) if s.record is not None else None,
+                }
+                for s in self.slots.values()
+            ],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> ReplayBuffer:
+        buf = cls(next_group_id=int(state["next_group_id"]))
+        for item in state["slots"]:
+            rec = item["record"]
+            buf.slots[item["group_id"]] = Slot(
+                group_id=item["group_id"],
+                example=Example(**item["example"]),
+                start_version=item["start_version"],
+                target_step=item["target_step"],
+                record=GroupRecord(**rec) if rec is not None else None,
+                end_version=item["end_version"],
+            )
+        return buf

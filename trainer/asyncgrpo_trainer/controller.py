@@ -1,0 +1,521 @@
+"""The single controller: a CPU-only Ray actor running the rollout and train pumps on one loop.
+
+The driver builds every heavy object (worker groups, loader, buffer, sampler, rollout manager,
+weight synchronizer) and hands them over in `ControllerArgs`; nothing heavy is constructed here.
+
+Rollout pump: takes a dispatch batch of P prompts from the loader when the sampler's gate allows
+it (one batch per trainer version when overSampling is false), then dispatches each prompt once
+it holds a capacity permit (maxBufferedRollouts: in flight plus waiting to be trained), an
+in-flight permit (maxInflightPrompts) and the refit gate is open. Each group is a task that
+reserves a buffer slot, runs the rollout manager (deadline + retries) and commits the whole group.
+
+Train pump: one loop iteration is one RL step and one optimizer step. It evicts groups that can
+no longer be trained on, selects whole groups (at least minGroupsForStreamingTrain per chunk) and
+streams each chunk into the step: advantages per group, reference log-probs only with a KL
+penalty, forward/backward with gradients accumulated; `finish_step` normalizes once by the
+global token count. Then refit: close the dispatch gate, abort in-flight groups the sampler can
+never select, optionally drain the rest (asyncRL.drainBeforeRefit), sync weights, reset the
+generation cache (always in sync mode; per recomputeKVCacheAfterWeightUpdates otherwise), bump
+the generation version and reopen the gate. Validation and checkpoints follow at their periods.
+
+A watchdog fails the run when neither pump progresses for stallTimeoutSeconds. Any exception in
+a pump or a rollout task stops the actor: the remaining tasks are cancelled and awaited, and
+`run` re-raises, so the driver exits non-zero with the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+
+from asyncgrpo_trainer import checkpoint, progress
+from asyncgrpo_trainer.algorithms import advantages
+from asyncgrpo_trainer.backends import policy, sampling
+from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
+from asyncgrpo_trainer.data import PromptLoader
+from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.rollout import RolloutManager
+from asyncgrpo_trainer.sampler import Sampler
+from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.weights import WeightSynchronizer
+from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup, RewardPool
+
+log = logging.getLogger(__name__)
+
+
+class StallError(RuntimeError):
+    """Neither pump made progress for stallTimeoutSeconds."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs the controller reads, with the API's defaults already applied."""
+
+    mode: str
+    prompts_per_step: int
+    generations_per_prompt: int
+    max_steps: int
+    min_groups_for_streaming_train: int
+    max_buffered_rollouts: int
+    max_inflight_prompts: int
+    drain_before_refit: bool
+    reset_cache_after_refit: bool
+    stall_timeout_seconds: float
+    leave_one_out: bool
+    normalize_rewards: bool
+    needs_reference_logprobs: bool
+    val_period: int
+    val_at_end: bool
+    checkpoint_path: str
+    checkpoint_every: int
+    checkpoint_keep: int
+    seed: int
+    watchdog_interval_seconds: float = 1.0
+
+
+@dataclass
+class ResumeState:
+    """Controller state restored from a checkpoint."""
+
+    step: int
+    batch_index: int
+    buffer: dict[str, Any]
+    pending: list[tuple[dict[str, str], int | None]]
+    loader: dict[str, Any]
+    counters: dict[str, float]
+    validation_reward: float | None
+
+
+@dataclass
+class ControllerArgs:
+    settings: Settings
+    policy: PolicyGroup
+    generation: GenerationGroup
+    rewards: RewardPool
+    rollout: RolloutManager
+    weights: WeightSynchronizer
+    loader: PromptLoader
+    validation: list[Example]
+    buffer: ReplayBuffer
+    sampler: Sampler
+    tokenizer: CharTokenizer
+    validation_params: sampling.SamplingParams
+    resume: ResumeState | None = None
+
+
+class Pulse:
+    """A broadcast 'something changed' signal: waiters wake on the next fire or after a timeout."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        event = self._event
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+@dataclass
+class Timers:
+    """Seconds per phase, summed over the run (and reset per step for the step log)."""
+
+    phases: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
+
+    def add(self, name: str, seconds: float) -> None:
+        self.phases[name] += seconds
+
+
+class SingleController:
+    """The controller logic; `SingleControllerActor` is this class as a CPU-only Ray actor."""
+
+    def __init__(self, args: ControllerArgs) -> None:
+        self.a = args
+        self.s = args.settings
+        self.buffer, self.sampler = args.buffer, args.sampler
+        self.version = 0  # trainer version: optimizer steps taken
+        self.gen_version = 0  # weight version the generation engines hold
+        self.batch_index = 0  # next dispatch batch
+        self.pending: collections.deque[tuple[Example, int | None]] = collections.deque()
+        self.counters: dict[str, float] = collections.defaultdict(float)
+        self.validation_reward: float | None = None
+        self.last_checkpoint_step: int | None = None
+        self.records: list[dict[str, Any]] = []
+        self.totals = Timers()
+        self.state = "starting"
+        self.error: str | None = None
+        restored_ready = 0
+        if args.resume is not None:
+            restored_ready = self._restore(args.resume)
+        self._restored_ready = restored_ready
+
+    # --- resume ---------------------------------------------------------------------------------
+
+    def _restore(self, r: ResumeState) -> int:
+        self.version = self.gen_version = r.step
+        self.batch_index = r.batch_index
+        self.buffer = ReplayBuffer.from_state_dict(r.buffer)
+        # Groups that were in flight when the checkpoint was taken are generated again, first and
+        # with their original target step, from the restored weights: no prompt is lost.
+        redo = self.buffer.remove([s.group_id for s in self.buffer.in_flight()])
+        self.pending.extend((s.example, s.target_step) for s in redo)
+        self.pending.extend((Example(**e), t) for e, t in r.pending)
+        self.a.loader.load_state_dict(r.loader)
+        self.counters.update(r.counters)
+        self.validation_reward = r.validation_reward
+        self.last_checkpoint_step = r.step
+        return len(self.buffer)
+
+    # --- entry points ---------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        self.capacity = asyncio.Semaphore(self.s.max_buffered_rollouts - self._restored_ready)
+        self.inflight_sem = asyncio.Semaphore(self.s.max_inflight_prompts)
+        self.permitted = asyncio.Event()
+        self.changed = Pulse()
+        self.inflight: dict[int, asyncio.Task[None]] = {}
+        self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.validation_task: asyncio.Task[None] | None = None
+        self.t_start = time.perf_counter()
+        await self._refit_weights(self.version, reset=True)
+        self.permitted.set()
+        self.state = "running"
+        pumps = [
+            asyncio.create_task(self._rollout_pump(), name="rollout-pump"),
+            asyncio.create_task(self._train_pump(), name="train-pump"),
+            asyncio.create_task(self._watchdog(), name="watchdog"),
+        ]
+        waiting: set[asyncio.Future[None]] = {*pumps, self.failure}
+        try:
+            # The rollout pump may finish first (gated modes stop after the last step's batch);
+            # the run ends when the train pump does, or at the first failure anywhere.
+            while pumps[1] in waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # re-raises the first failure
+            if self.validation_task is not None:
+                await self.validation_task
+        except BaseException as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            await self._shutdown(pumps)
+        self.state = "succeeded"
+        return await self.summary()
+
+    async def _shutdown(self, pumps: list[asyncio.Task[None]]) -> None:
+        tasks = [*pumps, *self.inflight.values()]
+        if self.validation_task is not None:
+            tasks.append(self.validation_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def poll(self, since: int) -> dict[str, Any]:
+        """Progress and the step records after index `since` (the driver prints and serves them)."""
+        last = self.records[-1] if self.records else {}
+        return {
+            "progress": {
+                "step": self.version,
+                "max_steps": self.s.max_steps,
+                "policy_version": self.gen_version,
+                "reward_mean": last.get("reward_mean"),
+                "mean_staleness": last.get("mean_staleness"),
+                "tokens_per_second": last.get("tokens_per_second"),
+                "last_checkpoint_step": self.last_checkpoint_step,
+                "validation_reward": self.validation_reward,
+                "state": self.state,
+                "error": self.error,
+                "mode": self.s.mode,
+                "counters": dict(self.counters),
+            },
+            "records": self.records[since:],
+        }
+
+    async def summary(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.t_start
+        gen_stats = await self.a.generation.stats()
+        gen_busy = sum(g["busy_seconds"] for g in gen_stats) / max(len(gen_stats), 1)
+        pol_busy = await self.a.policy.busy_seconds()
+        return {
+            "steps": self.version,
+            "wall_seconds": wall,
+            "samples": self.counters["samples_trained"],
+            "samples_per_second": self.counters["samples_trained"] / wall if wall else 0.0,
+            "phases": dict(self.totals.phases),
+            "policy_busy_seconds": pol_busy,
+            "generation_busy_seconds": gen_busy,
+            "policy_idle_fraction": max(0.0, 1 - pol_busy / wall) if wall else 0.0,
+            "generation_idle_fraction": max(0.0, 1 - gen_busy / wall) if wall else 0.0,
+            "counters": dict(self.counters),
+            "validation_reward": self.validation_reward,
+            "records": self.records,
+        }
+
+    # --- rollout side ---------------------------------------------------------------------------
+
+    def _dispatch_done(self) -> bool:
+        """Gated modes stop after the batch of the last step; over-sampling runs until the end."""
+        return self.sampler.gated and self.batch_index >= self.s.max_steps and not self.pending
+
+    async def _rollout_pump(self) -> None:
+        while True:
+            if not self.pending:
+                if self._dispatch_done():
+                    return
+                while not self.sampler.may_dispatch(self.batch_index, self.version):
+                    await self.changed.wait(0.5)
+                target = self.sampler.target_step(self.batch_index)
+                self.pending.extend((ex, target) for ex in self.a.loader.next_batch())
+                self.batch_index += 1
+                continue
+            await self.capacity.acquire()
+            await self.inflight_sem.acquire()
+            t0 = time.perf_counter()
+            await self.permitted.wait()
+            self.totals.add("rollout_gate_wait", time.perf_counter() - t0)
+            # From here to create_task there is no await: the pending queue, the loader and the
+            # buffer stay consistent for a checkpoint taken by the train pump.
+            example, target = self.pending.popleft()
+            gid = self.buffer.reserve(example, start_version=self.gen_version, target_step=target)
+            self.inflight[gid] = asyncio.create_task(self._rollout_group(gid), name=f"group-{gid}")
+            self.counters["groups_dispatched"] += 1
+
+    async def _rollout_group(self, gid: int) -> None:
+        slot = self.buffer.slots[gid]
+        committed = False
+        try:
+            def restamp(attempt: int) -> None:
+                if attempt:
+                    self.buffer.restart(gid, start_version=self.gen_version)
+
+            record = await self.a.rollout.run_group(slot.example, gid, restamp)
+            self.buffer.commit(gid, record, end_version=self.gen_version)
+            committed = True
+            self.counters["groups_committed"] += 1
+            self.counters["tokens_generated"] += record.num_tokens
+            if record.last_version != record.first_version:
+                self.counters["groups_straddling_refit"] += 1
+            self.changed.fire()
+        except asyncio.CancelledError:
+            self.counters["groups_aborted"] += 1
+            raise
+        except Exception as exc:
+            if not self.failure.done():
+                self.failure.set_exception(exc)
+        finally:
+            if not committed:
+                self.buffer.remove([gid])
+                self.capacity.release()
+            self.inflight.pop(gid, None)
+            self.inflight_sem.release()
+
+    # --- train side -----------------------------------------------------------------------------
+
+    async def _train_pump(self) -> None:
+        while self.version < self.s.max_steps:
+            record = await self._train_step()
+            self.records.append(record)
+            await self._after_step()
+
+    async def _select_chunk(self, remaining: int, step: dict[str, float]) -> list[Slot]:
+        while True:
+            evicted = self.sampler.evict(self.buffer, self.version)
+            for _ in evicted:
+                self.capacity.release()
+            step["evicted"] += len(evicted)
+            chosen = self.sampler.select(
+                self.buffer, self.version,
+                min_groups=min(self.s.min_groups_for_streaming_train, remaining), max_groups=remaining,
+            )
+            if chosen is not None:
+                for _ in chosen:
+                    self.capacity.release()
+                return chosen
+            t0 = time.perf_counter()
+            await self.changed.wait(0.05)
+            step["exposed_generation"] += time.perf_counter() - t0
+
+    async def _train_step(self) -> dict[str, Any]:
+        t_step = time.perf_counter()
+        step: dict[str, float] = collections.defaultdict(float)
+        rewards: list[float] = []
+        staleness: list[int] = []
+        taken = tokens = chunks = 0
+        while taken < self.s.prompts_per_step:
+            groups = await self._select_chunk(self.s.prompts_per_step - taken, step)
+            rows, group_rewards = self._rows(groups)
+            if self.s.needs_reference_logprobs:
+                t0 = time.perf_counter()
+                refs = await self.a.policy.reference_logprobs([(r.prompt_ids, r.response_ids) for r in rows])
+                rows = [policy.TrainRow(r.prompt_ids, r.response_ids, r.generation_logprobs, r.advantage, lp)
+                        for r, lp in zip(rows, refs, strict=True)]
+                step["logprobs"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            await self.a.policy.train_chunk(rows)
+            step["training"] += time.perf_counter() - t0
+            taken += len(groups)
+            chunks += 1
+            tokens += sum(len(r.response_ids) for r in rows)
+            rewards.extend(group_rewards)
+            staleness.extend(self.version - g.start_version for g in groups)
+        t0 = time.perf_counter()
+        metrics = await self.a.policy.finish_step()
+        step["training"] += time.perf_counter() - t0
+        trained_at = self.version
+        self.version += 1  # no await between the bump and closing the gate in _refit
+        t0 = time.perf_counter()
+        await self._refit()
+        step["refit"] += time.perf_counter() - t0
+        wall = time.perf_counter() - t_step
+        for name, value in step.items():
+            self.totals.add(name, value)
+        self.counters["samples_trained"] += len(rewards)
+        self.counters["groups_evicted"] += step["evicted"]
+        return {
+            "step": self.version,
+            "trained_at_version": trained_at,
+            "reward_mean": sum(rewards) / len(rewards),
+            "mean_staleness": sum(staleness) / len(staleness),
+            "max_staleness": max(staleness),
+            "chunks": chunks,
+            "tokens": tokens,
+            "tokens_per_second": tokens / wall,
+            "step_seconds": wall,
+            **{k: round(v, 6) for k, v in step.items()},
+            **metrics,
+        }
+
+    def _rows(self, groups: list[Slot]) -> tuple[list[policy.TrainRow], list[float]]:
+        """Training rows and rewards of whole groups; advantages are exact per group."""
+        records = [g.record for g in groups if g.record is not None]
+        rewards = torch.tensor([r.rewards for r in records], dtype=torch.float32)
+        adv = advantages.group_relative(
+            rewards, leave_one_out=self.s.leave_one_out, normalize=self.s.normalize_rewards
+        )
+        rows = [
+            policy.TrainRow(rec.prompt_ids, rec.response_ids[i], rec.generation_logprobs[i], float(adv[g, i]))
+            for g, rec in enumerate(records)
+            for i in range(len(rec.response_ids))
+        ]
+        return rows, rewards.flatten().tolist()
+
+    async def _refit(self) -> None:
+        self.permitted.clear()
+        aborted = 0
+        for gid, task in list(self.inflight.items()):
+            slot = self.buffer.slots.get(gid)
+            if slot is not None and self.sampler.should_abort_inflight(slot, self.version):
+                task.cancel()
+                aborted += 1
+        self.counters["groups_aborted_stale"] += aborted
+        if self.s.drain_before_refit and self.inflight:
+            t0 = time.perf_counter()
+            await asyncio.wait(list(self.inflight.values()))
+            self.totals.add("drain_wait", time.perf_counter() - t0)
+        await self._refit_weights(self.version, reset=self.s.reset_cache_after_refit)
+        self.permitted.set()
+        self.changed.fire()
+
+    async def _refit_weights(self, version: int, *, reset: bool) -> None:
+        await self.a.weights.sync(version)
+        if reset:
+            await self.a.generation.reset_cache()
+        self.gen_version = version
+
+    async def _after_step(self) -> None:
+        step = self.version
+        last = step >= self.s.max_steps
+        if (self.s.val_period and step % self.s.val_period == 0) or (last and self.s.val_at_end):
+            if self.validation_task is not None:
+                await self.validation_task
+            self.validation_task = asyncio.create_task(self._validate(step), name=f"validate-{step}")
+        if step % self.s.checkpoint_every == 0 or last:
+            t0 = time.perf_counter()
+            await self._checkpoint(step)
+            self.totals.add("checkpointing", time.perf_counter() - t0)
+
+    async def _validate(self, step: int) -> None:
+        """Greedy answers to the held-out prompts, scored by the environment, at this version."""
+        if not self.a.validation:
+            return
+        tok = self.a.tokenizer
+
+        async def one(i: int, example: Example) -> float:
+            out = await self.a.generation.generate(tok.encode(example.prompt), 1, self.a.validation_params, i)
+            texts = [tok.decode(r) for r in out.response_ids]
+            return (await self.a.rewards.score(example, texts, out.finished))[0]
+
+        t0 = time.perf_counter()
+        scores = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
+        self.validation_reward = sum(scores) / len(scores)
+        self.totals.add("validation", time.perf_counter() - t0)
+        self.records.append({"event": "validation", "step": step, "validation_reward": self.validation_reward})
+
+    async def _checkpoint(self, step: int) -> None:
+        # Snapshot the controller synchronously (no await) so buffer, queue and loader agree.
+        state = {
+            "step": step,
+            "batch_index": self.batch_index,
+            "buffer": self.buffer.state_dict(),
+            "pending": [({"prompt": e.prompt, "answer": e.answer}, t) for e, t in self.pending],
+            "loader": self.a.loader.state_dict(),
+            "counters": dict(self.counters),
+            "validation_reward": self.validation_reward,
+        }
+        state["policy"] = await self.a.policy.state()
+        await asyncio.to_thread(
+            checkpoint.save, self.s.checkpoint_path, step, state, keep_last=self.s.checkpoint_keep
+        )
+        self.last_checkpoint_step = step
+        self.records.append({"event": "checkpoint", "step": step})
+
+    # --- watchdog -------------------------------------------------------------------------------
+
+    async def _watchdog(self) -> None:
+        last = (-1.0, -1)
+        since = time.monotonic()
+        while True:
+            await asyncio.sleep(self.s.watchdog_interval_seconds)
+            now = (self.counters["groups_committed"], self.version)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since > self.s.stall_timeout_seconds:
+                raise StallError(
+                    f"no rollout committed and no step trained for {self.s.stall_timeout_seconds:g}s "
+                    f"(step {self.version}, {len(self.inflight)} groups in flight, {len(self.buffer)} buffered)"
+                )
+
+
+@ray.remote(num_cpus=1, num_gpus=0)
+class SingleControllerActor:
+    """SingleController as a CPU-only Ray actor with one asyncio loop (async methods)."""
+
+    def __init__(self, args: ControllerArgs) -> None:
+        logging.basicConfig(level=logging.INFO)
+        self.c = SingleController(args)
+
+    async def run(self) -> dict[str, Any]:
+        return await self.c.run()
+
+    async def poll(self, since: int) -> dict[str, Any]:
+        return self.c.poll(since)
+
+    async def ping(self) -> bool:
+        return True
+
+
+def progress_from(poll: dict[str, Any]) -> progress.Progress:
+    return progress.Progress(**poll["progress"])

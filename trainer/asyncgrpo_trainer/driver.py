@@ -1,0 +1,324 @@
+"""The driver: parse the job, build everything, run the controller, report, exit with a code.
+
+Setup order (nothing heavy is built inside the controller actor, which only receives built
+objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> Ray -> tokenizer and
+model recipe -> placement groups -> policy and generation worker groups (in parallel) and reward
+workers -> data loader -> replay buffer and sampler -> rollout manager -> weight synchronizer ->
+restore the latest checkpoint if there is one -> SingleControllerActor.
+
+Exit codes are the operator's contract: 0 when training finished; 1 for a training error (an
+exception in a pump, an invalid spec); the error is the last line on stderr and the `error` of
+/progress, which keeps answering with the final state for ASYNCGRPO_EXIT_GRACE_SECONDS (5 s)
+before the process exits. A driver killed by a signal is an infrastructure failure the operator
+retries; the retry resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import yaml
+
+from asyncgrpo_api import rules
+from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, AsyncGRPOJob
+from asyncgrpo_trainer import checkpoint, cluster, controller, data, envs, progress, sampler, weights, workers
+from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import modelspec, policy, sampling
+from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.rollout import RolloutManager
+from asyncgrpo_trainer.tokenizer import CharTokenizer
+
+log = logging.getLogger("asyncgrpo_trainer")
+GRACE_ENV = "ASYNCGRPO_EXIT_GRACE_SECONDS"
+POLL_SECONDS = 0.5
+
+
+class SpecError(ValueError):
+    """The job spec is invalid (schema or cross-field rules)."""
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """A job file (YAML or JSON; the operator mounts JSON). A bare spec is wrapped into a job."""
+    text = Path(path).read_text()
+    raw = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a mapping")
+    if "spec" not in raw and "kind" not in raw:
+        raw = {"apiVersion": "asyncgrpo.dev/v1alpha1", "kind": "AsyncGRPOJob", "spec": raw}
+    return raw
+
+
+def parse_job(manifest: dict[str, Any]) -> AsyncGRPOJob:
+    """The validated job, or SpecError listing every finding (the webhook's own rules)."""
+    report = rules.validate_manifest(manifest)
+    for warning in report.warnings:
+        log.warning("job spec: %s", warning)
+    if report.errors or report.job is None:
+        raise SpecError("invalid job spec: " + "; ".join(str(e) for e in report.errors))
+    return report.job
+
+
+def settings_of(job: AsyncGRPOJob) -> controller.Settings:
+    t = job.spec.trainer
+    rl = t.async_rl
+    return controller.Settings(
+        mode=sampler.mode_name(
+            max_staleness_versions=rl.max_staleness_versions,
+            over_sampling=rl.over_sampling,
+            force_in_order=rl.force_in_order,
+        ),
+        prompts_per_step=t.grpo.num_prompts_per_step,
+        generations_per_prompt=t.grpo.num_generations_per_prompt,
+        max_steps=t.grpo.max_num_steps,
+        min_groups_for_streaming_train=t.min_groups_for_streaming_train,
+        max_buffered_rollouts=t.max_buffered_rollouts,
+        max_inflight_prompts=min(t.max_inflight_prompts, t.max_buffered_rollouts),
+        drain_before_refit=rl.drain_before_refit,
+        reset_cache_after_refit=t.is_sync or t.generation.recompute_kv_cache_after_weight_updates,
+        stall_timeout_seconds=rl.stall_timeout_seconds,
+        leave_one_out=t.grpo.use_leave_one_out_baseline,
+        normalize_rewards=t.grpo.normalize_rewards,
+        needs_reference_logprobs=t.loss.reference_policy_kl_penalty > 0,
+        val_period=t.grpo.val_period,
+        val_at_end=t.grpo.val_at_end,
+        checkpoint_path=job.spec.checkpoint.path,
+        checkpoint_every=job.spec.checkpoint.every_steps,
+        checkpoint_keep=job.spec.checkpoint.keep_last,
+        seed=t.grpo.seed,
+    )
+
+
+@dataclass
+class Built:
+    args: controller.ControllerArgs
+    pools: tuple[cluster.Pool, cluster.Pool]
+
+
+def build(job: AsyncGRPOJob) -> Built:
+    """Every object the controller needs, built here in the driver (see the module docstring)."""
+    t = job.spec.trainer
+    if t.model.source != "tiny":
+        raise SpecError(
+            "spec.trainer.model.source: pretrained checkpoints load through the vLLM/Megatron backends; "
+            "the torch backends build the tiny model (source: tiny)"
+        )
+    if t.policy.backend != "torch" or t.generation.backend != "torch":
+        raise SpecError("spec.trainer: this trainer build ships the torch policy and generation backends")
+    env = envs.build(t.env.name)
+    tokenizer = CharTokenizer(env.alphabet)
+    tiny = t.model.tiny
+    recipe = modelspec.tiny_build(
+        tokenizer, hidden_size=tiny.hidden_size, num_layers=tiny.num_layers, num_heads=tiny.num_heads,
+        num_kv_heads=tiny.num_kv_heads, intermediate_size=tiny.intermediate_size,
+        max_sequence_length=t.model.max_sequence_length, dtype=t.model.dtype, seed=t.grpo.seed,
+    )
+    cl = job.spec.cluster
+    policy_ranks = rules.policy_data_parallel_size(job)
+    gen_ranks = max(cl.generation_workers.replicas, 1)
+    pools = cluster.build_pools(
+        policy_ranks=policy_ranks, policy_gpus=min(cl.policy_workers.gpus_per_replica, 1),
+        generation_ranks=gen_ranks, generation_gpus=min(cl.generation_workers.gpus_per_replica, 1),
+        colocated=t.generation.colocated, name=job.metadata.name or "asyncgrpo",
+    )
+    loss_cfg = losses.LossConfig(
+        ratio_clip_min=t.loss.ratio_clip_min, ratio_clip_max=t.loss.ratio_clip_max,
+        ratio_clip_c=t.loss.ratio_clip_c,
+        use_importance_sampling_correction=t.loss.use_importance_sampling_correction,
+        truncated_importance_sampling_ratio=t.loss.truncated_importance_sampling_ratio,
+        reference_policy_kl_penalty=t.loss.reference_policy_kl_penalty, kl_type=t.loss.kl_type,
+        token_level_loss=t.loss.token_level_loss,
+    )
+    optim = policy.OptimConfig(
+        learning_rate=t.policy.learning_rate, weight_decay=t.policy.weight_decay,
+        max_grad_norm=t.policy.max_grad_norm, warmup_steps=t.policy.warmup_steps,
+        micro_batch_size=t.policy.train_micro_batch_size,
+        logprob_batch_size=t.policy.logprob_batch_size or t.policy.train_micro_batch_size,
+        temperature=t.generation.temperature,
+    )
+    policy_group = workers.build_policy_group(
+        pools[0], recipe, optim, loss_cfg, cl.policy_workers.gpus_per_replica
+    )
+    generation_group = workers.build_generation_group(pools[1], recipe, cl.generation_workers.gpus_per_replica)
+    rewards = workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
+    train, val = data.load_examples(
+        env, tokenizer, train_path=t.data.train_path, validation_path=t.data.validation_path,
+        num_validation=t.data.num_validation_prompts, max_prompt_length=t.data.max_prompt_length,
+        seed=t.grpo.seed,
+    )
+    loader = data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle)
+    params = sampling.SamplingParams(
+        max_new_tokens=t.generation.max_new_tokens, temperature=t.generation.temperature,
+        top_p=t.generation.top_p, top_k=t.generation.top_k,
+    )
+    rl = t.async_rl
+    the_sampler = sampler.for_spec(
+        max_staleness_versions=rl.max_staleness_versions, over_sampling=rl.over_sampling,
+        force_in_order=rl.force_in_order,
+    )
+    rollout = RolloutManager(
+        generation_group, rewards, tokenizer, params, num_generations=t.grpo.num_generations_per_prompt,
+        timeout_seconds=rl.rollout_timeout_seconds, max_attempts=rl.max_rollout_attempts, seed=t.grpo.seed,
+    )
+    sync = weights.create(t.weight_sync.transport, policy_group, generation_group, t.weight_sync.timeout_seconds)
+    args = controller.ControllerArgs(
+        settings=settings_of(job), policy=policy_group, generation=generation_group, rewards=rewards,
+        rollout=rollout, weights=sync, loader=loader, validation=val, buffer=ReplayBuffer(),
+        sampler=the_sampler, tokenizer=tokenizer,
+        validation_params=sampling.SamplingParams(max_new_tokens=t.generation.max_new_tokens, temperature=0.0),
+    )
+    return Built(args, pools)
+
+
+def restore(built: Built) -> int | None:
+    """Load the newest checkpoint into the policy workers and the controller args; its step."""
+    path = built.args.settings.checkpoint_path
+    step = checkpoint.latest(path)
+    if step is None:
+        return None
+    payload = checkpoint.load(path, step)
+    ray.get(_load_policy(built.args.policy, payload["policy"]))
+    built.args.resume = controller.ResumeState(
+        step=payload["step"], batch_index=payload["batch_index"], buffer=payload["buffer"],
+        pending=payload["pending"], loader=payload["loader"], counters=payload["counters"],
+        validation_reward=payload["validation_reward"],
+    )
+    return step
+
+
+def _load_policy(group: workers.PolicyGroup, state: dict[str, Any]) -> list[Any]:
+    ref = ray.put(state)
+    return [a.load_state.remote(ref) for a in group.actors]
+
+
+def supervise(
+    actor: Any, server: progress.ProgressServer | None, *, stall_seconds: float, quiet: bool = False
+) -> dict[str, Any]:
+    """Wait for the controller, relaying its step records and progress; returns its summary."""
+    run_ref = actor.run.remote()
+    since = 0
+    bar: progress.ProgressBar | None = None
+    last_answer = time.monotonic()
+    while True:
+        ready, _ = ray.wait([run_ref], timeout=POLL_SECONDS)
+        try:
+            poll = ray.get(actor.poll.remote(since), timeout=max(stall_seconds, 1.0))
+            last_answer = time.monotonic()
+        except ray.exceptions.GetTimeoutError:
+            if time.monotonic() - last_answer > stall_seconds:
+                raise controller.StallError(
+                    f"the controller's event loop did not answer for {stall_seconds:g}s"
+                ) from None
+            poll = None
+        except ray.exceptions.RayError:
+            poll = None  # the actor died; run_ref carries the reason
+        if poll is not None:
+            since += len(poll["records"])
+            prog = poll["progress"]
+            if bar is None and not quiet:
+                bar = progress.ProgressBar(prog["max_steps"])
+            for record in poll["records"]:
+                if not quiet:
+                    progress.log_step(record)
+            if server is not None:
+                server.update(**{k: v for k, v in prog.items() if k not in ("state", "error")},
+                              state="running" if prog["state"] == "starting" else prog["state"])
+            if bar is not None:
+                bar.show(prog["step"], prog["reward_mean"], prog["mean_staleness"])
+        if ready:
+            if bar is not None:
+                bar.close()
+            summary: dict[str, Any] = ray.get(run_ref)
+            return summary
+
+
+def error_text(exc: BaseException) -> str:
+    """The user-facing error: the original exception of a Ray task, without Ray's wrapping."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause
+        if cause is not None and not isinstance(cause, ray.exceptions.RayTaskError):
+            return f"{type(cause).__name__}: {cause}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+def run_job(
+    manifest: dict[str, Any],
+    *,
+    progress_port: int | None = DRIVER_PROGRESS_PORT,
+    grace_seconds: float | None = None,
+    quiet: bool = False,
+) -> int:
+    """Run one job to completion in the current Ray cluster; the process exit code."""
+    server = progress.ProgressServer(progress_port) if progress_port is not None else None
+    if server is not None:
+        log.info("progress on http://0.0.0.0:%d/progress", server.port)
+    built: Built | None = None
+    code, error = 0, None
+    try:
+        job = parse_job(manifest)
+        t = job.spec.trainer
+        if server is not None:
+            server.update(max_steps=t.grpo.max_num_steps, state="starting")
+        built = build(job)
+        step = restore(built)
+        if step is not None:
+            log.info("resuming from the checkpoint of step %d", step)
+        actor = controller.SingleControllerActor.remote(built.args)  # type: ignore[attr-defined]
+        summary = supervise(actor, server, stall_seconds=t.async_rl.stall_timeout_seconds, quiet=quiet)
+        if server is not None:
+            server.update(state="succeeded")
+        if not quiet:
+            print(json.dumps({"event": "summary", **{k: v for k, v in summary.items() if k != "records"}}))
+    except Exception as exc:
+        code, error = 1, error_text(exc)
+        log.debug("training failed", exc_info=True)
+        if server is not None:
+            server.update(state="failed", error=error)
+    finally:
+        if built is not None:
+            _teardown(built)
+    if error is not None:
+        sys.stderr.flush()
+        print(f"asyncgrpo: training failed: {error}", file=sys.stderr, flush=True)
+    if server is not None:
+        grace = float(os.environ.get(GRACE_ENV, "5")) if grace_seconds is None else grace_seconds
+        time.sleep(grace)
+        server.close()
+    return code
+
+
+def _teardown(built: Built) -> None:
+    a = built.args
+    try:
+        workers.kill(a.policy, a.generation, a.rewards)
+        cluster.release(*built.pools)
+    except Exception:  # teardown must not mask the run's own outcome
+        log.warning("teardown failed", exc_info=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m asyncgrpo_trainer", description=__doc__.split("\n")[0])
+    parser.add_argument("--job-spec", required=True, help="AsyncGRPOJob manifest or spec (YAML or JSON)")
+    parser.add_argument("--progress-port", type=int, default=DRIVER_PROGRESS_PORT,
+                        help="port of /progress and /metrics (0 picks a free one)")
+    parser.add_argument("--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or local)")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        manifest = read_manifest(ns.job_spec)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if not ray.is_initialized():
+        ray.init(address=ns.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+    return run_job(manifest, progress_port=ns.progress_port)

@@ -1,0 +1,22 @@
+"""Reward environments: a prompt set and a scoring rule, looked up by `env.name`."""
+
+from __future__ import annotations
+
+from asyncgrpo_trainer.envs import arithmetic, math
+from asyncgrpo_trainer.envs.base import Environment, Example
+
+REGISTRY: dict[str, type[Environment]] = {
+    "arithmetic": arithmetic.ArithmeticEnvironment,
+    "math": math.MathEnvironment,
+}
+
+
+def build(name: str) -> Environment:
+    """The environment called `name` (the EnvSpec.name values)."""
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise ValueError(f"unknown environment {name!r}; known: {sorted(REGISTRY)}") from None
+
+
+__all__ = ["REGISTRY", "Environment", "Example", "build"]

@@ -1,0 +1,35 @@
+"""What an environment is: prompts with reference answers, and a reward for a response.
+
+Scoring is a pure function of (example, response, finished) so it can run anywhere: in the reward
+worker actors, in tests, and in validation. `finished` is false when generation hit maxNewTokens
+before the end-of-sequence token; environments score such truncated responses as wrong.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and its reference answer."""
+
+    prompt: str
+    answer: str
+
+
+class Environment(abc.ABC):
+    """A reward environment; subclasses ship a built-in prompt set so a job needs no data files."""
+
+    name: str = ""
+    alphabet: str = ""
+    """Characters the char-level tokenizer of the tiny model must cover for this task."""
+
+    @abc.abstractmethod
+    def builtin_examples(self, *, split: str, count: int, seed: int) -> list[Example]:
+        """`count` examples of `split` ("train" or "validation"); the splits never overlap."""
+
+    @abc.abstractmethod
+    def score(self, example: Example, response: str, *, finished: bool) -> float:
+        """Reward in [0, 1] of `response` to `example`."""

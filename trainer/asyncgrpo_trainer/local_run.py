@@ -1,0 +1,82 @@
+"""`asyncgrpo run job.yaml`: the same job file `kubectl apply` takes, run on this machine.
+
+Starts an embedded Ray (CPU by default; `--gpus` to use local GPUs), points checkpoints at a local
+directory when the job's path (usually a volume mount such as /checkpoints) is not writable here,
+and runs the driver in this process with the /progress server on DRIVER_PROGRESS_PORT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT
+from asyncgrpo_trainer import driver
+
+
+def _writable(path: str) -> bool:
+    p = Path(path)
+    while not p.exists():
+        p = p.parent
+    return os.access(p, os.W_OK)
+
+
+def localize(manifest: dict[str, Any], checkpoint_dir: str | None, max_steps: int | None) -> dict[str, Any]:
+    """The manifest with a local checkpoint directory (and optional step cap) applied."""
+    spec = manifest.setdefault("spec", {})
+    ckpt = spec.setdefault("checkpoint", {})
+    name = manifest.get("metadata", {}).get("name", "job")
+    if checkpoint_dir is not None:
+        ckpt["path"] = str(Path(checkpoint_dir).resolve())
+    elif not _writable(ckpt.get("path", "/checkpoints")):
+        ckpt["path"] = str((Path(".asyncgrpo") / name / "checkpoints").resolve())
+        print(f"asyncgrpo: checkpoints go to {ckpt['path']} (the job's path is not writable here)",
+              file=sys.stderr)
+    if max_steps is not None:
+        spec.setdefault("trainer", {}).setdefault("grpo", {})["maxNumSteps"] = max_steps
+    return manifest
+
+
+def required_cpus(manifest: dict[str, Any]) -> int:
+    """Logical CPUs the job's actors reserve: one per policy and generation rank + the controller."""
+    cluster = manifest.get("spec", {}).get("cluster", {})
+
+    def ranks(pool: dict[str, Any]) -> int:
+        return max(int(pool.get("replicas", 1)), 1) * max(int(pool.get("gpusPerReplica", 0)), 1)
+
+    return ranks(cluster.get("policyWorkers", {})) + ranks(cluster.get("generationWorkers", {})) + 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncgrpo run", description="Run an AsyncGRPOJob on this machine.")
+    parser.add_argument("job", help="AsyncGRPOJob manifest (YAML or JSON)")
+    parser.add_argument("--checkpoint-dir", default=None, help="local checkpoint directory (overrides the job)")
+    parser.add_argument("--max-steps", type=int, default=None, help="override grpo.maxNumSteps")
+    parser.add_argument("--progress-port", type=int, default=DRIVER_PROGRESS_PORT,
+                        help="port of /progress and /metrics (0 picks a free one)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs of the embedded Ray (default 0: CPU)")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        manifest = localize(driver.read_manifest(ns.job), ns.checkpoint_dir, ns.max_steps)
+    except (OSError, ValueError) as exc:
+        print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    cpus = ns.num_cpus or max(os.cpu_count() or 1, required_cpus(manifest))
+    ray.init(num_cpus=cpus, num_gpus=ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        return driver.run_job(manifest, progress_port=ns.progress_port, grace_seconds=0)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

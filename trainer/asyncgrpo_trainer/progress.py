@@ -1,0 +1,155 @@
+"""What the driver tells the world: /progress (JSON), /metrics (Prometheus), step logs, a bar.
+
+The operator polls /progress on DRIVER_PROGRESS_PORT and is the only writer of the job's status;
+the field names here are the contract it reads (camelCase, as in status.progress). After the run
+ends the server keeps answering with state "succeeded" or "failed" (and the error) for a grace
+period so the operator can read the final state before the pod goes away.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TextIO
+
+STATES = ("starting", "running", "succeeded", "failed")
+
+
+@dataclass
+class Progress:
+    """The /progress document (snake_case here, camelCase on the wire)."""
+
+    step: int = 0
+    max_steps: int = 0
+    policy_version: int = 0
+    reward_mean: float | None = None
+    mean_staleness: float | None = None
+    tokens_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    validation_reward: float | None = None
+    state: str = "starting"
+    error: str | None = None
+    mode: str = ""
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        raw = asdict(self)
+        return {_camel(k): v for k, v in raw.items()}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def prometheus_text(p: Progress) -> str:
+    """Prometheus exposition of the progress document and the run counters."""
+    gauges: dict[str, float | None] = {
+        "asyncgrpo_step": p.step,
+        "asyncgrpo_max_steps": p.max_steps,
+        "asyncgrpo_policy_version": p.policy_version,
+        "asyncgrpo_reward_mean": p.reward_mean,
+        "asyncgrpo_mean_staleness": p.mean_staleness,
+        "asyncgrpo_tokens_per_second": p.tokens_per_second,
+        "asyncgrpo_last_checkpoint_step": p.last_checkpoint_step,
+        "asyncgrpo_validation_reward": p.validation_reward,
+    }
+    lines: list[str] = []
+    for name, value in gauges.items():
+        if value is not None:
+            lines += [f"# TYPE {name} gauge", f"{name} {float(value):g}"]
+    lines += ["# TYPE asyncgrpo_state gauge"]
+    lines += [f'asyncgrpo_state{{state="{s}"}} {1 if p.state == s else 0}' for s in STATES]
+    for key, value in sorted(p.counters.items()):
+        name = "asyncgrpo_" + "".join(c if c.isalnum() else "_" for c in key)
+        lines += [f"# TYPE {name} counter", f"{name} {float(value):g}"]
+    return "\n".join(lines) + "\n"
+
+
+class ProgressServer:
+    """A background HTTP server over a shared Progress; `update` replaces the document."""
+
+    def __init__(self, port: int, host: str = "0.0.0.0") -> None:
+        self._lock = threading.Lock()
+        self._progress = Progress()
+        server_self = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                snap = server_self.snapshot()
+                if self.path.split("?")[0] == "/progress":
+                    body, ctype = json.dumps(snap.to_json()).encode(), "application/json"
+                elif self.path.split("?")[0] == "/metrics":
+                    body, ctype = prometheus_text(snap).encode(), "text/plain; version=0.0.4"
+                elif self.path == "/healthz":
+                    body, ctype = b"ok", "text/plain"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="progress-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def snapshot(self) -> Progress:
+        with self._lock:
+            return Progress(**{**asdict(self._progress), "counters": dict(self._progress.counters)})
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self._progress, key, value)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def log_step(record: dict[str, Any], stream: TextIO = sys.stdout) -> None:
+    """One structured JSON line per step (machine-readable; `jq` friendly)."""
+    stream.write(json.dumps({"event": "step", **record}, default=float) + "\n")
+    stream.flush()
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+        self.total, self.stream = total, stream
+        self.enabled = stream.isatty()
+        self.start = time.monotonic()
+
+    def show(self, step: int, reward: float | None, staleness: float | None) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        done = int(width * step / max(self.total, 1))
+        elapsed = time.monotonic() - self.start
+        r = "-" if reward is None else f"{reward:.3f}"
+        s = "-" if staleness is None else f"{staleness:.2f}"
+        self.stream.write(
+            f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total} reward {r} staleness {s} {elapsed:.0f}s"
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,101 @@
+"""The rollout manager: one prompt group from prompt to scored samples, with deadlines and retries.
+
+`run_group` generates N samples of a prompt on a generation engine, decodes them, scores them with
+the reward pool, and returns a GroupRecord. Each attempt has a deadline
+(asyncRL.rolloutTimeoutSeconds); a failed or timed-out attempt is retried from the current weights
+up to asyncRL.maxRolloutAttempts times, and after that `RolloutFailed` is raised so the run fails
+loudly. A failure is never turned into zero-reward samples: that would bias every group-relative
+baseline it touches (the reference system's silent failure mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from asyncgrpo_trainer.backends import sampling
+from asyncgrpo_trainer.buffer import GroupRecord
+from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.workers import GenerationGroup, RewardPool
+
+log = logging.getLogger(__name__)
+
+
+class RolloutFailed(RuntimeError):
+    """A prompt group failed every attempt."""
+
+
+@dataclass
+class RolloutStats:
+    attempts: int = 0
+    retries: int = 0
+    timeouts: int = 0
+    errors: int = 0
+
+
+class RolloutManager:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        generation: GenerationGroup,
+        rewards: RewardPool,
+        tokenizer: CharTokenizer,
+        params: sampling.SamplingParams,
+        *,
+        num_generations: int,
+        timeout_seconds: float | None,
+        max_attempts: int,
+        seed: int,
+    ) -> None:
+        self.generation, self.rewards, self.tokenizer = generation, rewards, tokenizer
+        self.params, self.n = params, num_generations
+        self.timeout, self.max_attempts, self.seed = timeout_seconds, max_attempts, seed
+        self.stats = RolloutStats()
+
+    async def _attempt(self, example: Example, seed: int) -> GroupRecord:
+        prompt_ids = self.tokenizer.encode(example.prompt)
+        out = await self.generation.generate(prompt_ids, self.n, self.params, seed)
+        texts = [self.tokenizer.decode(r) for r in out.response_ids]
+        rewards = await self.rewards.score(example, texts, out.finished)
+        return GroupRecord(
+            prompt_ids=prompt_ids,
+            response_ids=out.response_ids,
+            generation_logprobs=out.logprobs,
+            rewards=rewards,
+            finished=out.finished,
+            first_version=out.first_version,
+            last_version=out.last_version,
+        )
+
+    async def run_group(
+        self, example: Example, group_id: int, on_attempt: Callable[[int], None]
+    ) -> GroupRecord:
+        """Generate and score one group; `on_attempt(i)` runs before attempt i (re-stamps the slot)."""
+        last_error: BaseException | None = None
+        for attempt in range(self.max_attempts):
+            on_attempt(attempt)
+            self.stats.attempts += 1
+            seed = (self.seed * 1_000_003 + group_id * 101 + attempt) % (2**63)
+            try:
+                if self.timeout is None:
+                    return await self._attempt(example, seed)
+                return await asyncio.wait_for(self._attempt(example, seed), self.timeout)
+            except TimeoutError as exc:
+                self.stats.timeouts += 1
+                last_error = exc
+                log.warning("group %d attempt %d timed out after %ss", group_id, attempt + 1, self.timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # an engine or reward worker error: retry, then fail loudly
+                self.stats.errors += 1
+                last_error = exc
+                log.warning("group %d attempt %d failed: %r", group_id, attempt + 1, exc)
+            if attempt + 1 < self.max_attempts:
+                self.stats.retries += 1
+        raise RolloutFailed(
+            f"prompt group {group_id} failed {self.max_attempts} attempt(s); last error: {last_error!r}"
+        ) from last_error

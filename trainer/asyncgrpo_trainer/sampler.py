@@ -1,0 +1,147 @@
+"""The staleness policy shared by both pumps: admission (rollout side), selection and eviction.
+
+One object answers all of it, so the dispatch gate and the train-side window cannot drift apart.
+v is the trainer version (optimizer steps taken), S = asyncRL.maxStalenessVersions, and a
+dispatch batch is P prompts. The four modes of docs/guides/async-modes.md map to three classes:
+
+| mode                          | class            | admit batch b       | select at version v                 |
+|-------------------------------|------------------|---------------------|-------------------------------------|
+| sync (S = 0)                  | InOrderSampler   | b <= v              | ready groups stamped for step v     |
+| async, exact batch-to-step    | InOrderSampler   | b <= v + S          | ready groups stamped for step v     |
+| streaming, gated dispatch     | WeightFifoSampler| b <= v + S          | ready groups of the oldest in-window|
+|                               |                  |                     | start version (waits for that batch)|
+| streaming, over-sampled       | WindowedSampler  | always              | ready groups with start >= v - S    |
+
+Eviction removes ready groups that can never be trained on (start version < v - S, or stamped
+for a step already taken); only the over-sampled mode can produce such groups in normal operation,
+and only it aborts in-flight groups that aged out (their start version is already < v - S).
+Selection never waits to fill a chunk: it returns None when fewer than `min_groups` qualify.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
+
+
+class Sampler(abc.ABC):
+    """Staleness policy; see the module docstring for the per-mode rules."""
+
+    name: str = ""
+    gated: bool = True
+    """Whether the rollout pump waits for the trainer before dispatching the next batch."""
+
+    def __init__(self, max_staleness_versions: int) -> None:
+        if max_staleness_versions < 0:
+            raise ValueError("maxStalenessVersions must be >= 0")
+        self.window = max_staleness_versions
+
+    def may_dispatch(self, batch_index: int, trainer_version: int) -> bool:
+        """Whether dispatch batch `batch_index` (0-based) may start at trainer version v."""
+        return not self.gated or batch_index <= trainer_version + self.window
+
+    def target_step(self, batch_index: int) -> int | None:
+        """The step stamped on groups of `batch_index`; None when selection ignores it."""
+        return None
+
+    def required_capacity(self, prompts_per_step: int) -> int:
+        """Buffer slots the gated pump may hold at once: P x (S+1)."""
+        return prompts_per_step * (self.window + 1)
+
+    def evict(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
+        """Remove and return ready groups that can never be trained on at or after v."""
+        return buffer.remove(s.group_id for s in buffer.ready() if self._expired(s, trainer_version))
+
+    def select(
+        self, buffer: ReplayBuffer, trainer_version: int, *, min_groups: int, max_groups: int
+    ) -> list[Slot] | None:
+        """Remove and return between min and max ready groups to train on at v, or None."""
+        chosen = self._candidates(buffer, trainer_version)[:max_groups]
+        if len(chosen) < min_groups or not chosen:
+            return None
+        return buffer.remove(s.group_id for s in chosen)
+
+    def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool:
+        """Whether an in-flight group can no longer be trained on, so generating it is waste."""
+        return False
+
+    def _stale(self, slot: Slot, trainer_version: int) -> bool:
+        return slot.start_version < trainer_version - self.window
+
+    @abc.abstractmethod
+    def _expired(self, slot: Slot, trainer_version: int) -> bool: ...
+
+    @abc.abstractmethod
+    def _candidates(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]: ...
+
+
+class InOrderSampler(Sampler):
+    """Each dispatch batch b is stamped for step b, and step v trains only on its own batch."""
+
+    name = "in_order"
+
+    def target_step(self, batch_index: int) -> int | None:
+        return batch_index
+
+    def _expired(self, slot: Slot, trainer_version: int) -> bool:
+        return slot.target_step is not None and slot.target_step < trainer_version
+
+    def _candidates(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
+        return [s for s in buffer.ready() if s.target_step == trainer_version]
+
+
+class WeightFifoSampler(Sampler):
+    """Gated streaming: train on the oldest in-window weight version first, a version at a time."""
+
+    name = "weight_fifo"
+
+    def _expired(self, slot: Slot, trainer_version: int) -> bool:
+        return self._stale(slot, trainer_version)
+
+    def _candidates(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
+        live = [s for s in buffer.ordered() if not self._stale(s, trainer_version)]
+        if not live:
+            return []
+        oldest = min(s.start_version for s in live)
+        return [s for s in live if s.ready and s.start_version == oldest]
+
+
+class WindowedSampler(Sampler):
+    """Over-sampled streaming: any ready group within the window, in dispatch order."""
+
+    name = "windowed"
+    gated = False
+
+    def _expired(self, slot: Slot, trainer_version: int) -> bool:
+        return self._stale(slot, trainer_version)
+
+    def _candidates(self, buffer: ReplayBuffer, trainer_version: int) -> list[Slot]:
+        return [s for s in buffer.ready() if not self._stale(s, trainer_version)]
+
+    def should_abort_inflight(self, slot: Slot, trainer_version: int) -> bool:
+        return self._stale(slot, trainer_version)
+
+
+def for_spec(*, max_staleness_versions: int, over_sampling: bool, force_in_order: bool) -> Sampler:
+    """The sampler of an asyncRL block (force_in_order is ignored in sync mode, S = 0)."""
+    if max_staleness_versions == 0:
+        if over_sampling:
+            raise ValueError("overSampling needs maxStalenessVersions >= 1 (sync mode gates each batch)")
+        return InOrderSampler(0)
+    if over_sampling:
+        if force_in_order:
+            raise ValueError("forceInOrder and overSampling exclude each other")
+        return WindowedSampler(max_staleness_versions)
+    if force_in_order:
+        return InOrderSampler(max_staleness_versions)
+    return WeightFifoSampler(max_staleness_versions)
+
+
+def mode_name(*, max_staleness_versions: int, over_sampling: bool, force_in_order: bool) -> str:
+    """Human name of the mode, as in the docs' modes table."""
+    if max_staleness_versions == 0:
+        return "sync"
+    if over_sampling:
+        return "streaming-oversampled"
+    return "async-in-order" if force_in_order else "streaming-gated"

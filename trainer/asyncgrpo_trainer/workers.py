@@ -1,0 +1,198 @@
+"""Worker groups: Ray actors for the backends, and the group objects the controller calls.
+
+A group object is small and picklable (it holds actor handles), so the driver builds it and hands
+it to the controller actor. Its methods return awaitables of Ray object refs, so the controller's
+event loop never blocks on a worker. The policy group shards a chunk's rows over its
+data-parallel ranks; the generation group sends each prompt group to the engine with the fewest
+outstanding requests; the reward pool spreads scoring over `env.numWorkers` actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+import torch
+
+from asyncgrpo_trainer import cluster, envs
+from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import generation, policy, sampling
+from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.envs.base import Example
+
+
+class PolicyActor(policy.TorchPolicyWorker):
+    """The torch policy worker as a Ray actor, plus rendezvous helpers for data parallelism."""
+
+    def __init__(self, build: ModelBuild, optim: policy.OptimConfig, loss: losses.LossConfig,
+                 rank: int, world_size: int, gpus: int) -> None:
+        self._init_args = (build, optim, loss, rank, world_size, gpus)
+        self._ready = False
+
+    def rendezvous_address(self) -> str:
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{host}:{port}"
+
+    def setup(self, rendezvous: str | None) -> bool:
+        build, optim, loss, rank, world, gpus = self._init_args
+        super().__init__(build, optim, loss, rank=rank, world_size=world,
+                         device=policy.default_device(gpus), rendezvous=rendezvous)
+        self._ready = True
+        return True
+
+
+class PolicyGroup:
+    """The data-parallel policy ranks; see the module docstring."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def _shards(self, rows: Sequence[Any]) -> list[list[Any]]:
+        n = len(self.actors)
+        size, extra = divmod(len(rows), n)
+        out, start = [], 0
+        for r in range(n):
+            end = start + size + (1 if r < extra else 0)
+            out.append(list(rows[start:end]))
+            start = end
+        return out
+
+    async def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        parts = await asyncio.gather(*(
+            a.reference_logprobs.remote(s) for a, s in zip(self.actors, self._shards(rows), strict=True) if s
+        ))
+        return [lp for part in parts for lp in part]
+
+    async def train_chunk(self, rows: list[policy.TrainRow]) -> None:
+        await asyncio.gather(*(
+            a.train_chunk.remote(s) for a, s in zip(self.actors, self._shards(rows), strict=True)
+        ))
+
+    async def finish_step(self) -> dict[str, float]:
+        results = await asyncio.gather(*(a.finish_step.remote() for a in self.actors))
+        return dict(results[0])
+
+    def weights_ref(self) -> Any:
+        """Object ref of rank 0's weights (CPU tensors), resolved by each engine directly."""
+        return self.actors[0].weights.remote()
+
+    async def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = await self.actors[0].state.remote()
+        return state
+
+    async def load_state(self, state: dict[str, Any]) -> None:
+        ref = ray.put(state)
+        await asyncio.gather(*(a.load_state.remote(ref) for a in self.actors))
+
+    async def busy_seconds(self) -> float:
+        values = await asyncio.gather(*(a.busy.remote() for a in self.actors))
+        return float(sum(values)) / len(values)
+
+
+class GenerationActor(generation.TorchGenerationWorker):
+    """The torch generation engine as an async Ray actor."""
+
+
+class GenerationGroup:
+    """The generation engines; least-outstanding routing of prompt groups."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+        self._outstanding = [0] * len(actors)
+
+    async def generate(
+        self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
+    ) -> generation.Generated:
+        idx = min(range(len(self.actors)), key=self._outstanding.__getitem__)
+        self._outstanding[idx] += 1
+        ref = self.actors[idx].generate.remote(prompt_ids, n, params, seed)
+        try:
+            result: generation.Generated = await ref
+            return result
+        except asyncio.CancelledError:
+            ray.cancel(ref)
+            raise
+        finally:
+            self._outstanding[idx] -= 1
+
+    async def load_weights(self, weights_ref: Any, version: int) -> None:
+        await asyncio.gather(*(a.load_weights.remote(weights_ref, version) for a in self.actors))
+
+    async def reset_cache(self) -> None:
+        await asyncio.gather(*(a.reset_cache.remote() for a in self.actors))
+
+    async def stats(self) -> list[dict[str, float]]:
+        return list(await asyncio.gather(*(a.stats.remote() for a in self.actors)))
+
+
+class RewardActor:
+    """Scores responses with an environment (one per env worker)."""
+
+    def __init__(self, env_name: str) -> None:
+        torch.set_num_threads(1)
+        self.env = envs.build(env_name)
+
+    def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[float]:
+        return [self.env.score(example, r, finished=f) for r, f in zip(responses, finished, strict=True)]
+
+
+class RewardPool:
+    """Round-robin over the reward actors, with a per-call deadline (a timeout scores 0)."""
+
+    def __init__(self, actors: list[Any], timeout_seconds: float) -> None:
+        self.actors, self.timeout = actors, timeout_seconds
+        self._next = 0
+
+    async def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[float]:
+        actor = self.actors[self._next % len(self.actors)]
+        self._next += 1
+        ref = actor.score.remote(example, responses, finished)
+        try:
+            scores: list[float] = await asyncio.wait_for(ref, self.timeout)
+            return scores
+        except TimeoutError:
+            ray.cancel(ref)
+            return [0.0] * len(responses)
+
+
+def build_policy_group(
+    pool: cluster.Pool, build: ModelBuild, optim: policy.OptimConfig, loss: losses.LossConfig, gpus: int
+) -> PolicyGroup:
+    cls = ray.remote(PolicyActor)
+    actors = [
+        cls.options(**pool.options(rank), name=None).remote(build, optim, loss, rank, pool.ranks, gpus)
+        for rank in range(pool.ranks)
+    ]
+    address = ray.get(actors[0].rendezvous_address.remote()) if pool.ranks > 1 else None
+    ray.get([a.setup.remote(address) for a in actors])
+    return PolicyGroup(actors)
+
+
+def build_generation_group(pool: cluster.Pool, build: ModelBuild, gpus: int) -> GenerationGroup:
+    cls = ray.remote(GenerationActor)
+    device = policy.default_device(gpus)
+    actors = [cls.options(**pool.options(rank)).remote(build, device=device) for rank in range(pool.ranks)]
+    ray.get([a.stats.remote() for a in actors])
+    return GenerationGroup(actors)
+
+
+def build_reward_pool(env_name: str, num_workers: int, timeout_seconds: float) -> RewardPool:
+    cls = ray.remote(num_cpus=0)(RewardActor)
+    actors = [cls.remote(env_name) for _ in range(num_workers)]
+    return RewardPool(actors, timeout_seconds)
+
+
+def kill(*groups: PolicyGroup | GenerationGroup | RewardPool) -> None:
+    for group in groups:
+        for actor in group.actors:
+            ray.kill(actor, no_restart=True)
