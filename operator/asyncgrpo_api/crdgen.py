@@ -50,7 +50,7 @@ _P = "self.grpo.numPromptsPerStep"
 _S = "self.asyncRL.maxStalenessVersions"
 _CAPACITY = f"{_P} * ({_S} + 1)"
 
-TRAINER_RULES: list[Schema] = [
+TRAINER_RULES: list[Schema] = [  # guarded by has() for the blocks they read: see build_crd
     {
         "rule": f"!({_S} == 0 && self.asyncRL.overSampling)",
         "fieldPath": ".asyncRL.overSampling",
@@ -102,8 +102,7 @@ VOLUME_RULES: list[Schema] = [
 ROOT_RULES: list[Schema] = [
     {
         "rule": "size(self.metadata.name) + size(string(self.spec.backoffLimit)) <= 52",
-        "fieldPath": ".metadata.name",
-        "message": "is too long: the RayCluster of the last retry (<name>-<backoffLimit>) must fit "
+        "message": "metadata.name is too long: the RayCluster of the last retry (<name>-<backoffLimit>) must fit "
         "KubeRay's 53-character limit; shorten the name",
     },
 ]
@@ -113,7 +112,10 @@ def build_crd() -> Schema:
     """The CustomResourceDefinition object, as a dict ready to dump."""
     spec_schema = _structural(AsyncGRPOJobSpec.model_json_schema(by_alias=True), with_defaults=True)
     status_schema = _structural(AsyncGRPOJobStatus.model_json_schema(by_alias=True), with_defaults=False)
-    spec_schema["properties"]["trainer"]["x-kubernetes-validations"] = TRAINER_RULES
+    spec_schema["properties"]["trainer"]["x-kubernetes-validations"] = [
+        {**rule, "rule": f"!has(self.grpo) || !has(self.asyncRL) || !has(self.policy) || ({rule['rule']})"}
+        for rule in TRAINER_RULES
+    ]
     for volume in spec_schema["properties"]["storage"]["properties"].values():
         volume["x-kubernetes-validations"] = VOLUME_RULES
     root: Schema = {
