@@ -1,0 +1,90 @@
+{{/* Chart name, truncated to 63 characters (a DNS label). */}}
+{{- define "asyncgrpo-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: the prefix of every object, `<release>-<chart>` unless the release name already
+contains the chart name. Truncated so that derived names ("-webhook-tls") stay under 63 characters.
+*/}}
+{{- define "asyncgrpo-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "asyncgrpo-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: only name + instance, because selectors are immutable. */}}
+{{- define "asyncgrpo-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "asyncgrpo-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "asyncgrpo-operator.labels" -}}
+helm.sh/chart: {{ include "asyncgrpo-operator.chart" . }}
+{{ include "asyncgrpo-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: asyncgrpo
+{{- end }}
+
+{{- define "asyncgrpo-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "asyncgrpo-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "asyncgrpo-operator.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "asyncgrpo-operator.fullname" .) }}
+{{- end }}
+
+{{- define "asyncgrpo-operator.webhookSecretName" -}}
+{{- default (printf "%s-webhook-tls" (include "asyncgrpo-operator.fullname" .)) .Values.webhook.tls.secretName }}
+{{- end }}
+
+{{- define "asyncgrpo-operator.webhookCertificateName" -}}
+{{- printf "%s-webhook" (include "asyncgrpo-operator.fullname" .) }}
+{{- end }}
+
+{{- define "asyncgrpo-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* DNS names the API server may use to reach the webhook Service; all go into the certificate. */}}
+{{- define "asyncgrpo-operator.webhookDnsNames" -}}
+{{- $svc := include "asyncgrpo-operator.webhookServiceName" . }}
+{{- $ns := .Release.Namespace }}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson }}
+{{- end }}
+
+{{/*
+Checks the schema cannot express; each fails `helm install` with the value to fix.
+*/}}
+{{- define "asyncgrpo-operator.validateValues" -}}
+{{- if .Values.webhook.url }}
+{{- $u := urlParse .Values.webhook.url }}
+{{- if ne $u.scheme "https" }}
+{{- fail (printf "webhook.url must be an https:// URL (the API server only calls webhooks over TLS); got %q" .Values.webhook.url) }}
+{{- end }}
+{{- if $u.path }}{{- if ne $u.path "/" }}
+{{- fail (printf "webhook.url must not have a path; the chart appends /validate-asyncgrpojob. Got %q" .Values.webhook.url) }}
+{{- end }}{{- end }}
+{{- end }}
+{{- if and .Values.webhook.tls.certManager.enabled .Values.webhook.tls.certManager.issuerRef }}
+{{- if not .Values.webhook.tls.certManager.issuerRef.name }}
+{{- fail "webhook.tls.certManager.issuerRef.name is required when issuerRef is set" }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,339 @@
+"""The chart as rendered by `helm template`/`helm lint`: what a user installs."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from asyncgrpo_operator.webhook import DEFAULT_CERT_DIR, WEBHOOK_NAME, WEBHOOK_PATH
+from tests.chart.helm import CHART, REPO, HelmError, by_kind, helm, kube_version, one, template
+
+Objects = list[dict[str, Any]]
+
+
+def container(objects: Objects) -> dict[str, Any]:
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (operator,) = pod["containers"]
+    return dict(operator)
+
+
+def env(objects: Objects) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(objects)["env"]}
+
+
+def webhook_entry(objects: Objects) -> dict[str, Any]:
+    (entry,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    return dict(entry)
+
+
+def test_chart_crd_is_a_byte_copy_of_the_generated_crd() -> None:
+    generated = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+    copied = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert copied == generated
+    for name in generated:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
+            f"charts/asyncgrpo-operator/crds/{name} is stale: cp crds/{name} charts/asyncgrpo-operator/crds/"
+        )
+
+
+def test_helm_lint_passes_strictly(helm_bin: Path) -> None:
+    out = helm("lint", "--strict", "--kube-version", kube_version(), str(CHART), helm_bin=helm_bin)
+    assert "0 chart(s) failed" in out
+
+
+def test_lint_also_passes_with_cert_manager_and_url_mode(helm_bin: Path) -> None:
+    for flag in ("webhook.tls.certManager.enabled=true", "webhook.url=https://127.0.0.1:19443"):
+        helm(
+            "lint", "--strict", "--kube-version", kube_version(), str(CHART), "--set", flag, helm_bin=helm_bin
+        )
+
+
+def test_default_install_renders_the_expected_objects(default_objects: Objects) -> None:
+    kinds = sorted(o["kind"] for o in default_objects)
+    assert kinds == sorted(
+        [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Service",  # webhook
+            "Service",  # metrics
+            "Secret",  # generated webhook certificate
+            "ValidatingWebhookConfiguration",
+        ]
+    )
+
+
+def test_operator_pod_is_locked_down(default_objects: Objects) -> None:
+    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(default_objects)["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    resources = container(default_objects)["resources"]
+    assert set(resources) == {"requests", "limits"}
+    assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
+
+
+def test_probes_target_kopf_liveness_and_the_webhook_listener(default_objects: Objects) -> None:
+    c = container(default_objects)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert f"--liveness=http://0.0.0.0:{ports['health']}/healthz" in c["args"]
+    assert c["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+    assert env(default_objects)["ASYNCGRPO_WEBHOOK_PORT"] == str(ports["webhook"])
+
+
+def test_operator_runs_kopf_standalone_on_all_namespaces(default_objects: Objects) -> None:
+    c = container(default_objects)
+    assert c["command"] == ["kopf", "run"]
+    assert {"--module=asyncgrpo_operator.main", "--all-namespaces", "--standalone"} <= set(c["args"])
+    assert one(default_objects, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_webhook_certificate_is_mounted_where_the_operator_reads_it(default_objects: Objects) -> None:
+    c = container(default_objects)
+    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "webhook-tls")
+    assert mount["mountPath"] == env(default_objects)["ASYNCGRPO_WEBHOOK_CERT_DIR"] == str(DEFAULT_CERT_DIR)
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    secret = one(default_objects, "Secret")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert secret["type"] == "kubernetes.io/tls"
+
+
+def test_rbac_grants_no_secrets_and_no_wildcards(default_objects: Objects) -> None:
+    rules = one(default_objects, "ClusterRole")["rules"]
+    for rule in rules:
+        assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
+        assert "secrets" not in rule["resources"], rule
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+    assert not by_kind(default_objects, "Role"), "no namespaced Roles: nothing needs them"
+
+
+def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
+    verbs: set[str] = set()
+    for rule in rules:
+        if group in rule["apiGroups"] and resource in rule["resources"]:
+            verbs |= set(rule["verbs"])
+    return verbs
+
+
+def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -> None:
+    rules = one(default_objects, "ClusterRole")["rules"]
+    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch", "patch"}
+    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"get", "patch"}
+    assert granted(rules, "ray.io", "rayclusters") == {"create", "get", "list", "watch", "patch", "delete"}
+    assert granted(rules, "", "configmaps") == {"create", "get", "list", "watch", "patch", "delete"}
+    assert granted(rules, "", "pods") == {"get", "list", "watch"}
+    assert granted(rules, "", "events") == {"create", "patch"}
+    assert granted(rules, "", "namespaces") == {"list", "watch"}
+    assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"get", "list", "watch"}
+    assert not granted(rules, "admissionregistration.k8s.io", "validatingwebhookconfigurations"), (
+        "the chart owns the webhook configuration; the operator must not be able to rewrite it"
+    )
+    binding = one(default_objects, "ClusterRoleBinding")
+    sa = one(default_objects, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "asyncgrpo-system"}
+    ]
+
+
+def test_webhook_configuration_is_deliberate(default_objects: Objects) -> None:
+    entry = webhook_entry(default_objects)
+    assert entry["name"] == WEBHOOK_NAME
+    assert entry["failurePolicy"] == "Fail"
+    assert entry["sideEffects"] == "None"
+    assert entry["matchPolicy"] == "Equivalent"
+    assert entry["timeoutSeconds"] == 5
+    assert entry["admissionReviewVersions"] == ["v1"]
+    assert entry["rules"] == [
+        {
+            "apiGroups": ["asyncgrpo.dev"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["asyncgrpojobs"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert entry["namespaceSelector"] == {} and entry["objectSelector"] == {}
+    expressions = {c["name"]: c["expression"] for c in entry["matchConditions"]}
+    assert expressions == {
+        "not-being-deleted": "!has(object.metadata.deletionTimestamp)",
+        "spec-changed": "request.operation != 'UPDATE' || object.spec != oldObject.spec",
+    }
+
+
+def test_webhook_calls_the_service_on_the_kopf_handler_path(default_objects: Objects) -> None:
+    service_ref = webhook_entry(default_objects)["clientConfig"]["service"]
+    services = {s["metadata"]["name"]: s for s in by_kind(default_objects, "Service")}
+    svc = services[service_ref["name"]]
+    assert service_ref["path"] == WEBHOOK_PATH, "a path other than the handler id would admit everything"
+    assert service_ref["namespace"] == "asyncgrpo-system"
+    (port,) = svc["spec"]["ports"]
+    assert service_ref["port"] == port["port"] and port["targetPort"] == "webhook"
+    assert svc["spec"]["selector"] == one(default_objects, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+def load_cert(b64: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(base64.b64decode(b64))
+
+
+def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service(
+    default_objects: Objects,
+) -> None:
+    secret = one(default_objects, "Secret")
+    ca = load_cert(webhook_entry(default_objects)["clientConfig"]["caBundle"])
+    assert load_cert(secret["data"]["ca.crt"]) == ca
+    cert = load_cert(secret["data"]["tls.crt"])
+    assert cert.issuer == ca.subject
+    cert.verify_directly_issued_by(ca)  # raises InvalidSignature if the CA did not sign it
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "agrpo-asyncgrpo-operator-webhook.asyncgrpo-system.svc" in sans.get_values_for_type(x509.DNSName)
+
+
+def test_cert_manager_switch_replaces_the_generated_secret(helm_bin: Path) -> None:
+    objects = template(helm_bin, {"webhook.tls.certManager.enabled": True})
+    assert not by_kind(objects, "Secret")
+    certificates = {c["metadata"]["name"]: c for c in by_kind(objects, "Certificate")}
+    serving = certificates["agrpo-asyncgrpo-operator-webhook"]
+    annotations = one(objects, "ValidatingWebhookConfiguration")["metadata"]["annotations"]
+    assert (
+        annotations["cert-manager.io/inject-ca-from"] == "asyncgrpo-system/agrpo-asyncgrpo-operator-webhook"
+    )
+    assert "caBundle" not in webhook_entry(objects)["clientConfig"]
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert serving["spec"]["secretName"] == volume["secret"]["secretName"]
+    assert "agrpo-asyncgrpo-operator-webhook.asyncgrpo-system.svc" in serving["spec"]["dnsNames"]
+    assert serving["spec"]["issuerRef"]["name"] == "agrpo-asyncgrpo-operator-webhook-ca"
+    assert {i["metadata"]["name"] for i in by_kind(objects, "Issuer")} == {
+        "agrpo-asyncgrpo-operator-selfsigned",
+        "agrpo-asyncgrpo-operator-webhook-ca",
+    }
+
+
+def test_cert_manager_can_use_an_existing_cluster_issuer(helm_bin: Path) -> None:
+    objects = template(
+        helm_bin,
+        {
+            "webhook.tls.certManager.enabled": True,
+            "webhook.tls.certManager.issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
+        },
+    )
+    assert not by_kind(objects, "Issuer")
+    (cert,) = by_kind(objects, "Certificate")
+    assert cert["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+
+
+def test_url_mode_points_the_api_server_at_the_url_with_a_matching_certificate(helm_bin: Path) -> None:
+    objects = template(helm_bin, {"webhook.url": "https://127.0.0.1:19443"})
+    client = webhook_entry(objects)["clientConfig"]
+    assert client["url"] == f"https://127.0.0.1:19443{WEBHOOK_PATH}"
+    assert "service" not in client
+    cert = load_cert(one(objects, "Secret")["data"]["tls.crt"])
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
+
+
+def test_non_default_values_reach_the_objects(helm_bin: Path) -> None:
+    values = {
+        "webhook.failurePolicy": "Ignore",
+        "webhook.timeoutSeconds": 10,
+        "webhook.namespaceSelector": {"matchLabels": {"asyncgrpo.dev/jobs": "enabled"}},
+        "webhook.objectSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]},
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "100Mi"},
+            "limits": {"cpu": "2", "memory": "300Mi"},
+        },
+        "nodeSelector": {"pool": "system"},
+        "metrics.enabled": False,
+        "serviceAccount.create": False,
+        "serviceAccount.name": "existing-sa",
+        "image.tag": "v9",
+        "operator.logLevel": "debug",
+        "fullnameOverride": "agrpo",
+    }
+    objects = template(helm_bin, values)
+    entry = webhook_entry(objects)
+    assert entry["failurePolicy"] == "Ignore" and entry["timeoutSeconds"] == 10
+    assert entry["namespaceSelector"] == {"matchLabels": {"asyncgrpo.dev/jobs": "enabled"}}
+    assert entry["objectSelector"]["matchExpressions"][0]["key"] == "team"
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "existing-sa" and not by_kind(objects, "ServiceAccount")
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert container(objects)["resources"]["limits"] == {"cpu": "2", "memory": "300Mi"}
+    assert container(objects)["image"].endswith(":v9") and "--debug" in container(objects)["args"]
+    assert [s["metadata"]["name"] for s in by_kind(objects, "Service")] == ["agrpo-webhook"]
+    assert "metrics" not in {p["name"] for p in container(objects)["ports"]}
+
+
+BAD_VALUES = [
+    pytest.param({"replicaCount": 2}, "replicaCount", id="two-replicas-without-peering"),
+    pytest.param({"webhook.failurePolicy": "Sometimes"}, "failurePolicy", id="unknown-failure-policy"),
+    pytest.param({"webhook.timeoutSeconds": 31}, "timeoutSeconds", id="timeout-above-apiserver-max"),
+    pytest.param({"webhok": {"port": 1}}, "webhok", id="misspelt-top-level-key"),
+    pytest.param({"webhook.url": "http://127.0.0.1:9443"}, "url", id="plain-http-url"),
+    pytest.param({"webhook.url": "https://127.0.0.1:9443/admit"}, "url", id="url-with-path"),
+    pytest.param({"image.pullPolicy": "Sometimes"}, "pullPolicy", id="bad-pull-policy"),
+    pytest.param({"resources": {"requests": {"cpu": "lots"}}}, "cpu", id="bad-quantity"),
+    pytest.param({"webhook.tls.certManager.duration": "90 days"}, "duration", id="bad-duration"),
+]
+
+
+@pytest.mark.parametrize(("values", "named"), BAD_VALUES)
+def test_bad_values_fail_install_with_a_message_naming_the_value(
+    helm_bin: Path, values: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(HelmError) as err:
+        template(helm_bin, values)
+    assert named in str(err.value)
+
+
+def test_missing_service_account_name_fails_with_the_fix(helm_bin: Path) -> None:
+    with pytest.raises(HelmError, match=r"serviceAccount\.name is required"):
+        template(helm_bin, {"serviceAccount.create": False})
+
+
+def leaf_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in {"resources"}:
+            keys += leaf_keys(value, f"{path}.")
+        else:
+            keys.append(path)
+    return keys
+
+
+def test_readme_documents_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    missing = [key for key in leaf_keys(values) if f"`{key}`" not in readme]
+    assert not missing, f"charts/asyncgrpo-operator/README.md does not document: {missing}"
+
+
+def test_every_value_has_a_comment_and_a_schema_entry() -> None:
+    import json  # noqa: PLC0415
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in leaf_keys(values):
+        node = schema
+        for part in key.split("."):
+            node = node["properties"][part]
+        assert node, key
