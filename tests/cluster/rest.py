@@ -32,6 +32,14 @@ class ApiError(RuntimeError):
         super().__init__(f"{method} {path} -> {status} {body.get('message', body)}")
 
 
+def condition(obj: JSON, ctype: str) -> JSON | None:
+    """The condition of type `ctype` in obj.status.conditions, if any."""
+    for c in obj.get("status", {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return dict(c)
+    return None
+
+
 def client_context(pki: Pki) -> ssl.SSLContext:
     """TLS context that trusts the local CA and presents the admin client certificate."""
     ctx = ssl.create_default_context(cafile=str(pki.ca_crt))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tests.cluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL
-from tests.cluster.rest import JSON, Api
+from tests.cluster.rest import JSON, Api, condition
 
 RAY_VERSION = "2.46.0"
 RAY_IMAGE = f"rayproject/ray:{RAY_VERSION}"  # never pulled: kwok runs no containers
@@ -83,14 +83,6 @@ def raycluster(name: str, *, gpu_workers: int = 2, gpus_per_worker: int = 8) -> 
 def raycluster_path(namespace: str, name: str = "") -> str:
     base = f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters"
     return f"{base}/{name}" if name else base
-
-
-def condition(obj: JSON, ctype: str) -> JSON | None:
-    """The condition of type `ctype` in obj.status.conditions, if any."""
-    for c in obj.get("status", {}).get("conditions") or []:
-        if c.get("type") == ctype:
-            return dict(c)
-    return None
 
 
 def raycluster_ready(api: Api, namespace: str, name: str) -> JSON | None:

@@ -10,7 +10,6 @@ import base64
 import copy
 import json
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,14 +21,12 @@ import pytest
 import yaml
 
 from tests.cluster import faults
-from tests.cluster.build import layout
-from tests.cluster.cluster import LocalCluster
+from tests.cluster.cluster import ClusterError, LocalCluster
 from tests.cluster.config import kubernetes_version
 from tests.cluster.nodes import GPU_RESOURCE, GPU_TAINT, gpu_node
 from tests.cluster.pki import issue
-from tests.cluster.rest import JSON, Api, ApiError
+from tests.cluster.rest import JSON, Api, ApiError, condition
 from tests.cluster.samples import (
-    condition,
     gpu_worker_pod_spec,
     pod_ready,
     pods,
@@ -57,11 +54,6 @@ def _pod(name: str, spec: JSON, labels: dict[str, str] | None = None) -> JSON:
 
 def _cpu_pod_spec() -> JSON:
     return {"containers": [{"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "100m"}}}]}
-
-
-def _kubectl(cluster: LocalCluster, *args: str) -> str:
-    argv = [str(layout().binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", *args]
-    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
 
 
 def test_apiserver_reports_stamped_version(kube_api: Api) -> None:
@@ -291,8 +283,8 @@ def test_asyncgrpojob_crd_explain_shows_descriptions(
 
     def explained() -> str | None:  # the OpenAPI for kubectl explain is published asynchronously
         try:
-            return _kubectl(local_cluster, "explain", "asyncgrpojob.spec")
-        except subprocess.CalledProcessError:
+            return local_cluster.kubectl("explain", "asyncgrpojob.spec")
+        except ClusterError:
             return None
 
     out = wait_until(explained, "kubectl explain asyncgrpojob.spec", timeout=60, interval=1)

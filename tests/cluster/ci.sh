@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# CI entry point for the local control plane. Idempotent; safe to run on every CI job.
+#
+#   tests/cluster/ci.sh build          build the binaries into the cache (no-op when cached)
+#   tests/cluster/ci.sh e2e [ARGS...]  build, then run the cluster-marked tests (pytest ARGS appended);
+#                                      on failure prints the tail of every component log
+#
+# Env: PYTHON (default .venv/bin/python), ASYNCGRPO_CACHE (cache root, default ~/.cache/asyncgrpo),
+# ASYNCGRPO_CLUSTER_STATE (state folder), ASYNCGRPO_BUILD_TIMEOUT (seconds, default 2400: a cold
+# build took about 9.5 min on 2 cores, see docs/benchmarks.md).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY="${PYTHON:-.venv/bin/python}"
+
+build() {
+  timeout "${ASYNCGRPO_BUILD_TIMEOUT:-2400}" "$PY" -m tests.cluster build
+}
+
+print_logs() {
+  local logs
+  logs="$("$PY" -m tests.cluster logs)"
+  echo "=== control plane logs in $logs (last 40 lines each) ==="
+  for f in "$logs"/*.log; do
+    [ -f "$f" ] || continue
+    echo "--- $f"
+    tail -n 40 "$f"
+  done
+}
+
+case "${1:-build}" in
+  build)
+    build
+    ;;
+  e2e)
+    shift || true
+    build
+    if ! "$PY" -m pytest -m cluster -p no:cacheprovider "$@"; then
+      print_logs
+      exit 1
+    fi
+    ;;
+  *)
+    echo "usage: $0 build | e2e [pytest args]" >&2
+    exit 2
+    ;;
+esac
