@@ -1,0 +1,431 @@
+"""The objects the operator creates for a job, as plain dicts: the job-spec ConfigMap and one
+RayCluster per attempt.
+
+Pure: a job (and an attempt index and owner) in, manifests out; no I/O and no clock. The same
+functions back the reconciler and `asyncgrpo render`, and the golden files in
+tests/operator/golden/ pin their output, so what a user reviews is what the operator applies.
+
+Shape of the RayCluster, and why:
+- The head pod has two containers. Container 0 runs the Ray head exactly as KubeRay generates it.
+  Container 1 (`driver`) waits for the local GCS and then execs the training driver. With the
+  pod's restartPolicy Never, a finished driver is never restarted by the kubelet, and because the
+  Ray container keeps running the pod stays Running: KubeRay does not delete it, so the driver's
+  exit code and logs stay readable until the cleanup policy removes the cluster.
+- `ray.io/disable-provisioned-head-restart` stops KubeRay from silently recreating a lost head
+  (which would rerun the driver inside the same attempt); the operator retries with a fresh
+  RayCluster instead and counts it in status.restarts.
+- Every Ray port is pinned (rayStartParams), so NetworkPolicies can be written.
+- Pods get a minimal environment (enableServiceLinks false: service-link variables grow with the
+  namespace and break Ray's runtime_env), no API token unless a ServiceAccount is named.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, WorkerGroup
+from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
+from asyncgrpo_operator import naming
+
+Manifest = dict[str, Any]
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KAI_QUEUE_LABEL = "kai.scheduler/queue"
+KAI_SCHEDULER_NAME = "kai-scheduler"
+
+_JOB_SPEC_VOLUME = "job-spec"
+GCS_WAIT_SECONDS = 600
+"""How long the driver container waits for the Ray head next to it before giving up."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The AsyncGRPOJob that owns the children (garbage collection deletes them with it)."""
+
+    name: str
+    uid: str
+
+
+def owner_reference(owner: Owner) -> Manifest:
+    """A controller ownerReference to the job: GC deletes the child when the job goes."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def objects(job: AsyncGRPOJob, attempt: int = 0, owner: Owner | None = None) -> list[Manifest]:
+    """Everything the operator creates for one attempt of a job, in creation order."""
+    return [spec_configmap(job, owner), ray_cluster(job, attempt, owner)]
+
+
+# --- the job spec ConfigMap ----------------------------------------------------------------------
+
+
+def job_document(job: AsyncGRPOJob) -> Manifest:
+    """What the driver reads from /etc/asyncgrpo/job.json: the validated job with its defaults.
+
+    Only name and namespace are kept from the metadata, so that labels or annotations changing on
+    the live object never change the document the trainer sees.
+    """
+    manifest = job.to_manifest()
+    metadata = {"name": job.metadata.name}
+    if job.metadata.namespace:
+        metadata["namespace"] = job.metadata.namespace
+    return {
+        "apiVersion": manifest["apiVersion"],
+        "kind": manifest["kind"],
+        "metadata": metadata,
+        "spec": manifest["spec"],
+    }
+
+
+def job_document_json(job: AsyncGRPOJob) -> str:
+    """The document as stable text (sorted keys), so an unchanged spec is an unchanged ConfigMap."""
+    return json.dumps(job_document(job), sort_keys=True, indent=2) + "\n"
+
+
+def spec_configmap(job: AsyncGRPOJob, owner: Owner | None = None) -> Manifest:
+    """The ConfigMap mounted into the head pod's driver container."""
+    name = job.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, naming.spec_configmap_name(name), naming.COMPONENT_SPEC, owner),
+        "data": {naming.JOB_SPEC_KEY: job_document_json(job)},
+    }
+
+
+# --- the RayCluster ------------------------------------------------------------------------------
+
+
+def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> Manifest:
+    """The RayCluster of one attempt: a head (Ray head + driver) and the policy/generation pools."""
+    spec = job.spec
+    name = naming.raycluster_name(job.metadata.name, attempt)
+    metadata = _metadata(job, name, naming.COMPONENT_CLUSTER, owner)
+    metadata["labels"][naming.ATTEMPT_LABEL] = str(attempt)
+    metadata["labels"].update(_scheduler_labels(job))
+    metadata["annotations"] = {naming.RAY_DISABLE_HEAD_RESTART_ANNOTATION: "true"}
+    workers = [
+        _worker_group(
+            job, attempt, naming.POLICY_GROUP, naming.COMPONENT_POLICY, spec.cluster.policy_workers
+        ),
+        _worker_group(
+            job,
+            attempt,
+            naming.GENERATION_GROUP,
+            naming.COMPONENT_GENERATION,
+            spec.cluster.generation_workers,
+        ),
+    ]
+    return {
+        "apiVersion": naming.RAY_API_VERSION,
+        "kind": naming.RAYCLUSTER_KIND,
+        "metadata": metadata,
+        "spec": {
+            "rayVersion": spec.cluster.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "rayStartParams": _head_start_params(),
+                "template": _head_template(job, attempt),
+            },
+            "workerGroupSpecs": [group for group in workers if group is not None],
+        },
+    }
+
+
+def _head_start_params() -> dict[str, str]:
+    params = {
+        "port": str(naming.GCS_PORT),
+        "dashboard-host": "0.0.0.0",
+        "dashboard-port": str(naming.DASHBOARD_PORT),
+        "ray-client-server-port": str(naming.CLIENT_PORT),
+    }
+    return params | _node_start_params()
+
+
+def _node_start_params() -> dict[str, str]:
+    """Ports every Ray node opens; Ray picks random ones unless they are pinned."""
+    return {
+        "metrics-export-port": str(naming.METRICS_PORT),
+        "node-manager-port": str(naming.NODE_MANAGER_PORT),
+        "object-manager-port": str(naming.OBJECT_MANAGER_PORT),
+        "dashboard-agent-grpc-port": str(naming.DASHBOARD_AGENT_GRPC_PORT),
+        "dashboard-agent-listen-port": str(naming.DASHBOARD_AGENT_LISTEN_PORT),
+        "runtime-env-agent-port": str(naming.RUNTIME_ENV_AGENT_PORT),
+        "min-worker-port": str(naming.MIN_WORKER_PORT),
+        "max-worker-port": str(naming.MAX_WORKER_PORT),
+        "disable-usage-stats": "true",
+    }
+
+
+def driver_script() -> str:
+    """The driver container's command: wait for the local Ray head, then become the driver.
+
+    `exec` makes the driver the container's main process, so the container's exit code (or the
+    signal that killed it) is the driver's, which is what decides the attempt.
+    """
+    gcs = f"/dev/tcp/127.0.0.1/{naming.GCS_PORT}"
+    wait = GCS_WAIT_SECONDS
+    lines = [
+        "set -u",
+        f"for _ in $(seq 1 {wait}); do",
+        f"  if (exec 3<>{gcs}) 2>/dev/null; then break; fi",
+        "  sleep 1",
+        "done",
+        f"if ! (exec 3<>{gcs}) 2>/dev/null; then",
+        f'  echo "the Ray head (GCS port {naming.GCS_PORT}) did not come up within {wait} s" >&2',
+        f"  exit {naming.RAY_START_FAILED_EXIT_CODE}",
+        "fi",
+        f"exec python -m {naming.DRIVER_MODULE} --job-spec {naming.JOB_SPEC_PATH}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
+    spec = job.spec
+    head = spec.cluster.head
+    ray_head = {
+        "name": naming.RAY_HEAD_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        # No command: KubeRay generates `ray start --head ... --block` from rayStartParams.
+        "ports": [
+            _port("gcs-server", naming.GCS_PORT),
+            _port("dashboard", naming.DASHBOARD_PORT),
+            _port("client", naming.CLIENT_PORT),
+            _port("metrics", naming.METRICS_PORT),
+            # The driver container listens here; containers share the pod's network, and KubeRay
+            # exposes container 0's ports on the head Service.
+            _port("progress", naming.PROGRESS_PORT),
+        ],
+        "resources": _resources(head, gpus=0),
+        **_env_block(job, []),
+        **_mounts_block(job, []),
+    }
+    driver = {
+        "name": naming.DRIVER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["/bin/bash", "-c", driver_script()],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        **_env_block(
+            job,
+            [
+                {"name": "RAY_ADDRESS", "value": f"127.0.0.1:{naming.GCS_PORT}"},
+                {"name": "ASYNCGRPO_JOB_NAME", "value": job.metadata.name},
+                {"name": "ASYNCGRPO_ATTEMPT", "value": str(attempt)},
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+            ],
+        ),
+        **_mounts_block(
+            job, [{"name": _JOB_SPEC_VOLUME, "mountPath": naming.JOB_SPEC_DIR, "readOnly": True}]
+        ),
+    }
+    job_spec_volume = {
+        "name": _JOB_SPEC_VOLUME,
+        "configMap": {
+            "name": naming.spec_configmap_name(job.metadata.name),
+            "items": [{"key": naming.JOB_SPEC_KEY, "path": naming.JOB_SPEC_KEY}],
+        },
+    }
+    pod_spec = _pod_spec(job, head, [ray_head, driver], [job_spec_volume])
+    # Never: the kubelet must not restart a finished driver; a lost head is a new attempt.
+    pod_spec["restartPolicy"] = "Never"
+    return {"metadata": _pod_metadata(job, attempt, naming.COMPONENT_HEAD, head), "spec": pod_spec}
+
+
+def _worker_group(
+    job: AsyncGRPOJob, attempt: int, group: str, component: str, pool: WorkerGroup
+) -> Manifest | None:
+    if pool.replicas == 0:
+        return None
+    container = {
+        "name": naming.RAY_WORKER_CONTAINER,
+        "image": job.spec.image,
+        "imagePullPolicy": job.spec.image_pull_policy,
+        # No command: KubeRay generates `ray start --address=<head>:6379 ... --block`.
+        "ports": [_port("metrics", naming.METRICS_PORT)],
+        "resources": _resources(pool, gpus=pool.gpus_per_replica),
+        **_env_block(job, []),
+        **_mounts_block(job, []),
+    }
+    return {
+        "groupName": group,
+        "replicas": pool.replicas,
+        "minReplicas": pool.replicas,
+        "maxReplicas": pool.replicas,
+        "rayStartParams": _node_start_params(),
+        "template": {
+            "metadata": _pod_metadata(job, attempt, component, pool),
+            "spec": _pod_spec(job, pool, [container], []),
+        },
+    }
+
+
+# --- shared pod pieces ---------------------------------------------------------------------------
+
+
+def _metadata(job: AsyncGRPOJob, name: str, component: str, owner: Owner | None) -> Manifest:
+    metadata: Manifest = {"name": name}
+    if job.metadata.namespace:
+        metadata["namespace"] = job.metadata.namespace
+    metadata["labels"] = dict(job.spec.labels) | naming.job_labels(job.metadata.name, component)
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_reference(owner)]
+    return metadata
+
+
+def _pod_metadata(job: AsyncGRPOJob, attempt: int, component: str, placement: Placement) -> Manifest:
+    labels = dict(job.spec.labels) | naming.job_labels(job.metadata.name, component)
+    labels[naming.ATTEMPT_LABEL] = str(attempt)
+    if job.spec.scheduler.name == "kai" and job.spec.scheduler.queue_name:
+        labels[KAI_QUEUE_LABEL] = job.spec.scheduler.queue_name
+    metadata: Manifest = {"labels": labels}
+    if placement.annotations:
+        metadata["annotations"] = dict(placement.annotations)
+    return metadata
+
+
+def _scheduler_labels(job: AsyncGRPOJob) -> dict[str, str]:
+    scheduler = job.spec.scheduler
+    if scheduler.queue_name is None:
+        return {}
+    if scheduler.name == "kueue":
+        return {KUEUE_QUEUE_LABEL: scheduler.queue_name}
+    if scheduler.name == "kai":
+        return {KAI_QUEUE_LABEL: scheduler.queue_name}
+    return {}
+
+
+def _pod_spec(
+    job: AsyncGRPOJob, placement: Placement, containers: list[Manifest], extra_volumes: list[Manifest]
+) -> Manifest:
+    spec = job.spec
+    pod: Manifest = {
+        "enableServiceLinks": False,
+        "containers": containers,
+    }
+    if spec.service_account_name is not None:
+        pod["serviceAccountName"] = spec.service_account_name
+    else:
+        # The trainer never talks to the Kubernetes API; do not hand it a token it does not need.
+        pod["automountServiceAccountToken"] = False
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    if placement.node_selector:
+        pod["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod["tolerations"] = [
+            t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in placement.tolerations
+        ]
+    if placement.affinity is not None:
+        pod["affinity"] = placement.affinity
+    if spec.scheduler.priority_class_name is not None:
+        pod["priorityClassName"] = spec.scheduler.priority_class_name
+    if spec.scheduler.name == "kai":
+        pod["schedulerName"] = KAI_SCHEDULER_NAME
+    if spec.network.host_network:
+        pod["hostNetwork"] = True
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
+    volumes = extra_volumes + _volumes(job)
+    if volumes:
+        pod["volumes"] = volumes
+    return pod
+
+
+def _resources(placement: Placement, gpus: int) -> Manifest:
+    requests = dict(placement.resources.requests)
+    limits = dict(placement.resources.limits)
+    if gpus:
+        requests[GPU_RESOURCE] = str(gpus)
+        limits[GPU_RESOURCE] = str(gpus)
+    resources: Manifest = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def _port(name: str, port: int) -> Manifest:
+    return {"name": name, "containerPort": port, "protocol": "TCP"}
+
+
+def _env_block(job: AsyncGRPOJob, extra: list[Manifest]) -> Manifest:
+    """env and envFrom of a trainer container: the job's variables, secrets and NCCL settings."""
+    spec = job.spec
+    env: list[Manifest] = list(extra)
+    env += [{"name": var.name, "value": var.value} for var in spec.env]
+    env += _network_env(job)
+    env_from: list[Manifest] = []
+    for secret in spec.secrets:
+        if not secret.keys:
+            env_from.append({"secretRef": {"name": secret.name}})
+        env += [
+            {"name": ref.env, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": ref.key}}}
+            for ref in secret.keys
+        ]
+    block: Manifest = {}
+    if env:
+        block["env"] = env
+    if env_from:
+        block["envFrom"] = env_from
+    return block
+
+
+def _network_env(job: AsyncGRPOJob) -> list[Manifest]:
+    net = job.spec.network
+    values: list[tuple[str, str | None]] = [
+        ("NCCL_SOCKET_IFNAME", net.nccl_socket_ifname),
+        ("GLOO_SOCKET_IFNAME", net.gloo_socket_ifname),
+        ("NCCL_IB_DISABLE", None if net.ib_enabled else "1"),
+        ("NCCL_IB_HCA", net.ib_hca if net.ib_enabled else None),
+        ("NCCL_DEBUG", net.nccl_debug),
+    ]
+    return [{"name": name, "value": value} for name, value in values if value is not None]
+
+
+def _storage(job: AsyncGRPOJob) -> list[tuple[str, VolumeSpec]]:
+    storage = job.spec.storage
+    named = [("checkpoints", storage.checkpoints), ("models", storage.models), ("data", storage.data)]
+    return [(name, volume) for name, volume in named if volume is not None]
+
+
+def _volumes(job: AsyncGRPOJob) -> list[Manifest]:
+    volumes: list[Manifest] = []
+    for name, volume in _storage(job):
+        if volume.pvc is not None:
+            source: Manifest = {"persistentVolumeClaim": {"claimName": volume.pvc.claim_name}}
+            if volume.pvc.read_only:
+                source["persistentVolumeClaim"]["readOnly"] = True
+        elif volume.host_path is not None:
+            source = {"hostPath": {"path": volume.host_path.path, "type": volume.host_path.type}}
+        else:
+            assert volume.empty_dir is not None  # the model validator guarantees one source
+            empty_dir: Manifest = {}
+            if volume.empty_dir.medium:
+                empty_dir["medium"] = volume.empty_dir.medium
+            if volume.empty_dir.size_limit:
+                empty_dir["sizeLimit"] = volume.empty_dir.size_limit
+            source = {"emptyDir": empty_dir}
+        volumes.append({"name": name, **source})
+    return volumes
+
+
+def _mounts_block(job: AsyncGRPOJob, extra: list[Manifest]) -> Manifest:
+    mounts = list(extra)
+    for name, volume in _storage(job):
+        mount: Manifest = {"name": name, "mountPath": volume.mount_path}
+        if volume.pvc is not None and volume.pvc.read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+    return {"volumeMounts": mounts} if mounts else {}

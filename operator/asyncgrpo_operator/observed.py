@@ -1,0 +1,297 @@
+"""What the operator observed about a job's children, as small immutable views.
+
+The reconciler reads RayClusters, pods and the driver's /progress document; this module turns
+those raw dicts into the few facts the plan needs (is the head pod bound, why is a container
+waiting, how did the driver exit). Pure and tolerant: a missing field is an unknown fact, never an
+exception, because the objects are written by other controllers (KubeRay, the kubelet, kwok).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from asyncgrpo_operator import naming
+
+ContainerPhase = Literal["waiting", "running", "terminated", "unknown"]
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """One container status: its state and, once terminated, how it ended."""
+
+    name: str
+    state: ContainerPhase
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> ContainerView:
+        state = status.get("state") or {}
+        name = str(status.get("name", ""))
+        if "terminated" in state:
+            term = state["terminated"] or {}
+            return cls(
+                name=name,
+                state="terminated",
+                reason=str(term.get("reason") or ""),
+                message=str(term.get("message") or ""),
+                exit_code=_int_or_none(term.get("exitCode")),
+                signal=_int_or_none(term.get("signal")),
+            )
+        if "running" in state:
+            return cls(name=name, state="running")
+        if "waiting" in state:
+            wait = state["waiting"] or {}
+            return cls(
+                name=name,
+                state="waiting",
+                reason=str(wait.get("reason") or ""),
+                message=str(wait.get("message") or ""),
+            )
+        return cls(name=name, state="unknown")
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod of a job's RayCluster (head or worker)."""
+
+    name: str
+    uid: str
+    node_type: str
+    group: str
+    owner_uid: str | None
+    phase: str = "Pending"
+    reason: str = ""
+    message: str = ""
+    ip: str | None = None
+    node_name: str | None = None
+    deleting: bool = False
+    ready: bool = False
+    unschedulable: str | None = None
+    """The scheduler's message when PodScheduled is False with reason Unschedulable."""
+    gated: str | None = None
+    """Set when the pod waits on scheduling gates (Kueue, KAI)."""
+    disrupted: str | None = None
+    """The DisruptionTarget condition's message (eviction, preemption, node loss)."""
+    containers: tuple[ContainerView, ...] = ()
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_type == "head"
+
+    @property
+    def scheduled(self) -> bool:
+        return bool(self.node_name)
+
+    def container(self, name: str) -> ContainerView | None:
+        """The status of a container by name (status order is not spec order)."""
+        for view in self.containers:
+            if view.name == name:
+                return view
+        return None
+
+    @classmethod
+    def from_dict(cls, pod: Mapping[str, Any]) -> PodView:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        labels = meta.get("labels") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+        scheduled = conditions.get("PodScheduled") or {}
+        unschedulable = gated = None
+        if scheduled.get("status") == "False":
+            if scheduled.get("reason") == "Unschedulable":
+                unschedulable = str(scheduled.get("message") or "no node fits the pod")
+            elif scheduled.get("reason") == "SchedulingGated":
+                gated = str(scheduled.get("message") or "the pod has scheduling gates")
+        disruption = conditions.get("DisruptionTarget") or {}
+        statuses = list(status.get("initContainerStatuses") or []) + list(
+            status.get("containerStatuses") or []
+        )
+        return cls(
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            node_type=str(labels.get(naming.RAY_NODE_TYPE_LABEL, "")),
+            group=str(labels.get(naming.RAY_GROUP_LABEL, "")),
+            owner_uid=_controller_uid(meta),
+            phase=str(status.get("phase") or "Pending"),
+            reason=str(status.get("reason") or ""),
+            message=str(status.get("message") or ""),
+            ip=status.get("podIP") or None,
+            node_name=spec.get("nodeName") or None,
+            deleting=bool(meta.get("deletionTimestamp")),
+            ready=(conditions.get("Ready") or {}).get("status") == "True",
+            unschedulable=unschedulable,
+            gated=gated,
+            disrupted=(
+                str(disruption.get("message") or disruption.get("reason") or "disrupted")
+                if disruption.get("status") == "True"
+                else None
+            ),
+            containers=tuple(ContainerView.from_status(s) for s in statuses if isinstance(s, Mapping)),
+        )
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """A RayCluster of the job (any attempt)."""
+
+    name: str
+    uid: str
+    attempt: int | None = None
+    deleting: bool = False
+    created_at: datetime | None = None
+    provisioned: bool = False
+    """KubeRay's RayClusterProvisioned: all pods were ready once (never flips back)."""
+    replica_failure: str | None = None
+    """KubeRay's ReplicaFailure message (e.g. pods rejected by a quota)."""
+
+    @classmethod
+    def from_dict(cls, cluster: Mapping[str, Any]) -> ClusterView:
+        meta = cluster.get("metadata") or {}
+        status = cluster.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+        failure = conditions.get("ReplicaFailure") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            attempt=_int_or_none((meta.get("labels") or {}).get(naming.ATTEMPT_LABEL)),
+            deleting=bool(meta.get("deletionTimestamp")),
+            created_at=parse_time(meta.get("creationTimestamp")),
+            provisioned=(conditions.get("RayClusterProvisioned") or {}).get("status") == "True",
+            replica_failure=(
+                str(failure.get("message") or failure.get("reason") or "replica failure")
+                if failure.get("status") == "True"
+                else None
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class DriverExit:
+    """How the driver container of one head pod ended; remembered across the pod's deletion."""
+
+    cluster_uid: str
+    pod_name: str
+    exit_code: int
+    signal: int | None = None
+    reason: str = ""
+    message: str = ""
+
+    @classmethod
+    def from_pod(cls, pod: PodView) -> DriverExit | None:
+        """The exit of the pod's driver container, or None while it has not terminated."""
+        driver = pod.container(naming.DRIVER_CONTAINER)
+        if driver is None or driver.state != "terminated" or pod.owner_uid is None:
+            return None
+        code = driver.exit_code
+        if code is None:
+            code = 128 + driver.signal if driver.signal else 1
+        return cls(
+            cluster_uid=pod.owner_uid,
+            pod_name=pod.name,
+            exit_code=code,
+            signal=driver.signal,
+            reason=driver.reason,
+            message=driver.message,
+        )
+
+
+@dataclass(frozen=True)
+class ProgressReading:
+    """One /progress document from the driver (field names as on the wire, camelCase)."""
+
+    step: int = 0
+    max_steps: int = 0
+    policy_version: int = 0
+    reward_mean: float | None = None
+    mean_staleness: float | None = None
+    tokens_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    validation_reward: float | None = None
+    state: str = "starting"
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ProgressReading:
+        """Parse leniently: unknown keys are ignored, wrong types become unknown values."""
+        return cls(
+            step=max(_int_or_none(doc.get("step")) or 0, 0),
+            max_steps=max(_int_or_none(doc.get("maxSteps")) or 0, 0),
+            policy_version=max(_int_or_none(doc.get("policyVersion")) or 0, 0),
+            reward_mean=_float_or_none(doc.get("rewardMean")),
+            mean_staleness=_float_or_none(doc.get("meanStaleness")),
+            tokens_per_second=_float_or_none(doc.get("tokensPerSecond")),
+            last_checkpoint_step=_int_or_none(doc.get("lastCheckpointStep")),
+            validation_reward=_float_or_none(doc.get("validationReward")),
+            state=str(doc.get("state") or "starting"),
+            error=str(doc["error"]) if doc.get("error") else None,
+        )
+
+
+@dataclass(frozen=True)
+class ProgressMark:
+    """When the driver's step last advanced, per RayCluster: the memory behind Stalled."""
+
+    cluster_uid: str
+    step: int
+    since: datetime
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one reconcile pass knows about a job's world, read at `now`."""
+
+    now: datetime
+    clusters: tuple[ClusterView, ...] = ()
+    pods: tuple[PodView, ...] = ()
+    configmap_data: Mapping[str, str] | None = None
+    """The spec ConfigMap's data, or None when it does not exist."""
+    remembered_exit: DriverExit | None = None
+    """A driver exit seen on a head pod that may be gone by now (KubeRay deletes dead heads)."""
+    progress: ProgressReading | None = None
+    progress_error: str | None = None
+    progress_mark: ProgressMark | None = None
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API, or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _controller_uid(meta: Mapping[str, Any]) -> str | None:
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return str(ref.get("uid", "")) or None
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)

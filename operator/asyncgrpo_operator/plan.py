@@ -1,0 +1,804 @@
+"""The operator's brain, as a pure function: (job, its status, what was observed) -> decision.
+
+A decision is the job's next status (conditions first, the printed phase derived from them), the
+actions that move the world towards the spec (create the ConfigMap and the attempt's RayCluster,
+delete stale or finished clusters, delete the job when its TTL expires), the events to post, and
+when to look again. Nothing here does I/O or reads a clock, so every transition is a unit test.
+
+The rules, in the order they are applied:
+1. A finished job (Succeeded or Failed) stays finished; only its cleanup policy and TTL act.
+2. A suspended job has no RayCluster (Suspended). Resuming restarts the deadline clock, like a
+   batch/v1 Job, and the trainer resumes from its checkpoint.
+3. An active job has exactly one RayCluster, named after its attempt; clusters of other attempts
+   are deleted. activeDeadlineSeconds (from status.startTime) and startupDeadlineSeconds (from the
+   attempt's start, until the driver runs) fail it with DeadlineExceeded, never retried.
+4. The driver's exit decides an attempt: 0 succeeds; 1-128 is a training error (never retried);
+   a signal (exit > 128) or a lost head pod or RayCluster is an infrastructure failure, retried
+   with a fresh RayCluster while status.restarts < backoffLimit, then BackoffLimitExceeded.
+5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
+   scheduler's message), PodsReady (ImagePullBackOff, HeadNotReady, ...), Running (driver running
+   on a provisioned cluster) and Stalled (the step stopped advancing for stallAfterSeconds).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Condition, Phase, Progress
+from asyncgrpo_operator import manifests, naming
+from asyncgrpo_operator.manifests import Manifest, Owner
+from asyncgrpo_operator.observed import ClusterView, DriverExit, Observation, PodView, ProgressMark
+
+# --- condition types and reasons ------------------------------------------------------------------
+
+SUSPENDED = "Suspended"
+PODS_SCHEDULED = "PodsScheduled"
+PODS_READY = "PodsReady"
+RUNNING = "Running"
+STALLED = "Stalled"
+RESTARTING = "Restarting"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+CONDITION_ORDER = (SUSPENDED, PODS_SCHEDULED, PODS_READY, RUNNING, STALLED, RESTARTING, SUCCEEDED, FAILED)
+
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+TRAINING_ERROR = "TrainingError"
+INVALID_SPEC = "InvalidSpec"
+DRIVER_SUCCEEDED = "DriverSucceeded"
+DRIVER_KILLED = "DriverKilled"
+RAY_HEAD_UNAVAILABLE = "RayHeadUnavailable"
+HEAD_POD_LOST = "HeadPodLost"
+CLUSTER_LOST = "RayClusterLost"
+UNSCHEDULABLE = "Unschedulable"
+
+_BAD_WAITING_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "CrashLoopBackOff",
+        "RunContainerError",
+    }
+)
+"""Container waiting reasons that need a human (bad image, missing Secret, crashing process)."""
+
+_WARNING_REASONS = frozenset(
+    {
+        UNSCHEDULABLE,
+        "PodCreationFailed",
+        DEADLINE_EXCEEDED,
+        BACKOFF_LIMIT_EXCEEDED,
+        TRAINING_ERROR,
+        INVALID_SPEC,
+        DRIVER_KILLED,
+        RAY_HEAD_UNAVAILABLE,
+        HEAD_POD_LOST,
+        CLUSTER_LOST,
+        "NoProgress",
+    }
+    | _BAD_WAITING_REASONS
+)
+
+PROVISIONING_RECHECK_SECONDS = 15.0
+"""Safety net while pods start: pod and RayCluster events normally trigger the next pass sooner."""
+DELETION_RECHECK_SECONDS = 2.0
+MESSAGE_LIMIT = 2048
+
+
+# --- the decision ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApplyConfigMap:
+    """Create the job-spec ConfigMap, or replace its data when the spec changed."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class CreateRayCluster:
+    """Create the RayCluster of the current attempt (a 409 means it already exists: fine)."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class DeleteRayCluster:
+    """Delete a RayCluster (stale attempt, suspend, cleanup); its pods follow by GC."""
+
+    name: str
+    uid: str
+    why: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the AsyncGRPOJob itself (ttlSecondsAfterFinished expired); GC takes its children."""
+
+    why: str
+
+
+Action = ApplyConfigMap | CreateRayCluster | DeleteRayCluster | DeleteJob
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the job."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one reconcile pass."""
+
+    status: AsyncGRPOJobStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    progress_mark: ProgressMark | None = None
+
+    def status_patch(self) -> dict[str, Any]:
+        """The full status as a JSON merge patch body: cleared fields are null, so they go."""
+        return self.status.model_dump(mode="json", by_alias=True)
+
+    def condition(self, type_: str) -> Condition | None:
+        """A condition of the new status by type (for tests and logs)."""
+        return next((c for c in self.status.conditions if c.type == type_), None)
+
+
+# --- entry points ---------------------------------------------------------------------------------
+
+
+def plan(
+    job: AsyncGRPOJob,
+    status: AsyncGRPOJobStatus | None,
+    observed: Observation,
+    *,
+    generation: int,
+    owner: Owner | None,
+) -> Decision:
+    """Decide the next status and actions of a valid job."""
+    draft = _Draft(status or AsyncGRPOJobStatus(), observed.now, generation, observed.progress_mark)
+    if draft.finished:
+        _cleanup(job, draft, observed)
+    elif job.spec.suspend:
+        _suspend(draft, observed)
+    else:
+        _run(_Ctx(job, observed, owner), draft)
+    return draft.decision()
+
+
+def plan_invalid(
+    status: AsyncGRPOJobStatus | None, observed: Observation, *, generation: int, message: str
+) -> Decision:
+    """A job the API server accepted but the rules reject (e.g. no webhook installed): Failed."""
+    draft = _Draft(status or AsyncGRPOJobStatus(), observed.now, generation, None)
+    if not draft.finished:
+        _finish(draft, FAILED, INVALID_SPEC, f"the job is invalid and is never run: {message}")
+    return draft.decision()
+
+
+def derive_phase(conditions: list[Condition]) -> tuple[Phase, str, str]:
+    """The printed phase, its reason and message, from the conditions (the truth)."""
+    by_type = {c.type: c for c in conditions}
+
+    def true(type_: str) -> Condition | None:
+        cond = by_type.get(type_)
+        return cond if cond is not None and cond.status == "True" else None
+
+    terminal: tuple[tuple[str, Phase], ...] = (
+        (FAILED, "Failed"),
+        (SUCCEEDED, "Succeeded"),
+        (SUSPENDED, "Suspended"),
+    )
+    for type_, phase in terminal:
+        if (cond := true(type_)) is not None:
+            return phase, cond.reason, cond.message
+    if (running := true(RUNNING)) is not None:
+        stalled = true(STALLED)
+        shown = stalled or running
+        return "Running", shown.reason, shown.message
+    waiting = _waiting_on(by_type)
+    if (restarting := true(RESTARTING)) is not None:
+        now_doing = f" Now: {waiting.reason}: {waiting.message}" if waiting is not None else ""
+        return "Restarting", restarting.reason, restarting.message + now_doing
+    scheduled = by_type.get(PODS_SCHEDULED)
+    if scheduled is not None and scheduled.status == "True":
+        if waiting is not None:
+            return "Provisioning", waiting.reason, waiting.message
+        return "Provisioning", "Provisioning", ""
+    if scheduled is not None:
+        return "Pending", scheduled.reason, scheduled.message
+    return "Pending", "Created", "the operator has not acted on the job yet"
+
+
+def _waiting_on(by_type: dict[str, Condition]) -> Condition | None:
+    for type_ in (PODS_SCHEDULED, PODS_READY, RUNNING):
+        cond = by_type.get(type_)
+        if cond is not None and cond.status != "True":
+            return cond
+    return None
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """The inputs of one pass that every rule reads."""
+
+    job: AsyncGRPOJob
+    observed: Observation
+    owner: Owner | None
+
+
+# --- the draft status -------------------------------------------------------------------------
+
+
+@dataclass
+class _Draft:
+    """A mutable copy of the status that one pass edits, plus the actions and events it emits."""
+
+    old: AsyncGRPOJobStatus
+    now: datetime
+    generation: int
+    mark: ProgressMark | None
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeues: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.conditions = {c.type: c for c in self.old.conditions}
+        self.fields = {
+            name: getattr(self.old, name)
+            for name in (
+                "attempt",
+                "restarts",
+                "start_time",
+                "attempt_start_time",
+                "completion_time",
+                "ray_cluster_name",
+                "dashboard_url",
+                "progress",
+            )
+        }
+
+    # status fields, typed
+    @property
+    def attempt(self) -> int:
+        return int(self.fields["attempt"])
+
+    @property
+    def restarts(self) -> int:
+        return int(self.fields["restarts"])
+
+    @property
+    def finished(self) -> bool:
+        return self.is_true(SUCCEEDED) or self.is_true(FAILED)
+
+    def get(self, name: str) -> Any:
+        return self.fields[name]
+
+    def set_field(self, name: str, value: Any) -> None:
+        self.fields[name] = value
+
+    def is_true(self, type_: str) -> bool:
+        cond = self.conditions.get(type_)
+        return cond is not None and cond.status == "True"
+
+    def has(self, type_: str) -> bool:
+        return type_ in self.conditions
+
+    def set(self, type_: str, status: bool, reason: str, message: str) -> None:
+        """Set a condition; lastTransitionTime moves only when its status flips."""
+        value: Literal["True", "False"] = "True" if status else "False"
+        old = self.conditions.get(type_)
+        since = old.last_transition_time if old is not None and old.status == value else self.now
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 3] + "..."
+        self.conditions[type_] = Condition(
+            type=type_,
+            status=value,
+            reason=reason,
+            message=message,
+            last_transition_time=since,
+            observed_generation=self.generation,
+        )
+
+    def drop(self, type_: str) -> None:
+        self.conditions.pop(type_, None)
+
+    def act(self, action: Action, event: Event | None = None) -> None:
+        self.actions.append(action)
+        if event is not None:
+            self.events.append(event)
+
+    def requeue(self, seconds: float) -> None:
+        self.requeues.append(max(seconds, 0.0))
+
+    def decision(self) -> Decision:
+        conditions = [
+            _with_generation(self.conditions[t], self.generation)
+            for t in CONDITION_ORDER
+            if t in self.conditions
+        ]
+        conditions += [c for t, c in sorted(self.conditions.items()) if t not in CONDITION_ORDER]
+        phase, reason, message = derive_phase(conditions)
+        status = AsyncGRPOJobStatus(
+            phase=phase,
+            conditions=conditions,
+            observed_generation=self.generation,
+            reason=reason,
+            message=message or None,
+            **self.fields,
+        )
+        return Decision(
+            status=status,
+            actions=tuple(self.actions),
+            events=tuple(self._transition_events(conditions)) + tuple(self.events),
+            requeue_after=min(self.requeues) if self.requeues else None,
+            progress_mark=self.mark,
+        )
+
+    def _transition_events(self, conditions: list[Condition]) -> list[Event]:
+        """One event per condition whose status or reason changed, with the condition's reason."""
+        before = {c.type: c for c in self.old.conditions}
+        events = []
+        for cond in conditions:
+            prior = before.get(cond.type)
+            if prior is not None and (prior.status, prior.reason) == (cond.status, cond.reason):
+                continue
+            if prior is None and cond.status == "False" and cond.type in (SUSPENDED, STALLED, RESTARTING):
+                continue  # a condition appearing as "not the case" is not news
+            warn = cond.reason in _WARNING_REASONS and (cond.status == "True" or cond.type != FAILED)
+            kind: Literal["Normal", "Warning"] = "Warning" if warn else "Normal"
+            text = f"{cond.type} is {cond.status}" + (f": {cond.message}" if cond.message else "")
+            events.append(Event(kind, cond.reason, text))
+        return events
+
+
+def _with_generation(cond: Condition, generation: int) -> Condition:
+    if cond.observed_generation == generation:
+        return cond
+    return cond.model_copy(update={"observed_generation": generation})
+
+
+# --- finished jobs: cleanup and TTL -----------------------------------------------------------
+
+
+def _finish(draft: _Draft, outcome: str, reason: str, message: str) -> None:
+    """Make the job terminal: the outcome condition True and no sub-status left non-terminal."""
+    draft.set(outcome, True, reason, message)
+    for type_ in (RUNNING, STALLED, RESTARTING):
+        if draft.has(type_) or type_ == RUNNING:
+            draft.set(type_, False, reason, "the job has finished")
+    draft.drop(PODS_SCHEDULED)
+    draft.drop(PODS_READY)
+    draft.set_field("completion_time", draft.now)
+
+
+def _cleanup(job: AsyncGRPOJob, draft: _Draft, observed: Observation) -> None:
+    policy = job.spec.cleanup_policy
+    succeeded = draft.is_true(SUCCEEDED)
+    rule = policy.on_success if succeeded else policy.on_failure
+    if rule == "DeleteCluster":
+        for cluster in observed.clusters:
+            if not cluster.deleting:
+                why = f"cleanupPolicy.{'onSuccess' if succeeded else 'onFailure'} is DeleteCluster"
+                draft.act(
+                    DeleteRayCluster(cluster.name, cluster.uid, why),
+                    Event("Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name}: {why}"),
+                )
+    ttl = policy.ttl_seconds_after_finished
+    if ttl is None:
+        return
+    finished_at: datetime = draft.get("completion_time") or draft.now
+    expiry = finished_at + timedelta(seconds=ttl)
+    if draft.now >= expiry:
+        why = f"ttlSecondsAfterFinished ({ttl} s) expired"
+        draft.act(DeleteJob(why), Event("Normal", "TTLExpired", f"deleting the job: {why}"))
+    else:
+        draft.requeue((expiry - draft.now).total_seconds())
+
+
+def _fail(job: AsyncGRPOJob, draft: _Draft, observed: Observation, reason: str, message: str) -> None:
+    _finish(draft, FAILED, reason, message)
+    _cleanup(job, draft, observed)
+
+
+# --- suspend --------------------------------------------------------------------------------------
+
+
+def _suspend(draft: _Draft, observed: Observation) -> None:
+    for cluster in observed.clusters:
+        if not cluster.deleting:
+            draft.act(
+                DeleteRayCluster(cluster.name, cluster.uid, "spec.suspend is true"),
+                Event(
+                    "Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name}: the job is suspended"
+                ),
+            )
+    pending = [c.name for c in observed.clusters]
+    message = "spec.suspend is true: the RayCluster is deleted and the job is kept"
+    if pending:
+        message += f" (deleting {', '.join(pending)})"
+        draft.requeue(DELETION_RECHECK_SECONDS)
+    draft.set(
+        SUSPENDED, True, "Suspended", message + "; set it to false to resume from the latest checkpoint"
+    )
+    for type_ in (RUNNING, STALLED, RESTARTING):
+        if draft.has(type_):
+            draft.set(type_, False, "Suspended", "the job is suspended")
+    draft.drop(PODS_SCHEDULED)
+    draft.drop(PODS_READY)
+    draft.set_field("ray_cluster_name", None)
+    draft.set_field("dashboard_url", None)
+    draft.set_field("attempt_start_time", None)
+
+
+# --- active jobs ------------------------------------------------------------------------------
+
+
+def _run(ctx: _Ctx, draft: _Draft) -> None:
+    job, observed, owner = ctx.job, ctx.observed, ctx.owner
+    now = draft.now
+    if draft.is_true(SUSPENDED):
+        draft.set(
+            SUSPENDED, False, "Resumed", "spec.suspend is false: the job resumes from the latest checkpoint"
+        )
+        draft.set_field("start_time", now)  # like batch/v1 Job: the active deadline restarts on resume
+    if draft.get("start_time") is None:
+        draft.set_field("start_time", now)
+
+    desired_configmap = manifests.spec_configmap(job, owner)
+    if observed.configmap_data != desired_configmap["data"]:
+        draft.act(ApplyConfigMap(desired_configmap))
+
+    name = naming.raycluster_name(job.metadata.name, draft.attempt)
+    for cluster in observed.clusters:
+        if cluster.name != name and not cluster.deleting:
+            draft.act(
+                DeleteRayCluster(cluster.name, cluster.uid, f"stale: the current attempt is {draft.attempt}"),
+                Event(
+                    "Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name} of an earlier attempt"
+                ),
+            )
+
+    deadline = job.spec.active_deadline_seconds
+    if deadline is not None:
+        expiry = draft.get("start_time") + timedelta(seconds=deadline)
+        if now >= expiry:
+            _fail(
+                job,
+                draft,
+                observed,
+                DEADLINE_EXCEEDED,
+                f"activeDeadlineSeconds ({deadline} s) passed since the job started at "
+                f"{_iso(draft.get('start_time'))}",
+            )
+            return
+        draft.requeue((expiry - now).total_seconds())
+
+    current = next((c for c in observed.clusters if c.name == name), None)
+    ours = draft.get("ray_cluster_name") == name
+    if current is None or current.deleting:
+        if ours:
+            _infra_failure(ctx, draft, current, CLUSTER_LOST, f"RayCluster {name} was deleted")
+        elif current is None:
+            _create_cluster(job, draft, owner)
+        else:
+            message = f"waiting for RayCluster {name} of the previous run to be deleted"
+            draft.set(PODS_SCHEDULED, False, "WaitingForPreviousCluster", message)
+            draft.requeue(DELETION_RECHECK_SECONDS)
+        return
+    if not ours:  # created by a pass that died before it could record it: adopt it
+        draft.set_field("ray_cluster_name", name)
+        draft.set_field("dashboard_url", _dashboard_url(job, name))
+        draft.set_field("attempt_start_time", current.created_at or now)
+    _attempt(ctx, draft, current)
+
+
+def _create_cluster(job: AsyncGRPOJob, draft: _Draft, owner: Owner | None) -> None:
+    name = naming.raycluster_name(job.metadata.name, draft.attempt)
+    draft.act(
+        CreateRayCluster(manifests.ray_cluster(job, draft.attempt, owner)),
+        Event("Normal", "CreatedRayCluster", f"creating RayCluster {name} (attempt {draft.attempt})"),
+    )
+    draft.set_field("ray_cluster_name", name)
+    draft.set_field("dashboard_url", _dashboard_url(job, name))
+    draft.set_field("attempt_start_time", draft.now)
+    draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name}")
+    draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
+    draft.set(RUNNING, False, "ClusterCreating", "the driver starts once the pods are ready")
+    if job.spec.startup_deadline_seconds is not None:
+        draft.requeue(job.spec.startup_deadline_seconds)
+
+
+def _dashboard_url(job: AsyncGRPOJob, cluster: str) -> str:
+    host = naming.head_service_name(cluster)
+    if job.metadata.namespace:
+        host += f".{job.metadata.namespace}.svc"
+    return f"http://{host}:{naming.DASHBOARD_PORT}"
+
+
+def _attempt(ctx: _Ctx, draft: _Draft, cluster: ClusterView) -> None:
+    observed = ctx.observed
+    pods = [p for p in observed.pods if p.owner_uid == cluster.uid]
+    heads = sorted((p for p in pods if p.is_head), key=lambda p: p.deleting)
+    head = heads[0] if heads else None
+    exit_ = DriverExit.from_pod(head) if head is not None else None
+    if (
+        exit_ is None
+        and observed.remembered_exit is not None
+        and observed.remembered_exit.cluster_uid == cluster.uid
+    ):
+        exit_ = observed.remembered_exit
+    if exit_ is not None:
+        _driver_exited(ctx, draft, cluster, exit_)
+        return
+    lost = _head_lost(draft, cluster, head)
+    if lost is not None:
+        _infra_failure(ctx, draft, cluster, HEAD_POD_LOST, lost)
+        return
+    _progressing(ctx, draft, cluster, pods, head)
+
+
+def _driver_exited(ctx: _Ctx, draft: _Draft, cluster: ClusterView, exit_: DriverExit) -> None:
+    job, observed = ctx.job, ctx.observed
+    code = exit_.exit_code
+    detail = f": {exit_.message.strip()}" if exit_.message.strip() else ""
+    if code == 0:
+        step = draft.get("progress").step if draft.get("progress") is not None else None
+        at = f" at step {step}" if step is not None else ""
+        _finish(draft, SUCCEEDED, DRIVER_SUCCEEDED, f"the driver exited 0{at} (pod {exit_.pod_name})")
+        _cleanup(job, draft, observed)
+    elif code == naming.RAY_START_FAILED_EXIT_CODE:
+        _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
+    elif code > 128:
+        _infra_failure(
+            ctx,
+            draft,
+            cluster,
+            DRIVER_KILLED,
+            f"the driver was killed by {_signal_name(code)}{detail}",
+        )
+    else:
+        reason = f" ({exit_.reason})" if exit_.reason and exit_.reason != "Error" else ""
+        _fail(
+            job,
+            draft,
+            observed,
+            TRAINING_ERROR,
+            f"the driver exited with code {code}{reason} in pod {exit_.pod_name}{detail}; "
+            "training errors are not retried",
+        )
+
+
+def _signal_name(code: int) -> str:
+    number = code - 128
+    try:
+        return f"{signal.Signals(number).name} (exit code {code})"
+    except ValueError:
+        return f"signal {number} (exit code {code})"
+
+
+def _head_lost(draft: _Draft, cluster: ClusterView, head: PodView | None) -> str | None:
+    """Why the attempt's head pod is gone for good, or None while it is alive or still coming."""
+    if head is None:
+        # Before provisioning, KubeRay recreates a missing head; after it, it does not (annotation).
+        if cluster.provisioned or draft.is_true(RUNNING):
+            return f"the head pod of RayCluster {cluster.name} is gone"
+        return None
+    cause = head.disrupted or head.reason or head.message
+    suffix = f" ({cause})" if cause else ""
+    if head.deleting:
+        return f"head pod {head.name} is being deleted{suffix}"
+    if head.phase in ("Failed", "Succeeded"):
+        return f"head pod {head.name} is {head.phase}{suffix}"
+    ray = head.container(naming.RAY_HEAD_CONTAINER)
+    if ray is not None and ray.state == "terminated":
+        return f"the Ray head container of pod {head.name} exited with code {ray.exit_code}{suffix}"
+    if head.disrupted:
+        return f"head pod {head.name} is being disrupted: {head.disrupted}"
+    return None
+
+
+def _infra_failure(ctx: _Ctx, draft: _Draft, cluster: ClusterView | None, reason: str, message: str) -> None:
+    """Retry an attempt lost to the infrastructure with a fresh RayCluster, or give up."""
+    job, observed, owner = ctx.job, ctx.observed, ctx.owner
+    limit = job.spec.backoff_limit
+    attempt = draft.attempt
+    if draft.restarts >= limit:
+        _fail(
+            job,
+            draft,
+            observed,
+            BACKOFF_LIMIT_EXCEEDED,
+            f"attempt {attempt} failed ({reason}: {message}) after {draft.restarts} restarts; "
+            f"backoffLimit is {limit}",
+        )
+        return
+    draft.set_field("restarts", draft.restarts + 1)
+    draft.set_field("attempt", attempt + 1)
+    draft.set(
+        RESTARTING,
+        True,
+        reason,
+        f"attempt {attempt} failed: {message}; starting attempt {attempt + 1} (restart {draft.restarts} of "
+        f"backoffLimit {limit}), resuming from the latest checkpoint",
+    )
+    if draft.has(STALLED):
+        draft.set(STALLED, False, reason, "a new attempt is starting")
+    if cluster is not None and not cluster.deleting:
+        draft.act(
+            DeleteRayCluster(cluster.name, cluster.uid, f"attempt {attempt} failed"),
+            Event(
+                "Normal",
+                "DeletedRayCluster",
+                f"deleting RayCluster {cluster.name} of failed attempt {attempt}",
+            ),
+        )
+    _create_cluster(job, draft, owner)
+    draft.set(RUNNING, False, reason, "restarting with a fresh RayCluster")
+
+
+# --- an attempt on its way: scheduling, readiness, the driver, progress ----------------------------
+
+
+def _progressing(
+    ctx: _Ctx, draft: _Draft, cluster: ClusterView, pods: list[PodView], head: PodView | None
+) -> None:
+    job, observed = ctx.job, ctx.observed
+    live = [p for p in pods if not p.deleting]
+    expected = 1 + sum(
+        pool.replicas for pool in (job.spec.cluster.policy_workers, job.spec.cluster.generation_workers)
+    )
+    _set_scheduled(draft, cluster, live, expected)
+    ready = _set_ready(draft, live, head, expected)
+    driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
+    if driver is not None and driver.state == "running" and (ready or cluster.provisioned):
+        assert head is not None
+        state = observed.progress.state if observed.progress is not None else ""
+        note = ""
+        if state == "failed" and observed.progress is not None:
+            note = f"; it reports a failure and should exit soon: {observed.progress.error or 'no detail'}"
+        draft.set(RUNNING, True, "DriverRunning", f"the driver is running in pod {head.name}{note}")
+        if draft.is_true(RESTARTING):
+            draft.set(RESTARTING, False, "Restarted", f"attempt {draft.attempt} is running")
+        _track_progress(job, draft, observed, cluster)
+        draft.requeue(job.spec.progress.poll_seconds)
+        return
+    if driver is not None and driver.state == "waiting" and driver.reason not in ("", "ContainerCreating"):
+        why = f"driver container waiting: {driver.reason}"
+    elif draft.is_true(PODS_READY):
+        why = "waiting for the driver container to start"
+    else:
+        why = "the driver starts once the pods are ready"
+    draft.set(RUNNING, False, "DriverNotRunning", why)
+    draft.requeue(PROVISIONING_RECHECK_SECONDS)
+    _startup_deadline(job, draft, observed)
+
+
+def _set_scheduled(draft: _Draft, cluster: ClusterView, live: list[PodView], expected: int) -> None:
+    unschedulable = [p for p in live if p.unschedulable]
+    gated = [p for p in live if p.gated]
+    if unschedulable:
+        first = unschedulable[0]
+        more = f" (and {len(unschedulable) - 1} more pods)" if len(unschedulable) > 1 else ""
+        draft.set(PODS_SCHEDULED, False, UNSCHEDULABLE, f"pod {first.name}{more}: {first.unschedulable}")
+    elif gated:
+        draft.set(PODS_SCHEDULED, False, "SchedulingGated", f"pod {gated[0].name}: {gated[0].gated}")
+    elif len(live) < expected:
+        if cluster.replica_failure:
+            draft.set(PODS_SCHEDULED, False, "PodCreationFailed", cluster.replica_failure)
+        else:
+            draft.set(PODS_SCHEDULED, False, "CreatingPods", f"{len(live)} of {expected} pods created")
+    elif not all(p.scheduled for p in live):
+        bound = sum(p.scheduled for p in live)
+        draft.set(PODS_SCHEDULED, False, "Scheduling", f"{bound} of {expected} pods bound to nodes")
+    else:
+        draft.set(PODS_SCHEDULED, True, "AllPodsScheduled", f"all {expected} pods are bound to nodes")
+
+
+def _set_ready(draft: _Draft, live: list[PodView], head: PodView | None, expected: int) -> bool:
+    for pod in live:
+        for container in pod.containers:
+            if container.state == "waiting" and container.reason in _BAD_WAITING_REASONS:
+                detail = f": {container.message}" if container.message else ""
+                draft.set(
+                    PODS_READY, False, container.reason, f"pod {pod.name}, container {container.name}{detail}"
+                )
+                return False
+    if head is None or head.deleting or not head.ready:
+        name = head.name if head is not None else "(not created yet)"
+        state = f" ({head.phase})" if head is not None else ""
+        draft.set(PODS_READY, False, "HeadNotReady", f"head pod {name}{state} is not ready")
+        return False
+    workers = [p for p in live if not p.is_head]
+    ready_workers = sum(p.ready for p in workers)
+    if len(workers) < expected - 1 or ready_workers < len(workers):
+        draft.set(
+            PODS_READY, False, "WorkersNotReady", f"{ready_workers} of {expected - 1} worker pods are ready"
+        )
+        return False
+    draft.set(PODS_READY, True, "AllPodsReady", f"all {expected} pods are ready")
+    return True
+
+
+def _startup_deadline(job: AsyncGRPOJob, draft: _Draft, observed: Observation) -> None:
+    deadline = job.spec.startup_deadline_seconds
+    if deadline is None:
+        return
+    started: datetime = draft.get("attempt_start_time") or draft.now
+    expiry = started + timedelta(seconds=deadline)
+    if draft.now < expiry:
+        draft.requeue((expiry - draft.now).total_seconds())
+        return
+    waiting = _waiting_on(draft.conditions)
+    last = f"; last state: {waiting.reason}: {waiting.message}" if waiting is not None else ""
+    name = draft.get("ray_cluster_name")
+    _fail(
+        job,
+        draft,
+        observed,
+        DEADLINE_EXCEEDED,
+        f"startupDeadlineSeconds ({deadline} s): the driver was not running {deadline} s after RayCluster "
+        f"{name} was created{last}",
+    )
+
+
+def _track_progress(job: AsyncGRPOJob, draft: _Draft, observed: Observation, cluster: ClusterView) -> None:
+    """Copy the driver's /progress into status.progress and decide Stalled."""
+    now = draft.now
+    reading = observed.progress
+    mark = draft.mark if draft.mark is not None and draft.mark.cluster_uid == cluster.uid else None
+    if reading is not None:
+        draft.set_field(
+            "progress",
+            Progress(
+                step=reading.step,
+                max_steps=reading.max_steps,
+                policy_version=reading.policy_version,
+                reward_mean=reading.reward_mean,
+                mean_staleness=reading.mean_staleness,
+                tokens_per_second=reading.tokens_per_second,
+                validation_reward=reading.validation_reward,
+                last_checkpoint_step=reading.last_checkpoint_step,
+                updated_at=now,
+            ),
+        )
+        if mark is None or reading.step != mark.step:
+            mark = ProgressMark(cluster.uid, reading.step, now)
+    elif mark is None:
+        progress = draft.get("progress")
+        running = draft.conditions[RUNNING]
+        since = running.last_transition_time if running.last_transition_time <= now else now
+        mark = ProgressMark(cluster.uid, progress.step if progress is not None else 0, since)
+    draft.mark = mark
+    limit = job.spec.progress.stall_after_seconds
+    quiet = (now - mark.since).total_seconds()
+    if quiet >= limit:
+        error = f"; reading /progress failed: {observed.progress_error}" if observed.progress_error else ""
+        draft.set(
+            STALLED,
+            True,
+            "NoProgress",
+            f"step {mark.step} has not advanced since {_iso(mark.since)} ({int(quiet)} s; stallAfterSeconds "
+            f"{limit}) while the pods look healthy{error}",
+        )
+    else:
+        draft.set(STALLED, False, "Progressing", "the step advances")
+        draft.requeue(limit - quiet)
+
+
+def _iso(value: datetime) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")

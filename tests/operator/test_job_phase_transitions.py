@@ -1,0 +1,479 @@
+"""The plan, one transition at a time: given a job, its status and what was observed, what next.
+
+Each test feeds the decision's status back as the next pass's status, the way the reconciler
+does, so sequences of tests read like a job's life.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
+from asyncgrpo_operator import plan
+from asyncgrpo_operator.observed import DriverExit, Observation, ProgressMark
+from tests.operator.builders import (
+    OWNER,
+    at,
+    cluster,
+    healthy_pods,
+    job,
+    observe,
+    pod,
+    terminated,
+)
+
+
+def step(
+    the_job: AsyncGRPOJob, status: AsyncGRPOJobStatus | None, observed: Observation, generation: int = 1
+) -> plan.Decision:
+    return plan.plan(the_job, status, observed, generation=generation, owner=OWNER)
+
+
+def actions_of(decision: plan.Decision, kind: type) -> list[object]:
+    return [a for a in decision.actions if isinstance(a, kind)]
+
+
+def running(the_job: AsyncGRPOJob | None = None, seconds: float = 30.0) -> plan.Decision:
+    """A job whose attempt 0 is running (created at 0 s, running at `seconds`)."""
+    the_job = the_job or job()
+    first = step(the_job, None, observe(0, configmap=False))
+    rc = cluster(0, provisioned=True)
+    return step(the_job, first.status, observe(seconds, rc, pods=healthy_pods(rc)))
+
+
+def reasons(events: Sequence[plan.Event]) -> list[str]:
+    return [e.reason for e in events]
+
+
+# --- creation ----------------------------------------------------------------------------------
+
+
+def test_new_job_creates_configmap_and_first_raycluster_owned_by_the_job() -> None:
+    decision = step(job(), None, observe(0, configmap=False))
+
+    configmaps = actions_of(decision, plan.ApplyConfigMap)
+    clusters = actions_of(decision, plan.CreateRayCluster)
+    assert len(configmaps) == 1 and len(clusters) == 1
+    manifest = clusters[0].manifest  # type: ignore[attr-defined]
+    assert manifest["metadata"]["name"] == "demo-0"
+    assert manifest["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert decision.status.phase == "Pending"
+    assert decision.status.reason == "ClusterCreating"
+    assert decision.status.ray_cluster_name == "demo-0"
+    assert decision.status.start_time == at(0)
+    assert "CreatedRayCluster" in reasons(decision.events)
+
+
+def test_second_pass_with_the_cluster_present_creates_nothing() -> None:
+    first = step(job(), None, observe(0, configmap=False))
+    rc = cluster(0)
+    second = step(job(), first.status, observe(1, rc))
+    assert second.actions == ()
+
+
+def test_cluster_created_by_a_pass_that_died_before_recording_it_is_adopted_not_recreated() -> None:
+    rc = cluster(0, created=0)
+    decision = step(job(), None, observe(5, rc, configmap=False))
+    assert actions_of(decision, plan.CreateRayCluster) == []
+    assert decision.status.ray_cluster_name == "demo-0"
+    assert decision.status.attempt_start_time == at(0)
+
+
+def test_clusters_of_other_attempts_are_deleted() -> None:
+    first = step(job(), None, observe(0))
+    stale = cluster(3, uid="old")
+    decision = step(job(), first.status, observe(1, cluster(0), stale))
+    deletes = actions_of(decision, plan.DeleteRayCluster)
+    assert [d.name for d in deletes] == ["demo-3"]  # type: ignore[attr-defined]
+
+
+def test_changed_spec_rewrites_the_configmap() -> None:
+    first = step(job(), None, observe(0))
+    changed = job(backoffLimit=5)
+    decision = step(changed, first.status, observe(1, cluster(0), the_job=job()))
+    assert len(actions_of(decision, plan.ApplyConfigMap)) == 1
+
+
+# --- pending and provisioning carry the reason ----------------------------------------------------
+
+
+def test_unschedulable_gpu_pods_make_the_job_pending_with_the_schedulers_message() -> None:
+    first = step(job(), None, observe(0))
+    rc = cluster(0)
+    message = "0/5 nodes are available: 4 Insufficient nvidia.com/gpu, 1 node(s) didn't match selector."
+    pods = (
+        pod(rc, head=True, ready=False),
+        pod(rc, group="policy", node=None, ready=False, unschedulable=message),
+        pod(rc, group="generation"),
+    )
+    decision = step(job(), first.status, observe(3, rc, pods=pods))
+
+    assert decision.status.phase == "Pending"
+    assert decision.status.reason == "Unschedulable"
+    assert message in (decision.status.message or "")
+    assert decision.condition(plan.PODS_SCHEDULED).reason == "Unschedulable"  # type: ignore[union-attr]
+    warnings = [e for e in decision.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["Unschedulable"]
+
+
+def test_bound_pods_with_a_head_not_ready_are_provisioning_head_not_ready() -> None:
+    first = step(job(), None, observe(0))
+    rc = cluster(0)
+    pods = (pod(rc, head=True, ready=False), pod(rc, group="policy"), pod(rc, group="generation"))
+    decision = step(job(), first.status, observe(3, rc, pods=pods))
+    assert (decision.status.phase, decision.status.reason) == ("Provisioning", "HeadNotReady")
+
+
+def test_image_pull_backoff_is_the_provisioning_reason() -> None:
+    first = step(job(), None, observe(0))
+    rc = cluster(0)
+    pods = (
+        pod(rc, head=True, ready=False, waiting="ImagePullBackOff"),
+        pod(rc, group="policy"),
+        pod(rc, group="generation"),
+    )
+    decision = step(job(), first.status, observe(3, rc, pods=pods))
+    assert (decision.status.phase, decision.status.reason) == ("Provisioning", "ImagePullBackOff")
+    assert "trainer:1" in (decision.status.message or "")
+
+
+def test_missing_worker_pods_are_pending_creating_pods() -> None:
+    first = step(job(), None, observe(0))
+    rc = cluster(0)
+    decision = step(job(), first.status, observe(3, rc, pods=(pod(rc, head=True),)))
+    assert (decision.status.phase, decision.status.reason) == ("Pending", "CreatingPods")
+
+
+# --- running, progress, stall ----------------------------------------------------------------------
+
+
+def test_ready_pods_with_the_driver_running_are_running() -> None:
+    decision = running()
+    assert decision.status.phase == "Running"
+    assert decision.condition(plan.RUNNING).status == "True"  # type: ignore[union-attr]
+    assert decision.condition(plan.PODS_READY).status == "True"  # type: ignore[union-attr]
+    assert decision.requeue_after == 5  # pollSeconds
+
+
+def test_progress_is_copied_from_the_driver() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    doc = {
+        "step": 7,
+        "maxSteps": 100,
+        "policyVersion": 7,
+        "rewardMean": 0.5,
+        "meanStaleness": 0.8,
+        "state": "running",
+    }
+    decision = step(job(), before.status, observe(40, rc, pods=healthy_pods(rc), progress=doc))
+    progress = decision.status.progress
+    assert progress is not None
+    assert (progress.step, progress.max_steps, progress.reward_mean, progress.mean_staleness) == (
+        7,
+        100,
+        0.5,
+        0.8,
+    )
+    assert progress.updated_at == at(40)
+    assert decision.progress_mark == ProgressMark("rc-uid-0", 7, at(40))
+
+
+def test_a_step_that_stops_advancing_while_pods_look_healthy_is_stalled_with_step_and_time() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    doc = {"step": 7, "state": "running"}
+    mark = ProgressMark("rc-uid-0", 7, at(40))
+    fine = step(
+        job(), before.status, observe(100, rc, pods=healthy_pods(rc), progress=doc, progress_mark=mark)
+    )
+    assert fine.condition(plan.STALLED).status == "False"  # type: ignore[union-attr]
+
+    stalled = step(
+        job(), fine.status, observe(170, rc, pods=healthy_pods(rc), progress=doc, progress_mark=mark)
+    )
+    cond = stalled.condition(plan.STALLED)
+    assert cond is not None and cond.status == "True" and cond.reason == "NoProgress"
+    assert "step 7" in cond.message and "2026-11-29T12:00:40Z" in cond.message
+    assert stalled.status.phase == "Running" and stalled.status.reason == "NoProgress"
+    assert "NoProgress" in reasons(stalled.events)
+
+    moving = step(
+        job(),
+        stalled.status,
+        observe(175, rc, pods=healthy_pods(rc), progress={"step": 8}, progress_mark=mark),
+    )
+    assert moving.condition(plan.STALLED).status == "False"  # type: ignore[union-attr]
+
+
+def test_an_unreachable_progress_endpoint_counts_as_no_progress() -> None:
+    before = running()  # Running since 30 s
+    rc = cluster(0, provisioned=True)
+    decision = step(
+        job(), before.status, observe(200, rc, pods=healthy_pods(rc), progress_error="connection refused")
+    )
+    cond = decision.condition(plan.STALLED)
+    assert cond is not None and cond.status == "True"
+    assert "connection refused" in cond.message
+
+
+def test_condition_transition_time_moves_only_when_status_flips() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    later = step(job(), before.status, observe(90, rc, pods=healthy_pods(rc), progress={"step": 1}))
+    assert later.condition(plan.RUNNING).last_transition_time == at(30)  # type: ignore[union-attr]
+    assert not [e for e in later.events if e.reason == "DriverRunning"]
+
+
+# --- the driver's exit decides the attempt --------------------------------------------------------
+
+
+def test_driver_exit_zero_succeeds_and_deletes_the_cluster_by_default() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    decision = step(job(), before.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0))))
+
+    assert decision.status.phase == "Succeeded"
+    assert decision.status.reason == "DriverSucceeded"
+    assert decision.status.completion_time == at(60)
+    assert [a.name for a in actions_of(decision, plan.DeleteRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
+    assert decision.condition(plan.RUNNING).status == "False"  # type: ignore[union-attr]
+    assert decision.condition(plan.PODS_READY) is None  # a finished job has no live sub-status
+
+
+def test_driver_training_error_fails_without_retry_and_keeps_the_cluster() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    pods = healthy_pods(rc, driver=terminated(1, "ValueError: loss is nan"))
+    decision = step(job(), before.status, observe(60, rc, pods=pods))
+
+    assert (decision.status.phase, decision.status.reason) == ("Failed", "TrainingError")
+    assert "loss is nan" in (decision.status.message or "")
+    assert decision.status.restarts == 0
+    assert decision.actions == ()  # onFailure: KeepCluster, no new attempt
+
+
+def test_driver_killed_by_a_signal_restarts_with_a_fresh_cluster() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    decision = step(job(), before.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(137))))
+
+    assert decision.status.phase == "Restarting"
+    assert decision.status.reason == "DriverKilled"
+    assert "SIGKILL" in (decision.status.message or "")
+    assert (decision.status.restarts, decision.status.attempt) == (1, 1)
+    assert [a.name for a in actions_of(decision, plan.DeleteRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
+    created = actions_of(decision, plan.CreateRayCluster)
+    assert [c.manifest["metadata"]["name"] for c in created] == ["demo-1"]  # type: ignore[attr-defined]
+    assert decision.status.ray_cluster_name == "demo-1"
+
+
+def test_restarting_ends_when_the_new_attempt_runs() -> None:
+    before = running()
+    rc0 = cluster(0, provisioned=True)
+    restarting = step(job(), before.status, observe(60, rc0, pods=healthy_pods(rc0, driver=terminated(143))))
+    rc1 = cluster(1, provisioned=True, created=60)
+    again = step(job(), restarting.status, observe(90, rc1, pods=healthy_pods(rc1)))
+    assert again.status.phase == "Running"
+    assert again.condition(plan.RESTARTING).status == "False"  # type: ignore[union-attr]
+    assert again.status.restarts == 1
+
+
+def test_a_lost_head_pod_after_provisioning_is_an_infrastructure_failure() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    workers = healthy_pods(rc)[1:]
+    decision = step(job(), before.status, observe(60, rc, pods=workers))
+    assert (decision.status.phase, decision.status.reason) == ("Restarting", "HeadPodLost")
+    assert decision.status.restarts == 1
+
+
+def test_a_failed_head_pod_is_an_infrastructure_failure() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    head = pod(rc, head=True, phase="Failed", ready=False)
+    decision = step(job(), before.status, observe(60, rc, pods=(head, *healthy_pods(rc)[1:])))
+    assert decision.status.reason == "HeadPodLost"
+
+
+def test_an_exit_seen_before_kuberay_deleted_the_head_pod_still_decides_the_attempt() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    remembered = DriverExit(cluster_uid=rc.uid, pod_name="demo-0-head", exit_code=0)
+    decision = step(
+        job(), before.status, observe(60, rc, pods=healthy_pods(rc)[1:], remembered_exit=remembered)
+    )
+    assert decision.status.phase == "Succeeded"
+
+
+def test_an_exit_remembered_from_an_older_cluster_is_ignored() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    remembered = DriverExit(cluster_uid="another", pod_name="x", exit_code=1)
+    decision = step(job(), before.status, observe(60, rc, pods=healthy_pods(rc), remembered_exit=remembered))
+    assert decision.status.phase == "Running"
+
+
+def test_a_deleted_raycluster_is_an_infrastructure_failure() -> None:
+    before = running()
+    decision = step(job(), before.status, observe(60))
+    assert (decision.status.phase, decision.status.reason) == ("Restarting", "RayClusterLost")
+
+
+def test_exhausted_backoff_limit_fails_with_backoff_limit_exceeded() -> None:
+    the_job = job(backoffLimit=1)
+    status = running(the_job).status
+    rc = cluster(0, provisioned=True)
+    first = step(the_job, status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(137))))
+    assert first.status.restarts == 1
+    rc1 = cluster(1, provisioned=True, created=60)
+    ran = step(the_job, first.status, observe(90, rc1, pods=healthy_pods(rc1)))
+    lost = step(the_job, ran.status, observe(120, rc1, pods=healthy_pods(rc1, driver=terminated(137))))
+
+    assert (lost.status.phase, lost.status.reason) == ("Failed", "BackoffLimitExceeded")
+    assert "DriverKilled" in (lost.status.message or "")
+    assert lost.status.restarts == 1
+    assert actions_of(lost, plan.CreateRayCluster) == []
+    assert lost.condition(plan.RESTARTING).status == "False"  # type: ignore[union-attr]
+
+
+# --- deadlines -----------------------------------------------------------------------------------
+
+
+def test_startup_deadline_fails_a_job_stuck_pending_with_the_last_reason() -> None:
+    first = step(job(), None, observe(0))
+    rc = cluster(0)
+    message = "0/5 nodes are available: 4 Insufficient nvidia.com/gpu."
+    pods = (
+        pod(rc, head=True),
+        pod(rc, node=None, ready=False, unschedulable=message),
+        pod(rc, group="generation"),
+    )
+    pending = step(job(), first.status, observe(10, rc, pods=pods))
+    assert pending.requeue_after is not None and pending.requeue_after <= 15
+
+    expired = step(job(), pending.status, observe(601, rc, pods=pods))
+    assert (expired.status.phase, expired.status.reason) == ("Failed", "DeadlineExceeded")
+    assert "Insufficient nvidia.com/gpu" in (expired.status.message or "")
+    assert "DeadlineExceeded" in reasons(expired.events)
+
+
+def test_startup_deadline_requeues_at_expiry() -> None:
+    the_job = job(startupDeadlineSeconds=30)
+    first = step(the_job, None, observe(0, the_job=the_job))
+    rc = cluster(0)
+    pods = (pod(rc, head=True, ready=False),)
+    decision = step(the_job, first.status, observe(20, rc, pods=pods, the_job=the_job))
+    assert decision.requeue_after == 10
+
+
+def test_active_deadline_fails_a_running_job_and_is_not_retried() -> None:
+    the_job = job(activeDeadlineSeconds=100)
+    before = running(the_job)
+    rc = cluster(0, provisioned=True)
+    decision = step(the_job, before.status, observe(100, rc, pods=healthy_pods(rc), the_job=the_job))
+    assert (decision.status.phase, decision.status.reason) == ("Failed", "DeadlineExceeded")
+    assert decision.status.restarts == 0
+    assert actions_of(decision, plan.CreateRayCluster) == []
+
+
+# --- suspend and resume -------------------------------------------------------------------------
+
+
+def test_suspend_deletes_the_cluster_and_keeps_the_job() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    decision = step(job(suspend=True), before.status, observe(60, rc, pods=healthy_pods(rc)))
+    assert decision.status.phase == "Suspended"
+    assert [a.name for a in actions_of(decision, plan.DeleteRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
+    assert decision.status.ray_cluster_name is None
+    assert decision.condition(plan.RUNNING).status == "False"  # type: ignore[union-attr]
+
+
+def test_a_job_created_suspended_creates_no_cluster() -> None:
+    decision = step(job(suspend=True), None, observe(0, configmap=False))
+    assert decision.status.phase == "Suspended"
+    assert actions_of(decision, plan.CreateRayCluster) == []
+
+
+def test_resume_waits_for_the_old_cluster_then_recreates_the_same_attempt() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    suspended = step(job(suspend=True), before.status, observe(60, rc))
+    waiting = step(job(), suspended.status, observe(70, cluster(0, deleting=True)))
+    assert waiting.status.phase == "Pending"
+    assert waiting.status.reason == "WaitingForPreviousCluster"
+    assert actions_of(waiting, plan.CreateRayCluster) == []
+    assert waiting.condition(plan.SUSPENDED).reason == "Resumed"  # type: ignore[union-attr]
+
+    resumed = step(job(), waiting.status, observe(75))
+    created = actions_of(resumed, plan.CreateRayCluster)
+    assert [c.manifest["metadata"]["name"] for c in created] == ["demo-0"]  # type: ignore[attr-defined]
+    assert resumed.status.restarts == 0
+    assert resumed.status.start_time == at(70)  # the active deadline restarts on resume
+
+
+# --- finished jobs: cleanup, TTL -----------------------------------------------------------------
+
+
+def test_ttl_requeues_at_expiry_then_deletes_the_job() -> None:
+    the_job = job(cleanupPolicy={"ttlSecondsAfterFinished": 300, "onSuccess": "KeepCluster"})
+    before = running(the_job)
+    rc = cluster(0, provisioned=True)
+    pods = healthy_pods(rc, driver=terminated(0))
+    done = step(the_job, before.status, observe(60, rc, pods=pods, the_job=the_job))
+    assert done.status.phase == "Succeeded"
+    assert done.requeue_after == 300
+    assert actions_of(done, plan.DeleteRayCluster) == []  # onSuccess: KeepCluster
+
+    later = step(the_job, done.status, observe(200, rc, pods=pods, the_job=the_job))
+    assert later.requeue_after == 160
+    expired = step(the_job, done.status, observe(360, rc, pods=pods, the_job=the_job))
+    assert len(actions_of(expired, plan.DeleteJob)) == 1
+
+
+def test_a_finished_job_stays_finished_whatever_happens_to_its_pods() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    done = step(job(), before.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(1))))
+    after = step(job(), done.status, observe(90))
+    assert after.status.phase == "Failed"
+    assert after.status == done.status
+    assert after.events == ()
+
+
+def test_cleanup_on_failure_delete_cluster_deletes_it() -> None:
+    the_job = job(cleanupPolicy={"onFailure": "DeleteCluster"})
+    before = running(the_job)
+    rc = cluster(0, provisioned=True)
+    done = step(
+        the_job, before.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(1)), the_job=the_job)
+    )
+    assert [a.name for a in actions_of(done, plan.DeleteRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
+
+
+def test_an_invalid_job_fails_with_invalid_spec() -> None:
+    decision = plan.plan_invalid(None, observe(0), generation=1, message="spec.x: bad")
+    assert (decision.status.phase, decision.status.reason) == ("Failed", "InvalidSpec")
+    assert decision.actions == ()
+
+
+# --- status shape --------------------------------------------------------------------------------
+
+
+def test_status_patch_clears_fields_with_null_and_uses_camel_case() -> None:
+    patch = running().status_patch()
+    assert patch["phase"] == "Running"
+    assert patch["completionTime"] is None
+    assert patch["rayClusterName"] == "demo-0"
+    assert {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"} <= set(
+        patch["conditions"][0]
+    )
+
+
+def test_conditions_record_the_generation_they_were_computed_from() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    decision = step(job(), before.status, observe(40, rc, pods=healthy_pods(rc)), generation=4)
+    assert decision.status.observed_generation == 4
+    assert {c.observed_generation for c in decision.status.conditions} == {4}

@@ -1,0 +1,264 @@
+"""manifests.py: golden files for every example job, and the properties each RayCluster must have.
+
+Regenerate the golden files after an intended change with
+`UPDATE_GOLDEN=1 .venv/bin/pytest tests/operator/test_manifests.py` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from asyncgrpo_api.rules import validate_manifest
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_operator import manifests, naming, render
+from asyncgrpo_operator.manifests import Owner
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.yaml"))
+OWNER = Owner(name="ignored", uid="00000000-0000-0000-0000-000000000001")
+
+EVERY_FIELD: dict[str, Any] = {
+    "apiVersion": "asyncgrpo.dev/v1alpha1",
+    "kind": "AsyncGRPOJob",
+    "metadata": {"name": "every-field", "namespace": "rl"},
+    "spec": {
+        "image": "registry.example/trainer:2",
+        "imagePullPolicy": "Always",
+        "backoffLimit": 1,
+        "storage": {
+            "checkpoints": {"hostPath": {"path": "/mnt/ckpt"}, "mountPath": "/checkpoints"},
+            "models": {"pvc": {"claimName": "models", "readOnly": True}, "mountPath": "/models"},
+            "data": {"emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}, "mountPath": "/data"},
+        },
+        "secrets": [
+            {"name": "hf", "keys": [{"key": "token", "env": "HF_TOKEN"}]},
+            {"name": "all-of-wandb"},
+        ],
+        "env": [{"name": "LOG_FORMAT", "value": "json"}],
+        "network": {
+            "ncclSocketIfname": "eth0",
+            "glooSocketIfname": "eth0",
+            "ibEnabled": True,
+            "ibHca": "mlx5",
+            "hostNetwork": True,
+            "ncclDebug": "WARN",
+        },
+        "scheduler": {"name": "kai", "queueName": "research", "priorityClassName": "high"},
+        "imagePullSecrets": ["regcred"],
+        "serviceAccountName": "trainer",
+        "labels": {"team": "rl"},
+        "cluster": {
+            "head": {
+                "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
+                "nodeSelector": {"asyncgrpo.dev/pool": "cpu"},
+                "annotations": {"example.com/owner": "rl-team"},
+            },
+            "policyWorkers": {
+                "replicas": 2,
+                "gpusPerReplica": 4,
+                "nodeSelector": {"asyncgrpo.dev/pool": "gpu"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 100,
+                                "podAffinityTerm": {
+                                    "topologyKey": "kubernetes.io/hostname",
+                                    "labelSelector": {
+                                        "matchLabels": {"asyncgrpo.dev/job-name": "every-field"}
+                                    },
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+            "generationWorkers": {
+                "replicas": 1,
+                "gpusPerReplica": 4,
+                "nodeSelector": {"asyncgrpo.dev/pool": "gpu"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            },
+        },
+        "trainer": {
+            "grpo": {"numPromptsPerStep": 8, "numGenerationsPerPrompt": 4},
+            "policy": {"trainMicroBatchSize": 4},
+        },
+    },
+}
+
+
+def load(manifest: dict[str, Any]) -> AsyncGRPOJob:
+    report = validate_manifest(manifest)
+    assert report.job is not None, report.errors
+    return report.job
+
+
+def cases() -> Iterator[tuple[str, dict[str, Any]]]:
+    yield "every-field", EVERY_FIELD
+    for path in EXAMPLES:
+        yield path.stem, yaml.safe_load(path.read_text())
+
+
+CASES = dict(cases())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rendered_objects_match_the_golden_file(name: str) -> None:
+    job = load(CASES[name])
+    text = render.to_yaml(manifests.objects(job, attempt=1, owner=OWNER))
+    golden = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert golden.exists(), f"run with UPDATE_GOLDEN=1 to create {golden}"
+    assert text == golden.read_text()
+
+
+def every_pod_template(cluster: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield cluster["spec"]["headGroupSpec"]["template"]
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        yield group["template"]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_object_and_pod_is_labelled_with_the_job(name: str) -> None:
+    job = load(CASES[name])
+    configmap, cluster = manifests.objects(job, attempt=0, owner=OWNER)
+    for obj in (configmap, cluster):
+        assert obj["metadata"]["labels"][naming.JOB_NAME_LABEL] == job.metadata.name
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == naming.MANAGER
+        assert obj["metadata"]["ownerReferences"] == [manifests.owner_reference(OWNER)]
+    for template in every_pod_template(cluster):
+        assert template["metadata"]["labels"][naming.JOB_NAME_LABEL] == job.metadata.name
+        assert template["metadata"]["labels"][naming.ATTEMPT_LABEL] == "0"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pods_have_a_minimal_environment_and_no_token_unless_a_service_account_is_named(name: str) -> None:
+    job = load(CASES[name])
+    cluster = manifests.ray_cluster(job, 0)
+    for template in every_pod_template(cluster):
+        spec = template["spec"]
+        assert spec["enableServiceLinks"] is False
+        if job.spec.service_account_name is None:
+            assert spec["automountServiceAccountToken"] is False
+        else:
+            assert spec["serviceAccountName"] == job.spec.service_account_name
+            assert "automountServiceAccountToken" not in spec
+
+
+def test_the_head_runs_ray_in_container_zero_and_the_driver_beside_it_never_restarted() -> None:
+    cluster = manifests.ray_cluster(load(EVERY_FIELD), 0)
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head["restartPolicy"] == "Never"
+    ray, driver = head["containers"]
+    assert ray["name"] == naming.RAY_HEAD_CONTAINER and "command" not in ray
+    assert driver["name"] == naming.DRIVER_CONTAINER
+    script = driver["command"][-1]
+    assert "exec python -m asyncgrpo_trainer --job-spec /etc/asyncgrpo/job.json" in script
+    assert {"name": "job-spec", "mountPath": "/etc/asyncgrpo", "readOnly": True} in driver["volumeMounts"]
+    assert cluster["metadata"]["annotations"][naming.RAY_DISABLE_HEAD_RESTART_ANNOTATION] == "true"
+    assert {"name": "progress", "containerPort": 8090, "protocol": "TCP"} in ray["ports"]
+
+
+def test_ray_ports_are_pinned_on_every_node() -> None:
+    cluster = manifests.ray_cluster(load(EVERY_FIELD), 0)
+    head_params = cluster["spec"]["headGroupSpec"]["rayStartParams"]
+    assert head_params["port"] == "6379"
+    assert head_params["dashboard-port"] == "8265"
+    assert head_params["ray-client-server-port"] == "10001"
+    for params in [head_params] + [g["rayStartParams"] for g in cluster["spec"]["workerGroupSpecs"]]:
+        for key in ("metrics-export-port", "node-manager-port", "object-manager-port", "min-worker-port"):
+            assert params[key].isdigit()
+
+
+def test_worker_groups_request_and_limit_gpus_on_the_gpu_pool() -> None:
+    cluster = manifests.ray_cluster(load(EVERY_FIELD), 0)
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert set(groups) == {"policy", "generation"}
+    policy = groups["policy"]
+    assert (policy["replicas"], policy["minReplicas"], policy["maxReplicas"]) == (2, 2, 2)
+    pod = policy["template"]["spec"]
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == "4" and resources["limits"]["nvidia.com/gpu"] == "4"
+    assert pod["nodeSelector"] == {"asyncgrpo.dev/pool": "gpu"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "podAntiAffinity" in pod["affinity"]
+
+
+def test_a_pool_with_zero_replicas_has_no_worker_group() -> None:
+    manifest = json.loads(json.dumps(EVERY_FIELD))
+    manifest["spec"]["cluster"]["generationWorkers"]["replicas"] = 0
+    manifest["spec"]["trainer"]["generation"] = {"colocated": True}
+    cluster = manifests.ray_cluster(load(manifest), 0)
+    assert [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]] == ["policy"]
+
+
+def test_every_spec_field_reaches_the_pods() -> None:
+    cluster = manifests.ray_cluster(load(EVERY_FIELD), 0)
+    head = cluster["spec"]["headGroupSpec"]["template"]
+    driver = head["spec"]["containers"][1]
+    env = {e["name"]: e for e in driver["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert driver["envFrom"] == [{"secretRef": {"name": "all-of-wandb"}}]
+    assert env["LOG_FORMAT"]["value"] == "json"
+    assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0" and env["NCCL_IB_HCA"]["value"] == "mlx5"
+    assert "NCCL_IB_DISABLE" not in env
+    spec = head["spec"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert spec["schedulerName"] == "kai-scheduler" and spec["priorityClassName"] == "high"
+    assert head["metadata"]["labels"]["kai.scheduler/queue"] == "research"
+    assert head["metadata"]["labels"]["team"] == "rl"
+    assert head["metadata"]["annotations"] == {"example.com/owner": "rl-team"}
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["checkpoints"]["hostPath"] == {"path": "/mnt/ckpt", "type": "DirectoryOrCreate"}
+    assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert volumes["data"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    for template in every_pod_template(cluster):
+        mounts = {m["mountPath"] for c in template["spec"]["containers"] for m in c.get("volumeMounts", [])}
+        assert {"/checkpoints", "/models", "/data"} <= mounts
+
+
+def test_kueue_queue_label_is_on_the_raycluster() -> None:
+    manifest = yaml.safe_load((ROOT / "docs" / "examples" / "gpu-vllm-megatron.yaml").read_text())
+    cluster = manifests.ray_cluster(load(manifest), 0)
+    assert cluster["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "rl-team"
+
+
+def test_the_configmap_holds_the_validated_job_the_trainer_can_parse() -> None:
+    job = load(EVERY_FIELD)
+    configmap = manifests.spec_configmap(job)
+    document = json.loads(configmap["data"][naming.JOB_SPEC_KEY])
+    parsed = AsyncGRPOJob.model_validate(document)
+    assert parsed.spec == job.spec
+    assert document["metadata"] == {"name": "every-field", "namespace": "rl"}
+
+
+def test_render_prints_the_objects_of_a_job_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(EVERY_FIELD))
+    assert render.main([str(path), "--attempt", "2"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "RayCluster"]
+    assert docs[1]["metadata"]["name"] == "every-field-2"
+
+
+def test_render_rejects_an_invalid_job_with_the_field_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = json.loads(json.dumps(EVERY_FIELD))
+    bad["spec"]["backoffLimit"] = -1
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    assert render.main([str(path)]) == 1
+    assert "spec.backoffLimit" in capsys.readouterr().err
