@@ -294,7 +294,7 @@ class LocalCluster:
             name = doc["metadata"]["name"]
             api.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", json.dumps(doc))
             names.append(name)
-        _log(f"applied {len(names)} KubeRay CRDs")
+        _log(f"applied {len(names)} KubeRay CRDs at {time.strftime('%H:%M:%S')}")
 
         def established() -> bool:
             for n in names:

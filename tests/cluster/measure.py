@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 import time
@@ -40,6 +41,9 @@ def raycluster_time_to_ready(cluster: LocalCluster, gpu_workers: int = 2) -> flo
     elapsed = time.monotonic() - start
     assert len(pods(api, ns, "ray.io/cluster=bench")) == 1 + gpu_workers
     api.delete(f"/api/v1/namespaces/{ns}")
+    # Wait until the GPU nodes are free again: otherwise the next run's workers find the pool full,
+    # stay Unschedulable until the scheduler's backoff retries them, and measure that instead.
+    wait_until(lambda: not pods(api, ns) or None, "benchmark pods deleted", timeout=120)
     return round(elapsed, 2)
 
 
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.down()
     result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)  # other work on the machine skews timings
     print(json.dumps(result, indent=1))
     return 0
 

@@ -1,0 +1,86 @@
+"""Fast checks of the launcher's parts that need no control plane (run in every test job)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from tests.cluster import pki
+from tests.cluster.build import check_pins, k8s_ldflags
+from tests.cluster.cluster import STAGES_FILE
+from tests.cluster.config import components, kubernetes_version
+from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
+
+
+def test_versions_toml_matches_every_gomod() -> None:
+    check_pins()
+    assert set(components()) == {"kubernetes", "etcd", "kwok", "kuberay", "helm"}
+    assert kubernetes_version().startswith("v1.")
+
+
+def test_k8s_ldflags_stamp_both_version_packages() -> None:
+    flags = k8s_ldflags("v1.36.3")
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        assert f"-X '{pkg}.gitVersion=v1.36.3'" in flags
+        assert f"-X '{pkg}.gitMinor=36'" in flags
+
+
+def test_kwok_stages_cover_lifecycle_and_faults() -> None:
+    stages = list(yaml.safe_load_all(STAGES_FILE.read_text()))
+    names = [s["metadata"]["name"] for s in stages]
+    assert len(names) == len(set(names))
+    assert {
+        "node-initialize",
+        "pod-ready",
+        "pod-complete",
+        "pod-delete",
+        "pod-fail",
+        "node-not-ready",
+    } <= set(names)
+    assert all(s["kind"] == "Stage" for s in stages)
+
+
+def test_pki_certificates_fit_their_use(tmp_path: Path) -> None:
+    p = pki.create(tmp_path / "pki")
+    ca = x509.load_pem_x509_certificate(p.ca_crt.read_bytes())
+    serving = x509.load_pem_x509_certificate(p.server_crt.read_bytes())
+    admin = x509.load_pem_x509_certificate(p.admin_crt.read_bytes())
+    serving.verify_directly_issued_by(ca)
+    admin.verify_directly_issued_by(ca)
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+    orgs = admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+    assert [o.value for o in orgs] == ["system:masters"]
+    assert oct(p.ca_key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_stop_signals_only_a_recorded_live_process(tmp_path: Path) -> None:
+    pids = PidFile(tmp_path / "pids.json")
+    rec = spawn(
+        "sleeper", ["sleep", "60"], logs=tmp_path, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, pids=pids
+    )
+    assert pids.load() == [rec]
+    assert is_alive(rec)
+    # Same pid, different start time: what a recycled pid looks like. It must be left alone.
+    impostor = ProcRecord(rec.name, rec.pid, rec.start_ticks + 1, rec.log, rec.argv)
+    assert not is_alive(impostor)
+    assert not stop(impostor)
+    assert is_alive(rec)
+    assert stop(rec)
+    assert not is_alive(rec)
+
+
+def test_port_in_use_detects_a_listener() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert port_in_use("127.0.0.1", s.getsockname()[1])
+
+
+def test_ci_script_is_valid_bash() -> None:
+    subprocess.run(["bash", "-n", str(Path(__file__).with_name("ci.sh"))], check=True)
