@@ -24,9 +24,11 @@ def job(
     *,
     async_rl: dict[str, Any] | None = None,
     policy: dict[str, Any] | None = None,
+    trainer: dict[str, Any] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
-    """A small CPU job (P=8, N=4) with the asyncRL and policy blocks and top-level spec fields given."""
+    """A small CPU job (P=8, N=4) with the asyncRL, policy and other trainer blocks and top-level
+    spec fields given."""
     manifest: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -40,6 +42,7 @@ def job(
             },
         },
     }
+    manifest["spec"]["trainer"].update(copy.deepcopy(trainer or {}))
     manifest["spec"].update(copy.deepcopy(spec))
     return manifest
 
@@ -106,6 +109,20 @@ INVALID_COMBINATIONS: tuple[Case, ...] = (
         f"{ASYNC_RL}.maxBufferedRollouts",
     ),
 )
+
+WEBHOOK_ONLY: tuple[Case, ...] = (
+    Case(
+        "micro-batch-does-not-divide",
+        job("bad-micro-batch", policy={"trainMicroBatchSize": 5}),
+        "spec.trainer.policy.trainMicroBatchSize",
+    ),
+    Case(
+        "vllm-without-gpus",
+        job("bad-vllm-cpu", trainer={"generation": {"backend": "vllm"}}),
+        "spec.cluster.generationWorkers.gpusPerReplica",
+    ),
+)
+"""Rules the CRD's CEL cannot express (arithmetic over the GPU layout): only the webhook catches them."""
 
 SYNC_WITH_FORCE_IN_ORDER = job(
     "sync-in-order", async_rl={"maxStalenessVersions": 0, "overSampling": False, "forceInOrder": True}

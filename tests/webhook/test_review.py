@@ -9,7 +9,14 @@ import pytest
 
 from asyncgrpo_api.rules import Finding
 from asyncgrpo_operator.webhook import MAX_FINDINGS_SHOWN, denial_message, is_suspended, review
-from tests.webhook.jobs import INVALID_COMBINATIONS, SYNC_WITH_FORCE_IN_ORDER, VALID_MODES, Case, job
+from tests.webhook.jobs import (
+    INVALID_COMBINATIONS,
+    SYNC_WITH_FORCE_IN_ORDER,
+    VALID_MODES,
+    WEBHOOK_ONLY,
+    Case,
+    job,
+)
 
 
 def running(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -152,3 +159,10 @@ def test_a_huge_number_of_findings_is_capped_in_the_message() -> None:
     message = denial_message({"metadata": {"name": "x"}}, errors)
     assert message.count("\n- spec.env") == MAX_FINDINGS_SHOWN
     assert "... and 5 more" in message
+
+
+@pytest.mark.parametrize("case", WEBHOOK_ONLY, ids=lambda c: c.id)
+def test_rules_beyond_cel_are_denied_naming_the_field(case: Case) -> None:
+    decision = review("CREATE", new=case.manifest, old=None)
+    assert not decision.allowed
+    assert f"- {case.path}: " in decision.message

@@ -1,0 +1,292 @@
+"""The chart installed on the local control plane, with the operator running as a local process.
+
+kwok runs pods without containers, so the chart's operator Deployment never really runs. Instead
+the operator runs here, on the API server's host, as the chart's ServiceAccount (a token from the
+TokenRequest API, so every call it makes goes through the chart's RBAC), serving the webhook on
+127.0.0.1 with the certificate the chart generated. The chart's own ValidatingWebhookConfiguration
+points at it through `webhook.url`, scoped by `webhook.namespaceSelector` to namespaces labelled
+for this installation, so other tests sharing the cluster never meet this webhook.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.chart.helm import CHART, REPO, helm
+from tests.cluster.cluster import LocalCluster
+from tests.cluster.rest import Api, ApiError
+from tests.webhook.server import free_port
+
+SELECTOR_LABEL = "asyncgrpo.dev/webhook-e2e"
+JOBS_PATH = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
+
+# Used when operator/asyncgrpo_operator/main.py does not (yet) configure the webhook itself: the
+# webhook handler plus the same startup call main.py is expected to make.
+WEBHOOK_ONLY_OPERATOR = """\
+import kopf
+
+from asyncgrpo_operator import webhook
+
+
+@kopf.on.startup()
+def _configure(settings: kopf.OperatorSettings, **_: object) -> None:
+    settings.posting.level = 40  # no Events: this stand-in reconciles nothing
+    webhook.configure_admission(settings)
+"""
+
+
+def operator_module() -> tuple[str, Path | None]:
+    """The module `kopf run -m` loads, and a folder to put on PYTHONPATH for it (if any)."""
+    main = REPO / "operator" / "asyncgrpo_operator" / "main.py"
+    if main.is_file() and "configure_admission" in main.read_text():
+        return "asyncgrpo_operator.main", None
+    folder = Path(tempfile.mkdtemp(prefix="asyncgrpo-webhook-operator-"))
+    (folder / "webhook_only_operator.py").write_text(WEBHOOK_ONLY_OPERATOR)
+    return "webhook_only_operator", folder
+
+
+@dataclass
+class Kubectl:
+    """kubectl as the cluster admin (what a user runs); returns the whole outcome, never raises."""
+
+    binary: Path
+    kubeconfig: Path
+    cache_dir: Path
+
+    def __call__(
+        self, *args: str, stdin: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [str(self.binary), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.cache_dir}", *args]
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def apply(self, namespace: str, manifest: dict[str, Any] | str) -> subprocess.CompletedProcess[str]:
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        return self("apply", "-n", namespace, "-f", "-", stdin=text)
+
+
+@dataclass
+class Installation:
+    """One `helm install` of the chart plus the local operator process serving its webhook."""
+
+    cluster: LocalCluster
+    helm_bin: Path
+    suffix: str = field(default_factory=lambda: secrets.token_hex(3))
+    port: int = field(default_factory=free_port)
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="asyncgrpo-webhook-e2e-")))
+    process: subprocess.Popen[bytes] | None = None
+    module: str = ""
+
+    @property
+    def release(self) -> str:
+        return f"wh-{self.suffix}"
+
+    @property
+    def namespace(self) -> str:
+        return f"asyncgrpo-wh-{self.suffix}"
+
+    @property
+    def fullname(self) -> str:
+        return f"{self.release}-asyncgrpo-operator"
+
+    @property
+    def api(self) -> Api:
+        return self.cluster.api
+
+    @property
+    def kubectl(self) -> Kubectl:
+        binaries = Path(self.cluster.info()["binaries"]) / "bin"
+        return Kubectl(binaries / "kubectl", self.cluster.kubeconfig, self.workdir / "kube-cache")
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "operator.log"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.workdir / "webhook-tls"
+
+    # --- install / uninstall ---------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Apply the CRD (Helm never upgrades crds/), then `helm install` with URL mode and a selector."""
+        crds = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+        assert crds.returncode == 0, crds.stderr
+        selector = json.dumps({"matchLabels": {SELECTOR_LABEL: self.release}})
+        helm(
+            "install",
+            self.release,
+            str(CHART),
+            "--namespace",
+            self.namespace,
+            "--create-namespace",
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            "--set",
+            f"webhook.url=https://127.0.0.1:{self.port}",
+            "--set-json",
+            f"webhook.namespaceSelector={selector}",
+            helm_bin=self.helm_bin,
+        )
+
+    def uninstall(self) -> None:
+        self.stop_operator()
+        helm(
+            "uninstall",
+            self.release,
+            "--namespace",
+            self.namespace,
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            helm_bin=self.helm_bin,
+        )
+        try:
+            self.api.delete(f"/api/v1/namespaces/{self.namespace}")
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    # --- the chart's credentials, as the pod would get them --------------------------------------
+
+    def write_mounted_secret(self) -> None:
+        """The webhook Secret's files, as the kubelet would mount them into the operator pod."""
+        secret = self.api.get(f"/api/v1/namespaces/{self.namespace}/secrets/{self.fullname}-webhook-tls")
+        self.tls_dir.mkdir(parents=True, exist_ok=True)
+        for key in ("tls.crt", "tls.key", "ca.crt"):
+            (self.tls_dir / key).write_bytes(base64.b64decode(secret["data"][key]))
+
+    def service_account_kubeconfig(self) -> Path:
+        """A kubeconfig holding a TokenRequest token of the chart's ServiceAccount, nothing else."""
+        sa = self.fullname
+        token = self.api.create(
+            f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3600},
+            },
+        )["status"]["token"]
+        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
+        cluster = admin["clusters"][0]["cluster"]
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local", "cluster": cluster}],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "local", "user": sa}}],
+            "current-context": "sa",
+        }
+        path = self.workdir / "sa-kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    # --- the operator process --------------------------------------------------------------------
+
+    def start_operator(self, timeout: float = 90) -> None:
+        """Run the operator as the chart's ServiceAccount; return once the webhook answers TLS."""
+        self.write_mounted_secret()
+        kubeconfig = self.service_account_kubeconfig()
+        module, extra_path = operator_module()
+        self.module = module
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "ASYNCGRPO_WEBHOOK_ADDR": "127.0.0.1",
+            "ASYNCGRPO_WEBHOOK_PORT": str(self.port),
+            "ASYNCGRPO_WEBHOOK_CERT_DIR": str(self.tls_dir),
+            "ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS": "2",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(extra_path or ""), os.environ.get("PYTHONPATH", "")) if p
+            ),
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "kopf",
+            "run",
+            "--standalone",
+            # a namespace glob: kopf then lists/watches namespaces, as in --all-namespaces, but
+            # never touches jobs of other tests sharing the cluster
+            f"--namespace=t-wh-{self.suffix}-*",
+            f"--liveness=http://127.0.0.1:{free_port()}/healthz",
+            f"--module={module}",
+        ]
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while not self.webhook_answers():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"webhook not serving after {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def stop_operator(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=5)
+
+    def webhook_answers(self) -> bool:
+        """A TLS handshake with the chart's CA succeeds on the webhook port."""
+        context = ssl.create_default_context(cafile=str(self.tls_dir / "ca.crt"))
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock,
+                context.wrap_socket(sock, server_hostname="127.0.0.1"),
+            ):
+                return True
+        except OSError:
+            return False
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the operator process (VmRSS)."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    # --- namespaces for jobs ---------------------------------------------------------------------
+
+    def jobs_namespace(self, name: str, *, validated: bool = True) -> str:
+        """A namespace for test jobs; `validated` labels it so this installation's webhook applies."""
+        full = f"t-wh-{self.suffix}-{name}"[:63].rstrip("-")
+        labels = {"asyncgrpo.dev/test-namespace": "true"}
+        if validated:
+            labels[SELECTOR_LABEL] = self.release
+        self.api.create("/api/v1/namespaces", {"metadata": {"name": full, "labels": labels}})
+        return full
+
+    def delete_namespace(self, name: str) -> None:
+        try:
+            self.api.delete(f"/api/v1/namespaces/{name}")
+        except ApiError as err:
+            if err.status != 404:
+                raise
