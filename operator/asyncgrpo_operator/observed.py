@@ -182,6 +182,9 @@ class DriverExit:
     signal: int | None = None
     reason: str = ""
     message: str = ""
+    whole_pod: bool = False
+    """The whole head pod ended (Failed phase, or the Ray head container ended too): the pod was
+    killed, evicted or lost its node, so a non-zero code is the infrastructure's, not training's."""
 
     @classmethod
     def from_pod(cls, pod: PodView) -> DriverExit | None:
@@ -192,6 +195,7 @@ class DriverExit:
         code = driver.exit_code
         if code is None:
             code = 128 + driver.signal if driver.signal else 1
+        ray = pod.container(naming.RAY_HEAD_CONTAINER)
         return cls(
             cluster_uid=pod.owner_uid,
             pod_name=pod.name,
@@ -199,6 +203,7 @@ class DriverExit:
             signal=driver.signal,
             reason=driver.reason,
             message=driver.message,
+            whole_pod=pod.phase in ("Failed", "Succeeded") or (ray is not None and ray.state == "terminated"),
         )
 
 

@@ -561,6 +561,15 @@ def _driver_exited(ctx: _Ctx, draft: _Draft, cluster: ClusterView, exit_: Driver
         at = f" at step {step}" if step is not None else ""
         _finish(draft, SUCCEEDED, DRIVER_SUCCEEDED, f"the driver exited 0{at} (pod {exit_.pod_name})")
         _cleanup(job, draft, observed)
+    elif exit_.whole_pod:
+        cause = f" ({exit_.reason})" if exit_.reason else ""
+        _infra_failure(
+            ctx,
+            draft,
+            cluster,
+            HEAD_POD_LOST,
+            f"head pod {exit_.pod_name} failed as a whole{cause}; the driver's exit code was {code}{detail}",
+        )
     elif code == naming.RAY_START_FAILED_EXIT_CODE:
         _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
     elif code > 128:

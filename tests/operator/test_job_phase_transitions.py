@@ -296,6 +296,15 @@ def test_a_failed_head_pod_is_an_infrastructure_failure() -> None:
     assert decision.status.reason == "HeadPodLost"
 
 
+def test_a_head_pod_that_fails_as_a_whole_is_retried_whatever_the_exit_code() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    head = pod(rc, head=True, phase="Failed", ready=False, driver=terminated(1, "node shutdown"))
+    decision = step(job(), before.status, observe(60, rc, pods=(head, *healthy_pods(rc)[1:])))
+    assert (decision.status.phase, decision.status.reason) == ("Restarting", "HeadPodLost")
+    assert "exit code was 1" in (decision.status.message or "")
+
+
 def test_an_exit_seen_before_kuberay_deleted_the_head_pod_still_decides_the_attempt() -> None:
     before = running()
     rc = cluster(0, provisioned=True)

@@ -1,0 +1,42 @@
+"""`python -m asyncgrpo_operator`: run the operator (the same as `kopf run -m asyncgrpo_operator.main`).
+
+Options: --namespace NS (repeatable; default all namespaces), --liveness URL (default
+http://0.0.0.0:8080/healthz), --log-format json|text (default json: one object per line, for log
+pipelines), --verbose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import kopf
+
+from asyncgrpo_operator import logs, runtime
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m asyncgrpo_operator")
+    parser.add_argument("-n", "--namespace", action="append", default=[], help="watch only these namespaces")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
+    parser.add_argument("--log-format", choices=("json", "text"), default="json")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logs.configure(
+        json_lines=args.log_format == "json", level=logging.DEBUG if args.verbose else logging.INFO
+    )
+    if args.namespace:
+        os.environ[runtime.WATCH_NAMESPACES_ENV] = ",".join(args.namespace)
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness or None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,137 @@
+"""The work queue that turns watch events, requeues and resyncs into reconcile passes.
+
+kopf delivers the events; this queue decides when a job is reconciled. It is the piece that makes
+the operator level-triggered without finalizers: a kopf timer or daemon would add a finalizer to
+every job (kopf#833), so a job could not be deleted while the operator is down. Instead:
+- watch handlers only `enqueue` the job's key (deduplicated: many events, one pass),
+- a pass returns when to look again (progress polling, deadlines, TTL expiry) and is requeued,
+- every `resync_seconds` all jobs are enqueued, so a missed event is repaired,
+- a failing pass is retried with exponential backoff, and a status conflict right away,
+- one key is never reconciled twice at the same time (passes for different jobs run in parallel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+ReconcileFn = Callable[[Key], Awaitable[float | None]]
+ListFn = Callable[[], Awaitable[list[Key]]]
+
+MAX_BACKOFF_SECONDS = 60.0
+
+
+@dataclass
+class Stats:
+    """Counters for the liveness probe and logs."""
+
+    passes: int = 0
+    failures: int = 0
+    last_beat: float = 0.0
+    last_resync: float = 0.0
+
+
+@dataclass
+class Controller:
+    """A delay queue of job keys with a fixed pool of workers."""
+
+    reconcile: ReconcileFn
+    list_keys: ListFn
+    workers: int = 4
+    resync_seconds: float = 60.0
+    conflict_errors: tuple[type[BaseException], ...] = ()
+    stats: Stats = field(default_factory=Stats)
+    _due: dict[Key, float] = field(default_factory=dict)
+    _heap: list[tuple[float, Key]] = field(default_factory=list)
+    _running: set[Key] = field(default_factory=set)
+    _dirty: set[Key] = field(default_factory=set)
+    _failures: dict[Key, int] = field(default_factory=dict)
+    _ready: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def enqueue(self, key: Key, delay: float = 0.0) -> None:
+        """Reconcile `key` after `delay` seconds (an earlier request wins over a later one)."""
+        due = asyncio.get_running_loop().time() + max(delay, 0.0)
+        if key in self._due and self._due[key] <= due:
+            return
+        self._due[key] = due
+        heapq.heappush(self._heap, (due, key))
+        self._wake.set()
+
+    def pending(self) -> int:
+        return len(self._due) + self._ready.qsize() + len(self._running)
+
+    async def run(self) -> None:
+        """Dispatch, work and resync until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._dispatch(), name="asyncgrpo-dispatch")
+            group.create_task(self._resync(), name="asyncgrpo-resync")
+            for index in range(self.workers):
+                group.create_task(self._work(), name=f"asyncgrpo-worker-{index}")
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self.stats.last_beat = loop.time()
+            self._wake.clear()
+            now = loop.time()
+            while self._heap and self._heap[0][0] <= now:
+                due, key = heapq.heappop(self._heap)
+                if self._due.get(key) != due:
+                    continue  # superseded by an earlier request
+                del self._due[key]
+                if key in self._running:
+                    self._dirty.add(key)  # run again once the current pass ends
+                else:
+                    self._running.add(key)
+                    self._ready.put_nowait(key)
+            timeout = min(self._heap[0][0] - now, 5.0) if self._heap else 5.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(timeout, 0.0))
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._ready.get()
+            delay: float | None
+            try:
+                delay = await self.reconcile(key)
+                self._failures.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except self.conflict_errors as exc:
+                log.info("status conflict; re-planning", extra={"job": "/".join(key), "error": str(exc)})
+                delay = 0.2
+            except Exception:
+                count = self._failures.get(key, 0) + 1
+                self._failures[key] = count
+                delay = min(2.0 ** (count - 1), MAX_BACKOFF_SECONDS)
+                self.stats.failures += 1
+                log.exception("reconcile failed; retrying", extra={"job": "/".join(key), "retry_in": delay})
+            finally:
+                self.stats.passes += 1
+                self._running.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.enqueue(key)
+            if delay is not None:
+                self.enqueue(key, delay)
+
+    async def _resync(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                for key in await self.list_keys():
+                    self.enqueue(key)
+                self.stats.last_resync = loop.time()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("listing jobs for the resync failed")
+            await asyncio.sleep(self.resync_seconds)

@@ -1,0 +1,249 @@
+"""The only module that talks to the Kubernetes API (kopf's own watches aside).
+
+A thin, typed layer over kubernetes_asyncio's generic `call_api`: plain dicts in and out (the
+plan works on dicts and pydantic models; the generated client's models would only be converted
+back), one exception type with the HTTP status, and the few calls the reconciler makes. Every
+write names the operator as field manager, and destructive calls carry UID preconditions so a
+late delete can never hit a newer object that reused the name.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from asyncgrpo_operator import naming
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+MERGE_PATCH: Final = "application/merge-patch+json"
+REQUEST_TIMEOUT_SECONDS: Final = 30.0
+
+
+class ApiError(Exception):
+    """A failed API call: `status` is the HTTP code (0 when there was no answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class Api:
+    """An authenticated API client. Create with `await Api.connect()`; close with `close()`."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._client = api_client
+        self.identity = socket.gethostname()
+
+    @classmethod
+    async def connect(cls) -> Api:
+        """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG)."""
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except ConfigException:
+            await config.load_kube_config(client_configuration=configuration)
+        return cls(client.ApiClient(configuration=configuration))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    # --- generic ---------------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        """One API call; returns the decoded JSON body. Raises ApiError on any non-2xx answer."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            result = await self._client.call_api(
+                path,
+                method,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=body,
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            raise ApiError(int(exc.status or 0), _message(exc)) from exc
+        except (OSError, TimeoutError) as exc:
+            raise ApiError(0, f"{method} {path}: {exc!r}") from exc
+        return result if isinstance(result, dict) else {}
+
+    async def get_or_none(self, path: str) -> Obj | None:
+        try:
+            return await self.request("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def list_items(self, path: str, label_selector: str | None = None) -> list[Obj]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        answer = await self.request("GET", path, query=query)
+        return list(answer.get("items") or [])
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    async def get_job(self, namespace: str, name: str) -> Obj | None:
+        return await self.get_or_none(_job_path(namespace, name))
+
+    async def list_jobs(self, namespace: str | None = None) -> list[Obj]:
+        """Jobs in one namespace, or in all namespaces when None."""
+        base = f"/apis/{GROUP}/{VERSION}"
+        path = f"{base}/namespaces/{namespace}/{PLURAL}" if namespace else f"{base}/{PLURAL}"
+        return await self.list_items(path)
+
+    async def patch_job_status(self, namespace: str, name: str, resource_version: str, status: Obj) -> Obj:
+        """Write the whole status through /status, failing with 409 if the job changed since it
+        was read (optimistic concurrency: a stale decision is re-planned, never written)."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return await self.request(
+            "PATCH",
+            _job_path(namespace, name) + "/status",
+            body=body,
+            content_type=MERGE_PATCH,
+            query={"fieldManager": naming.MANAGER},
+        )
+
+    async def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        await self._delete(_job_path(namespace, name), uid)
+
+    # --- children ------------------------------------------------------------------------------
+
+    async def list_rayclusters(self, namespace: str, job_name: str) -> list[Obj]:
+        path = (
+            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+        )
+        return await self.list_items(path, f"{naming.JOB_NAME_LABEL}={job_name}")
+
+    async def list_pods(self, namespace: str, job_name: str) -> list[Obj]:
+        return await self.list_items(
+            f"/api/v1/namespaces/{namespace}/pods", f"{naming.JOB_NAME_LABEL}={job_name}"
+        )
+
+    async def get_configmap(self, namespace: str, name: str) -> Obj | None:
+        return await self.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+
+    async def apply_configmap(self, manifest: Obj) -> None:
+        """Create the ConfigMap, or replace its data when it exists."""
+        namespace = manifest["metadata"]["namespace"]
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        if await self._create(path, manifest):
+            return
+        await self.request(
+            "PATCH",
+            f"{path}/{manifest['metadata']['name']}",
+            body={"data": manifest["data"]},
+            content_type=MERGE_PATCH,
+            query={"fieldManager": naming.MANAGER},
+        )
+
+    async def create_raycluster(self, manifest: Obj) -> bool:
+        """Create a RayCluster; False when it already exists (idempotent: names are per attempt)."""
+        namespace = manifest["metadata"]["namespace"]
+        path = (
+            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+        )
+        return await self._create(path, manifest)
+
+    async def delete_raycluster(self, namespace: str, name: str, uid: str) -> None:
+        path = (
+            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+        )
+        await self._delete(f"{path}/{name}", uid)
+
+    # --- events ----------------------------------------------------------------------------------
+
+    async def post_event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the job (what `kubectl describe agj` shows)."""
+        meta = job["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": naming.MANAGER},
+            "reportingComponent": naming.MANAGER,
+            "reportingInstance": self.identity,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+
+    # --- leases (leader election) --------------------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str) -> Obj | None:
+        return await self.get_or_none(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
+
+    async def create_lease(self, namespace: str, lease: Obj) -> bool:
+        return await self._create(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", lease)
+
+    async def replace_lease(self, namespace: str, name: str, lease: Obj) -> Obj:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        return await self.request("PUT", path, body=lease, query={"fieldManager": naming.MANAGER})
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    async def _create(self, path: str, manifest: Obj) -> bool:
+        try:
+            await self.request("POST", path, body=manifest, query={"fieldManager": naming.MANAGER})
+        except ApiError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    async def _delete(self, path: str, uid: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid},
+        }
+        try:
+            await self.request("DELETE", path, body=body)
+        except ApiError as err:
+            if err.status not in (404, 409):  # gone already, or a newer object has the name
+                raise
+
+
+def _job_path(namespace: str, name: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+
+
+def _message(exc: ApiException) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    return str(body or exc.reason or exc)

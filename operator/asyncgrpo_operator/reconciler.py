@@ -1,0 +1,253 @@
+"""One reconcile pass of one job: read the world, plan, act, write the status, post the events.
+
+Level-triggered: every pass starts from a fresh read of the job and its children, so a missed
+watch event, a crash between two writes or an operator restart is repaired by the next pass.
+Idempotent: names are deterministic (a second create answers 409, which is success), deletes
+carry UID preconditions, and the status is written with the resourceVersion that was read, so a
+decision made on stale data is rejected (409) and re-planned instead of overwriting a newer one.
+Events are posted only after the status write succeeded, so a re-planned pass does not repeat
+them.
+
+The only state kept between passes is what the API cannot give back: the exit of a head pod that
+KubeRay has deleted since, when the step last advanced (for Stalled), and the last progress read
+(so frequent events do not hammer the driver).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from asyncgrpo_api.rules import validate_manifest
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
+from asyncgrpo_operator import k8s, naming, plan, progress
+from asyncgrpo_operator.manifests import Owner
+from asyncgrpo_operator.observed import (
+    ClusterView,
+    DriverExit,
+    Observation,
+    PodView,
+    ProgressMark,
+    ProgressReading,
+)
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+"""(namespace, name) of a job."""
+
+
+class ConflictError(Exception):
+    """The job changed between read and status write; the pass must be re-planned."""
+
+
+@dataclass
+class _Poll:
+    at: float
+    reading: ProgressReading | None
+    error: str | None
+
+
+@dataclass
+class Memory:
+    """Facts a pass cannot re-read from the API (see the module docstring)."""
+
+    exits: dict[Key, DriverExit] = field(default_factory=dict)
+    marks: dict[Key, ProgressMark] = field(default_factory=dict)
+    polls: dict[Key, _Poll] = field(default_factory=dict)
+
+    def forget(self, key: Key) -> None:
+        self.exits.pop(key, None)
+        self.marks.pop(key, None)
+        self.polls.pop(key, None)
+
+
+class Reconciler:
+    """Runs passes; owns the API client, the HTTP session for /progress and the memory."""
+
+    def __init__(self, api: k8s.Api, session: aiohttp.ClientSession, memory: Memory | None = None) -> None:
+        self.api = api
+        self.session = session
+        self.memory = memory or Memory()
+
+    def remember_exit(self, key: Key, exit_: DriverExit) -> None:
+        """Record a driver exit seen on a watch event (the pod may be deleted right after)."""
+        self.memory.exits[key] = exit_
+
+    async def reconcile(self, key: Key) -> float | None:
+        """One pass; returns when to look again (seconds), or None to wait for events/resync."""
+        namespace, name = key
+        body = await self.api.get_job(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.memory.forget(key)
+            return None
+        now = datetime.now(UTC).replace(microsecond=0)
+        generation = int(body["metadata"].get("generation") or 0)
+        status = _parse_status(body.get("status"))
+        report = validate_manifest(_manifest(body))
+        if report.job is None:
+            message = "; ".join(str(e) for e in report.errors)
+            decision = plan.plan_invalid(status, Observation(now=now), generation=generation, message=message)
+        else:
+            observed = await self._observe(key, body, report.job, status, now)
+            owner = Owner(name=name, uid=str(body["metadata"]["uid"]))
+            decision = plan.plan(report.job, status, observed, generation=generation, owner=owner)
+        await self._apply(key, body, decision)
+        return decision.requeue_after
+
+    # --- read --------------------------------------------------------------------------------
+
+    async def _observe(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        job: AsyncGRPOJob,
+        status: AsyncGRPOJobStatus | None,
+        now: datetime,
+    ) -> Observation:
+        namespace, name = key
+        clusters = tuple(ClusterView.from_dict(c) for c in await self.api.list_rayclusters(namespace, name))
+        pods = tuple(PodView.from_dict(p) for p in await self.api.list_pods(namespace, name))
+        configmap = await self.api.get_configmap(namespace, naming.spec_configmap_name(name))
+        attempt = status.attempt if status is not None else 0
+        current = next((c for c in clusters if c.name == naming.raycluster_name(name, attempt)), None)
+        head = None
+        if current is not None:
+            head = next(
+                (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
+            )
+        reading, error = await self._poll(key, body, job, head)
+        return Observation(
+            now=now,
+            clusters=clusters,
+            pods=pods,
+            configmap_data=(configmap.get("data") or {}) if configmap is not None else None,
+            remembered_exit=self.memory.exits.get(key),
+            progress=reading,
+            progress_error=error,
+            progress_mark=self.memory.marks.get(key),
+        )
+
+    async def _poll(
+        self, key: Key, body: Mapping[str, Any], job: AsyncGRPOJob, head: PodView | None
+    ) -> tuple[ProgressReading | None, str | None]:
+        """Read /progress while the driver runs, at most about once per pollSeconds."""
+        driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
+        if driver is None or driver.state != "running":
+            return None, None
+        url = progress.progress_url(body, head)
+        if url is None:
+            return None, "the head pod has no IP yet"
+        last = self.memory.polls.get(key)
+        clock = time.monotonic()
+        if last is not None and clock - last.at < job.spec.progress.poll_seconds * 0.8:
+            return last.reading, last.error
+        try:
+            reading: ProgressReading | None = await progress.read_progress(self.session, url)
+            error = None
+        except progress.ProgressError as exc:
+            reading, error = None, str(exc)
+        self.memory.polls[key] = _Poll(clock, reading, error)
+        return reading, error
+
+    # --- write -------------------------------------------------------------------------------
+
+    async def _apply(self, key: Key, body: Mapping[str, Any], decision: plan.Decision) -> None:
+        namespace, name = key
+        meta = body["metadata"]
+        deleted = False
+        for action in decision.actions:
+            if isinstance(action, plan.ApplyConfigMap):
+                await self.api.apply_configmap(action.manifest)
+            elif isinstance(action, plan.CreateRayCluster):
+                created = await self.api.create_raycluster(action.manifest)
+                log.info(
+                    "created RayCluster",
+                    extra=_fields(key, cluster=action.manifest["metadata"]["name"], new=created),
+                )
+            elif isinstance(action, plan.DeleteRayCluster):
+                await self.api.delete_raycluster(namespace, action.name, action.uid)
+                log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
+            elif isinstance(action, plan.DeleteJob):
+                await self.api.delete_job(namespace, name, str(meta["uid"]))
+                log.info("deleted job", extra=_fields(key, why=action.why))
+                deleted = True
+        if not deleted:
+            new_status = decision.status_patch()
+            if _prune(new_status) != _prune(body.get("status") or {}):
+                try:
+                    await self.api.patch_job_status(namespace, name, str(meta["resourceVersion"]), new_status)
+                except k8s.ApiError as err:
+                    if err.status == 409:
+                        raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
+                    raise
+        if decision.progress_mark is not None:
+            self.memory.marks[key] = decision.progress_mark
+        if decision.status.phase in ("Succeeded", "Failed"):
+            self.memory.exits.pop(key, None)
+            self.memory.polls.pop(key, None)
+        old_phase = (body.get("status") or {}).get("phase")
+        if old_phase != decision.status.phase or decision.events:
+            log.info(
+                "reconciled",
+                extra=_fields(
+                    key,
+                    phase=decision.status.phase,
+                    reason=decision.status.reason,
+                    previous_phase=old_phase,
+                    actions=[type(a).__name__ for a in decision.actions],
+                ),
+            )
+        for event in decision.events:
+            try:
+                await self.api.post_event(body, event.type, event.reason, event.message)
+            except k8s.ApiError as err:  # events are best effort; the status is the record
+                log.warning("could not post event", extra=_fields(key, reason=event.reason, error=str(err)))
+
+
+def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The job as the rules read it: envelope, metadata and spec (the status is the operator's)."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations", "uid") if k in meta},
+        "spec": body.get("spec") or {},
+    }
+
+
+def _parse_status(raw: Any) -> AsyncGRPOJobStatus | None:
+    """The stored status, or None when there is none or it cannot be read (it is then rebuilt)."""
+    if not isinstance(raw, dict) or not raw:
+        return None
+    try:
+        return AsyncGRPOJobStatus.model_validate(raw)
+    except ValidationError:
+        known = set(AsyncGRPOJobStatus.model_fields) | {
+            f.alias for f in AsyncGRPOJobStatus.model_fields.values()
+        }
+        try:
+            return AsyncGRPOJobStatus.model_validate({k: v for k, v in raw.items() if k in known})
+        except ValidationError:
+            log.warning("unreadable status; rebuilding it")
+            return None
+
+
+def _prune(value: Any) -> Any:
+    """Drop nulls recursively: the API stores a merge patch's nulls as absent fields."""
+    if isinstance(value, dict):
+        return {k: _prune(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def _fields(key: Key, **values: Any) -> dict[str, Any]:
+    return {"job_namespace": key[0], "job_name": key[1], **values}

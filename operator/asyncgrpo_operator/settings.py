@@ -1,0 +1,48 @@
+"""kopf settings, set once at startup, each with the reason it is not kopf's default.
+
+- Persistence under our own domain (asyncgrpo.dev), never kopf.zalando.org: the finalizer name,
+  the progress and diff-base annotations. The handlers are stateless `on.event` watches, so kopf
+  writes none of these in practice; the prefixes make sure a future handler cannot fall back.
+- Events: the reconciler posts one Event per condition transition itself; kopf only posts its own
+  handler failures (WARNING and above), as component asyncgrpo-operator.
+- Watching: server-side label selectors so only our RayClusters and pods are streamed, and
+  explicit timeouts so a silently dead watch is noticed and re-established (kopf#204, #698).
+- Peering: standalone. The chart runs one replica (strategy Recreate); the reconcile is safe even
+  with two active replicas (deterministic names, UID preconditions, resourceVersion on status
+  writes), so peering would only save duplicate work and requires the KopfPeering CRDs.
+- Admission: the webhook (webhook.py) is configured here; the chart owns its configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from asyncgrpo_api.v1alpha1 import GROUP
+from asyncgrpo_operator import naming, webhook
+
+
+@kopf.on.startup(id=naming.HANDLER_STARTUP)
+def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
+    apply(settings)
+    webhook.configure_admission(settings)
+
+
+def apply(settings: kopf.OperatorSettings) -> None:
+    """Everything except admission (kept separate so tests can check it without TLS files)."""
+    settings.persistence.finalizer = naming.KOPF_FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = naming.MANAGER
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.peering.standalone = True
+    settings.watching.label_selectors[naming.RAY_GROUP, naming.RAYCLUSTER_PLURAL] = naming.JOB_NAME_LABEL
+    settings.watching.label_selectors["v1", "pods"] = naming.JOB_NAME_LABEL
