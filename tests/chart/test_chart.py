@@ -131,14 +131,16 @@ def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
 
 def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -> None:
     rules = one(default_objects, "ClusterRole")["rules"]
-    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch", "patch"}
-    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"get", "patch"}
-    assert granted(rules, "ray.io", "rayclusters") == {"create", "get", "list", "watch", "patch", "delete"}
-    assert granted(rules, "", "configmaps") == {"create", "get", "list", "watch", "patch", "delete"}
-    assert granted(rules, "", "pods") == {"get", "list", "watch"}
-    assert granted(rules, "", "events") == {"create", "patch"}
+    # what asyncgrpo_operator.k8s calls, plus kopf's watches of jobs, RayClusters and pods
+    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch", "delete"}
+    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"patch"}
+    assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete"}
+    assert granted(rules, "", "configmaps") == {"create", "get", "patch"}
+    assert granted(rules, "", "pods") == {"list", "watch"}
+    assert granted(rules, "", "events") == {"create"}
     assert granted(rules, "", "namespaces") == {"list", "watch"}
-    assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"get", "list", "watch"}
+    assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
+    assert not granted(rules, "coordination.k8s.io", "leases"), "no leader election: kopf runs standalone"
     assert not granted(rules, "admissionregistration.k8s.io", "validatingwebhookconfigurations"), (
         "the chart owns the webhook configuration; the operator must not be able to rewrite it"
     )

@@ -140,3 +140,14 @@ def test_operator_extra_installs_in_a_clean_venv_without_torch_or_ray(tmp_path: 
     )
     subprocess.run([str(python), "-c", probe], check=True, cwd=tmp_path)
     print(f"clean operator venv in {time.monotonic() - start:.1f} s")
+
+
+def test_trainer_image_has_what_the_operators_driver_container_runs() -> None:
+    from asyncgrpo_operator import naming  # noqa: PLC0415 - the operator's contract with the image
+
+    assert exec_form(TRAINER, "CMD")[-1] == naming.DRIVER_MODULE
+    text = TRAINER.read_text()
+    assert "PATH=/opt/venv/bin:$PATH" in text, (
+        "the driver runs `python -m ...` from bash: python must be on PATH"
+    )
+    assert "wget" in text, "KubeRay's probes exec wget in the Ray containers"

@@ -52,8 +52,13 @@ def _configure(settings: kopf.OperatorSettings, **_: object) -> None:
 
 def operator_module() -> tuple[str, Path | None]:
     """The module `kopf run -m` loads, and a folder to put on PYTHONPATH for it (if any)."""
-    main = REPO / "operator" / "asyncgrpo_operator" / "main.py"
-    if main.is_file() and "configure_admission" in main.read_text():
+    package = REPO / "operator" / "asyncgrpo_operator"
+    wired = any(
+        "configure_admission(" in path.read_text()
+        for path in package.glob("*.py")
+        if path.name != "webhook.py"
+    )
+    if (package / "main.py").is_file() and wired:
         return "asyncgrpo_operator.main", None
     folder = Path(tempfile.mkdtemp(prefix="asyncgrpo-webhook-operator-"))
     (folder / "webhook_only_operator.py").write_text(WEBHOOK_ONLY_OPERATOR)
