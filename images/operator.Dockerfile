@@ -29,5 +29,6 @@ USER 65532:65532
 WORKDIR /tmp
 # 9443: admission webhook (HTTPS), 8080: kopf liveness (/healthz), 9090: metrics.
 EXPOSE 9443 8080 9090
-ENTRYPOINT ["kopf", "run"]
-CMD ["--module=asyncgrpo_operator.main", "--all-namespaces", "--standalone", "--liveness=http://0.0.0.0:8080/healthz"]
+# `python -m asyncgrpo_operator` = kopf run -m asyncgrpo_operator.main --standalone, all namespaces.
+ENTRYPOINT ["python", "-m", "asyncgrpo_operator"]
+CMD ["--liveness=http://0.0.0.0:8080/healthz", "--log-format=json"]

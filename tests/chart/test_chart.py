@@ -94,10 +94,11 @@ def test_probes_target_kopf_liveness_and_the_webhook_listener(default_objects: O
     assert env(default_objects)["ASYNCGRPO_WEBHOOK_PORT"] == str(ports["webhook"])
 
 
-def test_operator_runs_kopf_standalone_on_all_namespaces(default_objects: Objects) -> None:
+def test_operator_runs_its_own_entrypoint_on_all_namespaces(default_objects: Objects) -> None:
     c = container(default_objects)
-    assert c["command"] == ["kopf", "run"]
-    assert {"--module=asyncgrpo_operator.main", "--all-namespaces", "--standalone"} <= set(c["args"])
+    assert c["command"] == ["python", "-m", "asyncgrpo_operator"]
+    assert "--log-format=json" in c["args"]
+    assert not [a for a in c["args"] if a.startswith("--namespace")]
     assert one(default_objects, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
@@ -268,6 +269,7 @@ def test_non_default_values_reach_the_objects(helm_bin: Path) -> None:
         "serviceAccount.name": "existing-sa",
         "image.tag": "v9",
         "operator.logLevel": "debug",
+        "operator.watchNamespaces": ["team-a", "team-b"],
         "fullnameOverride": "agrpo",
     }
     objects = template(helm_bin, values)
@@ -279,7 +281,9 @@ def test_non_default_values_reach_the_objects(helm_bin: Path) -> None:
     assert pod["serviceAccountName"] == "existing-sa" and not by_kind(objects, "ServiceAccount")
     assert pod["nodeSelector"] == {"pool": "system"}
     assert container(objects)["resources"]["limits"] == {"cpu": "2", "memory": "300Mi"}
-    assert container(objects)["image"].endswith(":v9") and "--debug" in container(objects)["args"]
+    args = container(objects)["args"]
+    assert container(objects)["image"].endswith(":v9") and "--verbose" in args
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
     assert [s["metadata"]["name"] for s in by_kind(objects, "Service")] == ["agrpo-webhook"]
     assert "metrics" not in {p["name"] for p in container(objects)["ports"]}
 

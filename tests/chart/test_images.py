@@ -87,11 +87,12 @@ def test_images_run_as_a_non_root_user(dockerfile: Path) -> None:
 
 
 def test_operator_image_runs_the_operator_module_the_chart_runs() -> None:
-    entrypoint = exec_form(OPERATOR, "ENTRYPOINT") + exec_form(OPERATOR, "CMD")
-    modules = [a.split("=", 1)[1] for a in entrypoint if a.startswith("--module=")]
-    assert modules == ["asyncgrpo_operator.main"]
-    assert module_exists("asyncgrpo_operator.main"), "operator/asyncgrpo_operator/main.py is missing"
-    assert "- --module=asyncgrpo_operator.main" in (CHART / "templates" / "deployment.yaml").read_text()
+    assert exec_form(OPERATOR, "ENTRYPOINT") == ["python", "-m", "asyncgrpo_operator"]
+    assert (REPO / "operator" / "asyncgrpo_operator" / "__main__.py").is_file()
+    assert module_exists("asyncgrpo_operator.main"), "the kopf module __main__ runs"
+    chart = (CHART / "templates" / "deployment.yaml").read_text()
+    assert 'command: ["python", "-m", "asyncgrpo_operator"]' in chart
+    assert "--liveness=http://0.0.0.0:8080/healthz" in exec_form(OPERATOR, "CMD")
 
 
 def test_operator_image_installs_only_the_operator_extra() -> None:

@@ -5,7 +5,8 @@ the operator runs here, on the API server's host, as the chart's ServiceAccount 
 TokenRequest API, so every call it makes goes through the chart's RBAC), serving the webhook on
 127.0.0.1 with the certificate the chart generated. The chart's own ValidatingWebhookConfiguration
 points at it through `webhook.url`, scoped by `webhook.namespaceSelector` to namespaces labelled
-for this installation, so other tests sharing the cluster never meet this webhook.
+for this installation, so other tests sharing the cluster never meet this webhook, and the operator
+watches only this installation's jobs namespace, so it never reconciles their jobs.
 """
 
 from __future__ import annotations
@@ -105,6 +106,15 @@ class Installation:
         return f"asyncgrpo-wh-{self.suffix}"
 
     @property
+    def jobs_ns(self) -> str:
+        """The one namespace the operator watches and the webhook validates (created by `install`).
+
+        One explicit namespace, not a glob or all namespaces: the operator's resync lists jobs in
+        the namespaces it is given, and other tests sharing the cluster run their own operators.
+        """
+        return f"t-wh-{self.suffix}-jobs"
+
+    @property
     def fullname(self) -> str:
         return f"{self.release}-asyncgrpo-operator"
 
@@ -147,9 +157,11 @@ class Installation:
             f"webhook.namespaceSelector={selector}",
             helm_bin=self.helm_bin,
         )
+        self.jobs_namespace("jobs")
 
     def uninstall(self) -> None:
         self.stop_operator()
+        self.delete_namespace(self.jobs_ns)
         helm(
             "uninstall",
             self.release,
@@ -215,6 +227,7 @@ class Installation:
             "ASYNCGRPO_WEBHOOK_PORT": str(self.port),
             "ASYNCGRPO_WEBHOOK_CERT_DIR": str(self.tls_dir),
             "ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS": "2",
+            "ASYNCGRPO_WATCH_NAMESPACES": self.jobs_ns,
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(extra_path or ""), os.environ.get("PYTHONPATH", "")) if p
             ),
@@ -225,9 +238,7 @@ class Installation:
             "kopf",
             "run",
             "--standalone",
-            # a namespace glob: kopf then lists/watches namespaces, as in --all-namespaces, but
-            # never touches jobs of other tests sharing the cluster
-            f"--namespace=t-wh-{self.suffix}-*",
+            f"--namespace={self.jobs_ns}",
             f"--liveness=http://127.0.0.1:{free_port()}/healthz",
             f"--module={module}",
         ]
@@ -288,6 +299,13 @@ class Installation:
             labels[SELECTOR_LABEL] = self.release
         self.api.create("/api/v1/namespaces", {"metadata": {"name": full, "labels": labels}})
         return full
+
+    def delete_all_jobs(self, namespace: str) -> None:
+        """Delete every job in a namespace and wait until they are gone (between tests)."""
+        outcome = self.kubectl(
+            "delete", "asyncgrpojobs", "--all", "-n", namespace, "--wait=true", "--timeout=60s"
+        )
+        assert outcome.returncode == 0, outcome.stderr
 
     def delete_namespace(self, name: str) -> None:
         try:

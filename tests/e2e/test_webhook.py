@@ -1,0 +1,281 @@
+"""`helm install`, then `kubectl apply`: the webhook accepts, warns, denies and never blocks deletion.
+
+Everything here is real: the chart installed by helm into the local control plane, kube-apiserver
+calling the webhook over TLS with the chart's CA, the operator process authenticated only as the
+chart's ServiceAccount, and kubectl's own output. See tests/webhook/cluster_harness.py for why the
+operator runs as a local process.
+
+The tests run in file order; the last ones stop the operator to check what happens without it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncgrpo_operator.webhook import WEBHOOK_NAME
+from tests.chart.helm import NO_HELM, REPO, find_helm
+from tests.cluster.cluster import LocalCluster
+from tests.cluster.rest import ApiError
+from tests.webhook.cluster_harness import JOBS_PATH, Installation
+from tests.webhook.jobs import (
+    INVALID_COMBINATIONS,
+    SYNC_WITH_FORCE_IN_ORDER,
+    VALID_MODES,
+    WEBHOOK_ONLY,
+    Case,
+    job,
+)
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
+DENIED_BY_WEBHOOK = f'admission webhook "{WEBHOOK_NAME}" denied the request'
+
+
+@pytest.fixture(scope="module")
+def chart(local_cluster: LocalCluster) -> Iterator[Installation]:
+    helm_bin = find_helm()
+    if helm_bin is None:
+        pytest.skip(NO_HELM)
+    installation = Installation(local_cluster, helm_bin)
+    installation.install()
+    try:
+        installation.start_operator()
+        yield installation
+    finally:
+        print(f"operator module {installation.module}; log {installation.log}:\n{installation.log_tail(15)}")
+        installation.uninstall()
+
+
+@pytest.fixture
+def jobs_ns(chart: Installation) -> Iterator[str]:
+    """The namespace the webhook validates and the operator watches; emptied after each test."""
+    yield chart.jobs_ns
+    chart.delete_all_jobs(chart.jobs_ns)
+
+
+def rejected(outcome_stderr: str, returncode: int, path: str) -> None:
+    assert returncode != 0, "expected kubectl to fail"
+    assert path in outcome_stderr, outcome_stderr
+
+
+# --- the installation itself ---------------------------------------------------------------------
+
+
+def test_the_operator_runs_with_only_the_chart_service_account(chart: Installation) -> None:
+    assert chart.process is not None and chart.process.poll() is None, chart.log_tail()
+    sa_kubeconfig = chart.workdir / "sa-kubeconfig"
+    can = chart.kubectl("--kubeconfig", str(sa_kubeconfig), "auth", "can-i", "--list")
+    assert can.returncode == 0, can.stderr
+    for denied in (
+        ("get", "secrets"),
+        ("create", "validatingwebhookconfigurations.admissionregistration.k8s.io"),
+    ):
+        answer = chart.kubectl("--kubeconfig", str(sa_kubeconfig), "auth", "can-i", *denied, "-A")
+        assert answer.stdout.strip() == "no", denied
+    log = chart.log.read_text(errors="replace")
+    assert "Forbidden" not in log and " 403" not in log, chart.log_tail()
+
+
+def test_the_api_server_reaches_the_webhook_through_the_charts_configuration(chart: Installation) -> None:
+    vwc = chart.api.get(
+        f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{chart.fullname}"
+    )
+    (entry,) = vwc["webhooks"]
+    assert entry["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/validate-asyncgrpojob"
+    assert entry["failurePolicy"] == "Fail"
+
+
+# --- admitted, warned, denied --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_docs_example_is_admitted(chart: Installation, jobs_ns: str, example: Path) -> None:
+    outcome = chart.kubectl("apply", "-n", jobs_ns, "-f", str(example))
+    assert outcome.returncode == 0, outcome.stderr
+    assert "created" in outcome.stdout
+
+
+@pytest.mark.parametrize("case", VALID_MODES, ids=lambda c: c.id)
+def test_each_mode_of_the_knob_table_is_admitted(chart: Installation, jobs_ns: str, case: Case) -> None:
+    outcome = chart.kubectl.apply(jobs_ns, case.manifest)
+    assert outcome.returncode == 0, outcome.stderr
+
+
+@pytest.mark.parametrize("case", INVALID_COMBINATIONS, ids=lambda c: c.id)
+def test_each_invalid_combination_is_rejected_naming_the_field(
+    chart: Installation, jobs_ns: str, case: Case
+) -> None:
+    # The CRD's CEL rules run before admission webhooks, so these six are refused by the API
+    # server itself; the webhook would refuse them too (tests/webhook/test_review.py).
+    outcome = chart.kubectl.apply(jobs_ns, case.manifest)
+    assert case.path is not None
+    rejected(outcome.stderr, outcome.returncode, case.path)
+
+
+@pytest.mark.parametrize("case", WEBHOOK_ONLY, ids=lambda c: c.id)
+def test_rules_cel_cannot_express_are_denied_by_the_webhook(
+    chart: Installation, jobs_ns: str, case: Case
+) -> None:
+    outcome = chart.kubectl.apply(jobs_ns, case.manifest)
+    assert case.path is not None
+    rejected(outcome.stderr, outcome.returncode, case.path)
+    assert DENIED_BY_WEBHOOK in outcome.stderr
+
+
+def test_every_error_is_listed_in_one_denial(chart: Installation, jobs_ns: str) -> None:
+    manifest = job(
+        "two-errors", policy={"trainMicroBatchSize": 5}, trainer={"generation": {"backend": "vllm"}}
+    )
+    outcome = chart.kubectl.apply(jobs_ns, manifest)
+    assert DENIED_BY_WEBHOOK in outcome.stderr
+    assert '"two-errors" is invalid (2 errors)' in outcome.stderr
+    for case in WEBHOOK_ONLY:
+        assert f"- {case.path}: " in outcome.stderr
+
+
+def test_sync_mode_with_force_in_order_is_admitted_with_a_warning(chart: Installation, jobs_ns: str) -> None:
+    outcome = chart.kubectl.apply(jobs_ns, SYNC_WITH_FORCE_IN_ORDER)
+    assert outcome.returncode == 0, outcome.stderr
+    assert "Warning: spec.trainer.asyncRL.forceInOrder: is ignored in sync mode" in outcome.stderr
+
+
+def test_changing_a_locked_field_is_refused_and_suspend_is_not(chart: Installation, jobs_ns: str) -> None:
+    manifest = VALID_MODES[1].manifest
+    name = manifest["metadata"]["name"]
+    assert chart.kubectl.apply(jobs_ns, manifest).returncode == 0
+    changed = copy.deepcopy(manifest)
+    changed["spec"]["trainer"]["grpo"]["maxNumSteps"] = 7
+    outcome = chart.kubectl.apply(jobs_ns, changed)
+    rejected(outcome.stderr, outcome.returncode, "spec.trainer: cannot change once the job exists")
+    assert DENIED_BY_WEBHOOK in outcome.stderr
+    suspend = chart.kubectl(
+        "patch", "-n", jobs_ns, "asyncgrpojob", name, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    assert suspend.returncode == 0, suspend.stderr
+
+
+def test_placement_is_locked_once_the_operator_runs_the_job(chart: Installation, jobs_ns: str) -> None:
+    manifest = VALID_MODES[0].manifest
+    name = manifest["metadata"]["name"]
+    assert chart.kubectl.apply(jobs_ns, manifest).returncode == 0
+    path = JOBS_PATH.format(ns=jobs_ns) + f"/{name}"
+    deadline = time.monotonic() + 60
+    while not chart.api.get(path).get("status", {}).get("phase"):
+        if chart.module != "asyncgrpo_operator.main" or time.monotonic() > deadline:
+            pytest.skip(f"the operator ({chart.module}) did not write status.phase; nothing runs the job")
+        time.sleep(0.5)
+    phase = chart.api.get(path)["status"]["phase"]
+    patch = '{"spec":{"cluster":{"head":{"nodeSelector":{"pool":"other"}}}}}'
+    outcome = chart.kubectl("patch", "-n", jobs_ns, "asyncgrpojob", name, "--type=merge", "-p", patch)
+    if phase in {"Suspended", "Pending"}:
+        assert outcome.returncode == 0, outcome.stderr
+    else:
+        rejected(outcome.stderr, outcome.returncode, "spec.cluster: cannot change while the job runs")
+
+
+def test_deleting_a_job_is_never_blocked(chart: Installation, jobs_ns: str) -> None:
+    manifest = job("held")
+    manifest["metadata"]["finalizers"] = ["asyncgrpo.dev/test-hold"]
+    assert chart.kubectl.apply(jobs_ns, manifest).returncode == 0
+    assert chart.kubectl("delete", "-n", jobs_ns, "asyncgrpojob", "held", "--wait=false").returncode == 0
+    release = chart.kubectl(
+        "patch",
+        "-n",
+        jobs_ns,
+        "asyncgrpojob",
+        "held",
+        "--type=json",
+        "-p",
+        '[{"op":"remove","path":"/metadata/finalizers"}]',
+    )
+    assert release.returncode == 0, release.stderr
+    gone = chart.kubectl("wait", "-n", jobs_ns, "--for=delete", "asyncgrpojob/held", "--timeout=30s")
+    assert gone.returncode == 0, gone.stderr
+
+
+# --- without the webhook -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def plain_ns(chart: Installation) -> Iterator[str]:
+    """A namespace outside the webhook's namespaceSelector: only the CRD schema and CEL apply."""
+    name = chart.jobs_namespace("no-webhook", validated=False)
+    yield name
+    chart.delete_namespace(name)
+
+
+@pytest.mark.parametrize("case", INVALID_COMBINATIONS, ids=lambda c: c.id)
+def test_without_the_webhook_cel_still_rejects_the_knob_table(
+    chart: Installation, plain_ns: str, case: Case
+) -> None:
+    outcome = chart.kubectl.apply(plain_ns, case.manifest)
+    assert case.path is not None
+    rejected(outcome.stderr, outcome.returncode, case.path)
+    assert "admission webhook" not in outcome.stderr
+
+
+def test_with_the_operator_down_deletion_and_metadata_updates_still_pass(
+    chart: Installation, jobs_ns: str
+) -> None:
+    held = job("held-while-down")
+    held["metadata"]["finalizers"] = ["asyncgrpo.dev/test-hold"]
+    assert chart.kubectl.apply(jobs_ns, held).returncode == 0
+    chart.stop_operator()
+    assert not chart.webhook_answers()
+
+    # failurePolicy Fail: a new job is refused while nothing could run it ...
+    refused = chart.kubectl.apply(jobs_ns, VALID_MODES[2].manifest)
+    assert refused.returncode != 0 and "failed calling webhook" in refused.stderr, refused.stderr
+    # ... CEL still names the field of an invalid one (it runs before any webhook) ...
+    bad = INVALID_COMBINATIONS[0]
+    cel = chart.kubectl.apply(jobs_ns, bad.manifest)
+    assert bad.path is not None
+    rejected(cel.stderr, cel.returncode, bad.path)
+    # ... and labels, finalizers and deletion never reach the webhook (matchConditions).
+    label = chart.kubectl("label", "-n", jobs_ns, "asyncgrpojob", "held-while-down", "team=rl")
+    assert label.returncode == 0, label.stderr
+    assert (
+        chart.kubectl("delete", "-n", jobs_ns, "asyncgrpojob", "held-while-down", "--wait=false").returncode
+        == 0
+    )
+    unblock = chart.kubectl(
+        "patch",
+        "-n",
+        jobs_ns,
+        "asyncgrpojob",
+        "held-while-down",
+        "--type=json",
+        "-p",
+        '[{"op":"remove","path":"/metadata/finalizers"}]',
+    )
+    assert unblock.returncode == 0, unblock.stderr
+    with pytest.raises(ApiError) as err:
+        for _ in range(100):
+            chart.api.get(JOBS_PATH.format(ns=jobs_ns) + "/held-while-down")
+            time.sleep(0.1)
+    assert err.value.status == 404
+
+
+def test_helm_uninstall_removes_the_webhook_configuration(local_cluster: LocalCluster) -> None:
+    helm_bin = find_helm()
+    if helm_bin is None:
+        pytest.skip(NO_HELM)
+    installation = Installation(local_cluster, helm_bin)
+    installation.install()
+    path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{installation.fullname}"
+    assert local_cluster.api.get(path)["webhooks"]
+    installation.uninstall()
+    with pytest.raises(ApiError) as err:
+        local_cluster.api.get(path)
+    assert err.value.status == 404
+    crd = yaml.safe_load((REPO / "crds" / "asyncgrpo.dev_asyncgrpojobs.yaml").read_text())
+    assert local_cluster.api.get(
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+    )
