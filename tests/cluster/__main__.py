@@ -29,7 +29,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    LocalCluster.from_env().down(purge=args.purge)
+    cluster = LocalCluster.from_env()
+    if not cluster.paths.marker.exists():
+        return 0
+    with cluster.locked():
+        cluster.down(purge=args.purge)
     return 0
 
 

@@ -8,6 +8,7 @@ returns at once, on a dead one it stops what is left and starts afresh in the sa
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -17,7 +18,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,6 +40,7 @@ from tests.cluster.processes import (
     port_in_use,
     rss_bytes,
     spawn,
+    start_ticks,
     stop,
 )
 from tests.cluster.rest import Api, ApiError, client_context, condition
@@ -140,8 +143,64 @@ class LocalCluster:
 
     # ----------------------------------------------------------------- up
 
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the state folder's lock (creating the folder if it is free to claim)."""
+        self._claim_root()
+        with self.paths.lock.open("w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+
+    def _claim_root(self) -> None:
+        """Use the folder only if it is ours or empty (never wipe a folder someone mistyped)."""
+        root = self.paths.root
+        if root.exists() and any(root.iterdir()) and not self.paths.marker.exists():
+            raise ClusterError(f"{root} is not empty and not a control-plane state folder; refusing it")
+        root.mkdir(parents=True, exist_ok=True)
+        self.paths.marker.write_text("state folder of tests/cluster; `down --purge` deletes it\n")
+
+    def join(self, binaries: Callable[[], Layout]) -> bool:
+        """For a test session: attach to the live cluster or start one, and register this process.
+
+        Returns True if this call started the cluster. Whoever started it, the last registered
+        session to `leave` stops a cluster that a session started (never one started by the CLI).
+        """
+        with self.locked():
+            started = False
+            if not self.is_live():
+                self._up_locked(binaries())
+                self.paths.session_owned.touch()
+                started = True
+            self.paths.sessions.mkdir(exist_ok=True)
+            pid = os.getpid()
+            (self.paths.sessions / str(pid)).write_text(str(start_ticks(pid)))
+            return started
+
+    def leave(self, *, keep: bool = False) -> bool:
+        """Unregister this session; stop the cluster if it was the last one. True if stopped."""
+        with self.locked():
+            (self.paths.sessions / str(os.getpid())).unlink(missing_ok=True)
+            if self._live_sessions() or keep or not self.paths.session_owned.exists():
+                return False
+            self.down()
+            return True
+
+    def _live_sessions(self) -> list[int]:
+        live = []
+        for f in self.paths.sessions.glob("*") if self.paths.sessions.exists() else []:
+            pid = int(f.name)
+            if str(start_ticks(pid)) == f.read_text():
+                live.append(pid)
+            else:
+                f.unlink(missing_ok=True)  # a session that died without leaving
+        return live
+
     def up(self, binaries: Layout) -> dict[str, float]:
         """Start everything; return seconds since start at which each milestone was reached."""
+        with self.locked():
+            return self._up_locked(binaries)
+
+    def _up_locked(self, binaries: Layout) -> dict[str, float]:
         if self.is_live():
             _log(f"already up (state {self.paths.root})")
             return {}
@@ -198,17 +257,17 @@ class LocalCluster:
         return timings
 
     def _fresh_state(self) -> None:
-        """Empty the state folder, but only if it is ours (never wipe a folder someone mistyped)."""
-        root = self.paths.root
-        if root.exists() and any(root.iterdir()) and not self.paths.marker.exists():
-            raise ClusterError(
-                f"{root} is not empty and not a control-plane state folder; refusing to use it"
-            )
-        if root.exists():
-            shutil.rmtree(root)
-        for d in (root, self.logs, self.paths.home):
+        """Empty the (claimed) state folder, keeping only its lock, marker and session list."""
+        keep = {self.paths.lock.name, self.paths.marker.name, self.paths.sessions.name}
+        for child in self.paths.root.iterdir():
+            if child.name in keep:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        for d in (self.logs, self.paths.home):
             d.mkdir(parents=True, exist_ok=True)
-        self.paths.marker.write_text("state folder of tests/cluster; `down --purge` deletes it\n")
 
     def _check_ports(self) -> None:
         taken = [f"{name} ({HOST}:{port})" for name, port in PORTS.items() if port_in_use(HOST, port)]

@@ -27,6 +27,21 @@ class StatePaths:
         return self.root / ".asyncgrpo-ctrlplane"
 
     @property
+    def lock(self) -> Path:
+        """flock'ed around up/down/join/leave so concurrent pytest sessions never race."""
+        return self.root / ".lock"
+
+    @property
+    def sessions(self) -> Path:
+        """One file per attached test session (named by pid, holding its start time)."""
+        return self.root / "sessions"
+
+    @property
+    def session_owned(self) -> Path:
+        """Present when a test session (not the CLI) started the cluster: the last session stops it."""
+        return self.root / "started-by-pytest"
+
+    @property
     def kubeconfig(self) -> Path:
         return self.root / "kubeconfig"
 

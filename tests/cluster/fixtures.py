@@ -1,8 +1,10 @@
 """pytest plugin: the local control plane as session fixtures (registered in tests/conftest.py).
 
 `local_cluster` brings the control plane up once per test run, or attaches to a live one (the state
-folder in ASYNCGRPO_CLUSTER_STATE, else the default one), and stops it at the end only if it started
-it; ASYNCGRPO_KEEP_CLUSTER=1 leaves it running for a faster next run. Every test gets its own
+folder in ASYNCGRPO_CLUSTER_STATE, else the default one). Sessions register in the state folder, so
+two pytest runs on one machine share a cluster safely: a cluster started by a session is stopped by
+the last session to finish (one started with `python -m tests.cluster up` is never stopped);
+ASYNCGRPO_KEEP_CLUSTER=1 leaves it running for a faster next run. Every test gets its own
 namespace, deleted afterwards. When a test that uses the cluster fails, the report names the log
 folder so CI can print the component logs.
 """
@@ -28,15 +30,11 @@ _FAILED_WITH_CLUSTER: list[str] = []
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster]:
-    """The running control plane (started here unless one is already live)."""
+    """The running control plane: attached to if live, else started here (building if needed)."""
     cluster = LocalCluster.from_env()
-    started = False
-    if not cluster.is_live():
-        cluster.up(build())
-        started = True
+    cluster.join(build)
     yield cluster
-    if started and os.environ.get("ASYNCGRPO_KEEP_CLUSTER", "") in ("", "0"):
-        cluster.down()
+    cluster.leave(keep=os.environ.get("ASYNCGRPO_KEEP_CLUSTER", "") not in ("", "0"))
 
 
 @pytest.fixture(scope="session")

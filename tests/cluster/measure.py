@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         result["raycluster_ready_s"] = [raycluster_time_to_ready(cluster) for _ in range(args.runs)]
         result["rss_mib_after_rayclusters"] = _rss(cluster)
     finally:
-        cluster.down()
+        with cluster.locked():
+            cluster.down()
     result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)  # other work on the machine skews timings
     print(json.dumps(result, indent=1))
