@@ -19,17 +19,19 @@ VERSIONS_FILE = HERE / "versions.toml"
 
 # Fixed loopback ports. They sit away from the upstream defaults (2379, 6443, 10257, ...) so that
 # a developer's own cluster on this machine does not collide; `up` fails with the port's name if
-# one is taken.
-PORTS: dict[str, int] = {
+# one is taken. A second, independent cluster on the same machine needs its own state folder AND
+# ASYNCGRPO_CLUSTER_PORT_OFFSET (e.g. 100), set the same way for every command that uses it.
+PORT_OFFSET = int(os.environ.get("ASYNCGRPO_CLUSTER_PORT_OFFSET", "0"))
+_BASE_PORTS: dict[str, int] = {
     "etcd-client": 16379,
     "etcd-peer": 16380,
     "kube-apiserver": 16443,
     "kube-controller-manager": 16257,
     "kube-scheduler": 16259,
     "kwok": 16247,
-    "kwok-metrics": 16248,
     "ray-operator-probe": 16082,
 }
+PORTS: dict[str, int] = {name: port + PORT_OFFSET for name, port in _BASE_PORTS.items()}
 
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
