@@ -91,7 +91,7 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
     report = validate_manifest(_user_input(new))
     errors = list(report.errors)
     if operation == "UPDATE" and old is not None:
-        errors = _locked(old, new) + errors
+        errors = _locked(old, new, report.job) + errors
     warnings = tuple(str(w) for w in report.warnings)
     if not errors:
         return Decision(allowed=True, warnings=warnings)
@@ -131,20 +131,22 @@ def is_suspended(obj: Mapping[str, Any]) -> bool:
     return status.get("phase") == "Suspended"
 
 
-def _locked(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Finding]:
-    return locked_changes(_normalised_spec(old), _normalised_spec(new), suspended=is_suspended(old))
+def _locked(old: Mapping[str, Any], new: Mapping[str, Any], parsed_new: AsyncGRPOJob | None) -> list[Finding]:
+    new_spec = _normalised_spec(new, parsed_new)
+    return locked_changes(_normalised_spec(old), new_spec, suspended=is_suspended(old))
 
 
-def _normalised_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def _normalised_spec(obj: Mapping[str, Any], parsed: AsyncGRPOJob | None = None) -> Mapping[str, Any]:
     """The spec with every default filled in, so writing out a default is not a "change".
 
-    Falls back to the raw spec when it no longer parses (the models moved on since it was stored).
+    `parsed` is the object already parsed by validate_manifest, to avoid parsing it twice. Falls
+    back to the raw spec when it does not parse (the models moved on since it was stored).
     """
     raw = obj.get("spec")
     if not isinstance(raw, Mapping):
         return {}
     try:
-        job = AsyncGRPOJob.model_validate(dict(_user_input(obj)))
+        job = parsed or AsyncGRPOJob.model_validate(dict(_user_input(obj)))
     except ValueError:
         return raw
     spec = job.to_manifest().get("spec", {})
