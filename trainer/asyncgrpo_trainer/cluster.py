@@ -47,11 +47,13 @@ def _make(name: str, ranks: int, gpus: float, cpus: float) -> PlacementGroup:
         ray.get(pg.ready(), timeout=READY_TIMEOUT_SECONDS)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
+        have = ray.cluster_resources()  # type: ignore[no-untyped-call]
         raise RuntimeError(
             f"placement group {name!r} ({ranks} x {bundle}) not ready after {READY_TIMEOUT_SECONDS:.0f}s: "
-            f"the cluster lacks the resources (cluster: {ray.cluster_resources()})"
+            f"the cluster lacks the resources (cluster: {have})"
         ) from None
-    return pg
+    group: PlacementGroup = pg
+    return group
 
 
 def build_pools(

@@ -74,7 +74,7 @@ def settings_of(job: AsyncGRPOJob) -> controller.Settings:
         mode=sampler.mode_name(
             max_staleness_versions=rl.max_staleness_versions,
             over_sampling=rl.over_sampling,
-            force_in_order=rl.force_in_order,
+            force_in_order=t.force_in_order,
         ),
         prompts_per_step=t.grpo.num_prompts_per_step,
         generations_per_prompt=t.grpo.num_generations_per_prompt,
@@ -101,6 +101,8 @@ def settings_of(job: AsyncGRPOJob) -> controller.Settings:
 class Built:
     args: controller.ControllerArgs
     pools: tuple[cluster.Pool, cluster.Pool]
+    ready: list[Any]
+    """Refs that resolve when every worker is up; the workers start in parallel."""
 
 
 def build(job: AsyncGRPOJob) -> Built:
@@ -144,10 +146,12 @@ def build(job: AsyncGRPOJob) -> Built:
         logprob_batch_size=t.policy.logprob_batch_size or t.policy.train_micro_batch_size,
         temperature=t.generation.temperature,
     )
-    policy_group = workers.build_policy_group(
+    policy_group, policy_ready = workers.start_policy_group(
         pools[0], recipe, optim, loss_cfg, cl.policy_workers.gpus_per_replica
     )
-    generation_group = workers.build_generation_group(pools[1], recipe, cl.generation_workers.gpus_per_replica)
+    generation_group, generation_ready = workers.start_generation_group(
+        pools[1], recipe, cl.generation_workers.gpus_per_replica
+    )
     rewards = workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
     train, val = data.load_examples(
         env, tokenizer, train_path=t.data.train_path, validation_path=t.data.validation_path,
@@ -162,7 +166,7 @@ def build(job: AsyncGRPOJob) -> Built:
     rl = t.async_rl
     the_sampler = sampler.for_spec(
         max_staleness_versions=rl.max_staleness_versions, over_sampling=rl.over_sampling,
-        force_in_order=rl.force_in_order,
+        force_in_order=t.force_in_order,
     )
     rollout = RolloutManager(
         generation_group, rewards, tokenizer, params, num_generations=t.grpo.num_generations_per_prompt,
@@ -175,23 +179,21 @@ def build(job: AsyncGRPOJob) -> Built:
         sampler=the_sampler, tokenizer=tokenizer,
         validation_params=sampling.SamplingParams(max_new_tokens=t.generation.max_new_tokens, temperature=0.0),
     )
-    return Built(args, pools)
+    return Built(args, pools, [*policy_ready, *generation_ready])
 
 
-def restore(built: Built) -> int | None:
-    """Load the newest checkpoint into the policy workers and the controller args; its step."""
-    path = built.args.settings.checkpoint_path
+def resume_state(path: str) -> tuple[controller.ResumeState, dict[str, Any]] | None:
+    """The controller's state and the policy state of the newest checkpoint under `path`."""
     step = checkpoint.latest(path)
     if step is None:
         return None
     payload = checkpoint.load(path, step)
-    ray.get(_load_policy(built.args.policy, payload["policy"]))
-    built.args.resume = controller.ResumeState(
+    state = controller.ResumeState(
         step=payload["step"], batch_index=payload["batch_index"], buffer=payload["buffer"],
         pending=payload["pending"], loader=payload["loader"], counters=payload["counters"],
         validation_reward=payload["validation_reward"],
     )
-    return step
+    return state, payload["policy"]
 
 
 def _load_policy(group: workers.PolicyGroup, state: dict[str, Any]) -> list[Any]:
@@ -250,30 +252,54 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[-1] if text else ''}"
 
 
+def execute(
+    manifest: dict[str, Any],
+    server: progress.ProgressServer | None = None,
+    *,
+    quiet: bool = True,
+    ray_address: str | None = None,
+) -> dict[str, Any]:
+    """Validate, build, restore, run the controller and tear down; the run summary, or raise."""
+    job = parse_job(manifest)
+    t = job.spec.trainer
+    if server is not None:
+        server.update(max_steps=t.grpo.max_num_steps, state="starting")
+    if not ray.is_initialized():  # after validation: an invalid spec fails without a cluster
+        ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
+    built = build(job)
+    try:
+        resume = resume_state(job.spec.checkpoint.path)
+        if resume is not None:
+            built.args.resume = resume[0]
+            log.info("resuming from the checkpoint of step %d", resume[0].step)
+        # The controller process starts while the workers finish starting.
+        actor = controller.SingleControllerActor.remote(built.args)  # type: ignore[attr-defined]
+        try:
+            ray.get(built.ready)
+            if resume is not None:
+                ray.get(_load_policy(built.args.policy, resume[1]))
+            return supervise(actor, server, stall_seconds=t.async_rl.stall_timeout_seconds, quiet=quiet)
+        finally:
+            ray.kill(actor, no_restart=True)
+    finally:
+        _teardown(built)
+
+
 def run_job(
     manifest: dict[str, Any],
     *,
     progress_port: int | None = DRIVER_PROGRESS_PORT,
     grace_seconds: float | None = None,
     quiet: bool = False,
+    ray_address: str | None = None,
 ) -> int:
     """Run one job to completion in the current Ray cluster; the process exit code."""
     server = progress.ProgressServer(progress_port) if progress_port is not None else None
     if server is not None:
         log.info("progress on http://0.0.0.0:%d/progress", server.port)
-    built: Built | None = None
     code, error = 0, None
     try:
-        job = parse_job(manifest)
-        t = job.spec.trainer
-        if server is not None:
-            server.update(max_steps=t.grpo.max_num_steps, state="starting")
-        built = build(job)
-        step = restore(built)
-        if step is not None:
-            log.info("resuming from the checkpoint of step %d", step)
-        actor = controller.SingleControllerActor.remote(built.args)  # type: ignore[attr-defined]
-        summary = supervise(actor, server, stall_seconds=t.async_rl.stall_timeout_seconds, quiet=quiet)
+        summary = execute(manifest, server, quiet=quiet, ray_address=ray_address)
         if server is not None:
             server.update(state="succeeded")
         if not quiet:
@@ -283,9 +309,6 @@ def run_job(
         log.debug("training failed", exc_info=True)
         if server is not None:
             server.update(state="failed", error=error)
-    finally:
-        if built is not None:
-            _teardown(built)
     if error is not None:
         sys.stderr.flush()
         print(f"asyncgrpo: training failed: {error}", file=sys.stderr, flush=True)
@@ -319,6 +342,4 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if not ray.is_initialized():
-        ray.init(address=ns.ray_address, include_dashboard=False, logging_level=logging.WARNING)
-    return run_job(manifest, progress_port=ns.progress_port)
+    return run_job(manifest, progress_port=ns.progress_port, ray_address=ns.ray_address)

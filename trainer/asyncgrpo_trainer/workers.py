@@ -33,7 +33,7 @@ class PolicyActor(policy.TorchPolicyWorker):
         self._ready = False
 
     def rendezvous_address(self) -> str:
-        host = ray.util.get_node_ip_address()
+        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
@@ -165,25 +165,26 @@ class RewardPool:
             return [0.0] * len(responses)
 
 
-def build_policy_group(
+def start_policy_group(
     pool: cluster.Pool, build: ModelBuild, optim: policy.OptimConfig, loss: losses.LossConfig, gpus: int
-) -> PolicyGroup:
+) -> tuple[PolicyGroup, list[Any]]:
+    """The policy group and the refs that resolve once every rank is set up (wait on them later,
+    so the policy and generation processes start in parallel)."""
     cls = ray.remote(PolicyActor)
     actors = [
-        cls.options(**pool.options(rank), name=None).remote(build, optim, loss, rank, pool.ranks, gpus)
+        cls.options(**pool.options(rank)).remote(build, optim, loss, rank, pool.ranks, gpus)
         for rank in range(pool.ranks)
     ]
-    address = ray.get(actors[0].rendezvous_address.remote()) if pool.ranks > 1 else None
-    ray.get([a.setup.remote(address) for a in actors])
-    return PolicyGroup(actors)
+    address = ray.get(actors[0].rendezvous_address.remote()) if pool.ranks > 1 else None  # type: ignore[attr-defined]
+    return PolicyGroup(actors), [a.setup.remote(address) for a in actors]  # type: ignore[attr-defined]
 
 
-def build_generation_group(pool: cluster.Pool, build: ModelBuild, gpus: int) -> GenerationGroup:
+def start_generation_group(pool: cluster.Pool, build: ModelBuild, gpus: int) -> tuple[GenerationGroup, list[Any]]:
+    """The generation group and the refs that resolve once every engine is up."""
     cls = ray.remote(GenerationActor)
     device = policy.default_device(gpus)
     actors = [cls.options(**pool.options(rank)).remote(build, device=device) for rank in range(pool.ranks)]
-    ray.get([a.stats.remote() for a in actors])
-    return GenerationGroup(actors)
+    return GenerationGroup(actors), [a.stats.remote() for a in actors]  # type: ignore[attr-defined]
 
 
 def build_reward_pool(env_name: str, num_workers: int, timeout_seconds: float) -> RewardPool:

@@ -76,7 +76,8 @@ class TorchGenerationWorker(GenerationWorker):
         self.cache_resets = 0
 
     def _forward(self, ids: torch.Tensor, past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
-        return self.model(ids, past)
+        logits, cache = self.model(ids, past)
+        return logits, cache
 
     def _prefill(self, prompt_ids: list[int]) -> tuple[KVCache, torch.Tensor]:
         key = tuple(prompt_ids)

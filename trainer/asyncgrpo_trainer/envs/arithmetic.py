@@ -19,7 +19,7 @@ import random
 
 from asyncgrpo_trainer.envs.base import Environment, Example
 
-MAX_OPERAND = 19
+MAX_OPERAND = 9
 
 
 def _held_out(a: int, b: int) -> bool:
@@ -27,7 +27,7 @@ def _held_out(a: int, b: int) -> bool:
 
 
 class ArithmeticEnvironment(Environment):
-    """`a+b=` with a, b in [0, 19]; see the module docstring for the reward."""
+    """`a+b=` with a, b in [0, 9]; see the module docstring for the reward."""
 
     name = "arithmetic"
     alphabet = "0123456789+="

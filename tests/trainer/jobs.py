@@ -1,0 +1,71 @@
+"""Job manifests for the trainer tests: the shipped arithmetic task in each of the four modes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+P, N = 8, 8
+
+MODES: dict[str, dict[str, Any]] = {
+    "sync": {"maxStalenessVersions": 0, "overSampling": False, "maxBufferedRollouts": P},
+    "async-in-order": {
+        "maxStalenessVersions": 1,
+        "overSampling": False,
+        "forceInOrder": True,
+        "maxBufferedRollouts": 2 * P,
+    },
+    "streaming-gated": {
+        "maxStalenessVersions": 1,
+        "overSampling": False,
+        "forceInOrder": False,
+        "maxBufferedRollouts": 2 * P,
+        "minGroupsForStreamingTrain": P // 2,
+    },
+    "streaming-oversampled": {
+        "maxStalenessVersions": 1,
+        "overSampling": True,
+        "forceInOrder": False,
+        "maxBufferedRollouts": 3 * P,
+        "minGroupsForStreamingTrain": P // 2,
+    },
+}
+
+
+def manifest(
+    mode: str, *, steps: int, checkpoint_dir: str, name: str = "t", **trainer: Any
+) -> dict[str, Any]:
+    """A CPU job of the arithmetic task in `mode`; `trainer` entries override trainer blocks."""
+    job: dict[str, Any] = {
+        "apiVersion": "asyncgrpo.dev/v1alpha1",
+        "kind": "AsyncGRPOJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "asyncgrpo/trainer:test",
+            "checkpoint": {"path": checkpoint_dir, "everySteps": 1000, "keepLast": 2},
+            "cluster": {
+                "policyWorkers": {"replicas": 1, "gpusPerReplica": 0},
+                "generationWorkers": {"replicas": 1, "gpusPerReplica": 0},
+            },
+            "trainer": {
+                "model": {
+                    "tiny": {"hiddenSize": 64, "numLayers": 2, "numHeads": 4, "numKvHeads": 2},
+                    "maxSequenceLength": 32,
+                },
+                "grpo": {
+                    "numPromptsPerStep": P,
+                    "numGenerationsPerPrompt": N,
+                    "maxNumSteps": steps,
+                    "seed": 1,
+                    "valAtEnd": False,
+                },
+                "asyncRL": copy.deepcopy(MODES[mode]),
+                "policy": {"trainMicroBatchSize": 64, "learningRate": 2e-3},
+                "generation": {"maxNewTokens": 4},
+                "data": {"maxPromptLength": 8, "numValidationPrompts": 10},
+            },
+        },
+    }
+    for block, values in trainer.items():
+        job["spec"]["trainer"].setdefault(block, {}).update(values)
+    return job

@@ -1,0 +1,174 @@
+"""GRPO advantages, the clipped PG loss with truncated IS, and the policy worker's step
+(chunked, micro-batched, normalized once) against direct computations on one big batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from asyncgrpo_trainer.algorithms import advantages, losses
+from asyncgrpo_trainer.backends import modelspec, policy, sampling
+from asyncgrpo_trainer.tokenizer import CharTokenizer
+
+
+def test_leave_one_out_baseline_excludes_the_own_reward() -> None:
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    adv = advantages.group_relative(r, leave_one_out=True, normalize=False)
+    assert torch.allclose(adv, torch.tensor([[1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3]]))
+
+
+def test_normalization_divides_by_group_std_and_leaves_uniform_groups_at_zero() -> None:
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    adv = advantages.group_relative(r, leave_one_out=False, normalize=True)
+    std = r[0].std()
+    assert torch.allclose(adv[0], (r[0] - 0.5) / (std + advantages.EPS))
+    assert torch.equal(adv[1], torch.zeros(4))
+
+
+def test_importance_weights_are_truncated_and_non_finite_ones_zeroed() -> None:
+    prev = torch.tensor([0.0, 0.0, 0.0])
+    gen = torch.tensor([0.0, -2.0, float("-inf")])
+    w = losses.importance_weights(prev, gen, cap=2.0)
+    assert torch.allclose(w, torch.tensor([1.0, 2.0, 0.0]))
+
+
+def test_clipped_loss_matches_a_hand_computation() -> None:
+    cfg = losses.LossConfig(
+        ratio_clip_min=0.2,
+        ratio_clip_max=0.2,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_ratio=None,
+    )
+    logp = torch.tensor([[math.log(0.5), math.log(0.9)]], requires_grad=True)
+    prev = torch.tensor([[math.log(0.25), math.log(0.9)]])
+    gen = torch.tensor([[math.log(0.25), math.log(0.45)]])
+    adv = torch.tensor([1.0])
+    total, m = losses.policy_loss_sum(
+        logprobs=logp,
+        prev_logprobs=prev,
+        generation_logprobs=gen,
+        advantages=adv,
+        mask=torch.ones(1, 2),
+        cfg=cfg,
+    )
+    # token 0: ratio 2 clipped to 1.2 (A > 0 takes the pessimistic min), weight 1; token 1: ratio 1, weight 2
+    assert total.item() == pytest.approx(-1.2 - 2.0, rel=1e-5)
+    assert m["clip_fraction_sum"] == 1.0
+    total.backward()
+    assert logp.grad is not None and logp.grad[0, 0].item() == 0.0  # clipped token has no gradient
+
+
+def test_kl_penalty_needs_reference_logprobs_and_is_zero_at_the_reference() -> None:
+    cfg = losses.LossConfig(reference_policy_kl_penalty=0.1, use_importance_sampling_correction=False)
+    logp = torch.tensor([[-1.0, -2.0]])
+    with pytest.raises(ValueError, match="reference_logprobs"):
+        losses.policy_loss_sum(
+            logprobs=logp,
+            prev_logprobs=logp,
+            generation_logprobs=logp,
+            advantages=torch.zeros(1),
+            mask=torch.ones(1, 2),
+            cfg=cfg,
+        )
+    _, m = losses.policy_loss_sum(
+        logprobs=logp,
+        prev_logprobs=logp,
+        generation_logprobs=logp,
+        advantages=torch.zeros(1),
+        mask=torch.ones(1, 2),
+        cfg=cfg,
+        reference_logprobs=logp,
+    )
+    assert m["kl_sum"] == 0.0
+
+
+TOK = CharTokenizer("0123456789+=")
+BUILD = modelspec.tiny_build(
+    TOK,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=None,
+    max_sequence_length=24,
+    dtype="float32",
+    seed=3,
+)
+
+
+def _rows(n: int) -> list[policy.TrainRow]:
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        prompt = TOK.encode(f"{i % 10}+{(3 * i) % 10}=")
+        length = 1 + i % 4
+        resp = torch.randint(3, TOK.vocab_size, (length,), generator=g).tolist()
+        gen = (-torch.rand(length, generator=g) * 3).tolist()
+        rows.append(policy.TrainRow(prompt, resp, gen, float(torch.randn(1, generator=g))))
+    return rows
+
+
+def _worker(micro: int) -> policy.TorchPolicyWorker:
+    optim = policy.OptimConfig(
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        max_grad_norm=0.5,
+        warmup_steps=0,
+        micro_batch_size=micro,
+        logprob_batch_size=micro,
+        temperature=1.0,
+    )
+    return policy.TorchPolicyWorker(BUILD, optim, losses.LossConfig(), rank=0, world_size=1, device="cpu")
+
+
+def _direct_grad_norm(rows: list[policy.TrainRow]) -> float:
+    """One forward/backward over all rows, loss divided by the global token count."""
+    model = BUILD.instantiate()
+    logp, mask = sampling.token_logprobs(
+        model,
+        [(r.prompt_ids, r.response_ids) for r in rows],
+        pad_id=TOK.pad_id,
+        temperature=1.0,
+        device=torch.device("cpu"),
+        grad=True,
+    )
+    gen = torch.zeros_like(mask)
+    for i, r in enumerate(rows):
+        gen[i, : len(r.generation_logprobs)] = torch.tensor(r.generation_logprobs)
+    total, _ = losses.policy_loss_sum(
+        logprobs=logp,
+        prev_logprobs=logp.detach(),
+        generation_logprobs=gen,
+        advantages=torch.tensor([r.advantage for r in rows]),
+        mask=mask,
+        cfg=losses.LossConfig(),
+    )
+    (total / mask.sum()).backward()
+    return float(torch.sqrt(sum((p.grad**2).sum() for p in model.parameters() if p.grad is not None)))
+
+
+def test_grad_norm_of_a_chunked_microbatched_step_equals_the_direct_global_gradient_norm() -> None:
+    rows = _rows(12)
+    expected = _direct_grad_norm(rows)
+    worker = _worker(micro=5)
+    worker.train_chunk(rows[:4])  # streaming: three chunks, micro-batches of 5 inside
+    worker.train_chunk(rows[4:9])
+    worker.train_chunk(rows[9:])
+    out = worker.finish_step()
+    assert out["grad_norm"] == pytest.approx(expected, rel=1e-4)
+    assert out["grad_norm"] > 0.5  # so clipping (max 0.5) happened after the norm was taken
+    assert out["train_tokens"] == sum(len(r.response_ids) for r in rows)
+
+
+def test_an_optimizer_step_changes_the_weights_and_the_next_step_starts_from_zero_gradients() -> None:
+    rows = _rows(6)
+    worker = _worker(micro=6)
+    before = {k: v.clone() for k, v in worker.weights().items()}
+    worker.train_chunk(rows)
+    first = worker.finish_step()["grad_norm"]
+    assert any(not torch.equal(before[k], v) for k, v in worker.weights().items())
+    worker.train_chunk(rows)
+    second = worker.finish_step()["grad_norm"]
+    assert second != first and second < 10 * first  # not accumulated on top of the previous step
