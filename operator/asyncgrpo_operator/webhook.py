@@ -116,19 +116,21 @@ def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:
 
 
 def is_suspended(obj: Mapping[str, Any]) -> bool:
-    """Whether a job has no running attempt, so its placement may still change.
+    """Whether a job has no RayCluster of a running attempt, so its placement may still change.
 
     True when the old object asks to be suspended (Kueue admits a job by un-suspending it and
     rewriting node selectors in the same update), when the operator reports it Suspended, or when
-    the operator has not acted on it yet (no status): no RayCluster exists in any of these cases.
+    the operator has not started it yet (no status, or Pending without a RayCluster). A job that
+    is Pending because its pods cannot be scheduled has a RayCluster: suspend it to re-place it.
     """
     spec = _mapping(obj.get("spec"))
     if spec.get("suspend") is True:
         return True
-    status = obj.get("status")
-    if not isinstance(status, Mapping) or not status.get("phase"):
+    status = _mapping(obj.get("status"))
+    phase = status.get("phase")
+    if not phase or phase == "Suspended":
         return True
-    return status.get("phase") == "Suspended"
+    return phase == "Pending" and not status.get("rayClusterName")
 
 
 def _locked(old: Mapping[str, Any], new: Mapping[str, Any], parsed_new: AsyncGRPOJob | None) -> list[Finding]:

@@ -11,15 +11,20 @@ The tests run in file order; the last ones stop the operator to check what happe
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from asyncgrpo_operator.webhook import WEBHOOK_NAME
-from tests.chart.helm import NO_HELM, REPO, find_helm
+from tests.chart.helm import NO_HELM, REPO, find_helm, template
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import ApiError
 from tests.webhook.cluster_harness import JOBS_PATH, Installation
@@ -171,10 +176,10 @@ def test_placement_is_locked_once_the_operator_runs_the_job(chart: Installation,
         if chart.module != "asyncgrpo_operator.main" or time.monotonic() > deadline:
             pytest.skip(f"the operator ({chart.module}) did not write status.phase; nothing runs the job")
         time.sleep(0.5)
-    phase = chart.api.get(path)["status"]["phase"]
+    status = chart.api.get(path)["status"]
     patch = '{"spec":{"cluster":{"head":{"nodeSelector":{"pool":"other"}}}}}'
     outcome = chart.kubectl("patch", "-n", jobs_ns, "asyncgrpojob", name, "--type=merge", "-p", patch)
-    if phase in {"Suspended", "Pending"}:
+    if status["phase"] == "Suspended" or (status["phase"] == "Pending" and not status.get("rayClusterName")):
         assert outcome.returncode == 0, outcome.stderr
     else:
         rejected(outcome.stderr, outcome.returncode, "spec.cluster: cannot change while the job runs")
@@ -203,7 +208,7 @@ def test_deleting_a_job_is_never_blocked(chart: Installation, jobs_ns: str) -> N
 # --- without the webhook -------------------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def plain_ns(chart: Installation) -> Iterator[str]:
     """A namespace outside the webhook's namespaceSelector: only the CRD schema and CEL apply."""
     name = chart.jobs_namespace("no-webhook", validated=False)
@@ -279,3 +284,54 @@ def test_helm_uninstall_removes_the_webhook_configuration(local_cluster: LocalCl
     assert local_cluster.api.get(
         f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
     )
+
+
+CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager@v1.16.2"
+
+
+def cert_manager_crds() -> list[dict[str, Any]]:
+    """cert-manager's CRDs from its Go module (the Go module cache, or the module proxy)."""
+    try:
+        out = subprocess.run(
+            ["go", "mod", "download", "-json", CERT_MANAGER_MODULE],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=True,
+            cwd=tempfile.mkdtemp(),
+            env={**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"},
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        pytest.skip(f"cannot fetch {CERT_MANAGER_MODULE} for its CRDs: {err}")
+    folder = Path(json.loads(out)["Dir"]) / "deploy" / "crds"
+    crds = []
+    for path in sorted(folder.glob("crd-*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        crd["metadata"] = {"name": crd["metadata"]["name"]}  # drop helm-templated labels
+        crds.append(crd)
+    return crds
+
+
+def test_cert_manager_objects_are_valid_for_cert_manager(chart: Installation) -> None:
+    # No cert-manager controller runs here; its CRDs validate the Certificate and Issuers the chart
+    # renders for webhook.tls.certManager.enabled (a server-side dry run against the real schemas).
+    for crd in cert_manager_crds():
+        chart.api.apply(
+            f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}", crd
+        )
+    for name in ("certificates.cert-manager.io", "issuers.cert-manager.io"):
+        done = chart.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        assert done.returncode == 0, done.stderr
+    for issuer_ref in ({}, {"name": "corp-ca", "kind": "ClusterIssuer"}):
+        objects = template(
+            chart.helm_bin,
+            {"webhook.tls.certManager.enabled": True, "webhook.tls.certManager.issuerRef": issuer_ref},
+            namespace=chart.namespace,
+        )
+        cm = [o for o in objects if o["apiVersion"].startswith("cert-manager.io/")]
+        assert cm
+        text = yaml.safe_dump_all(cm)
+        outcome = chart.kubectl(
+            "apply", "--dry-run=server", "--validate=strict", "-n", chart.namespace, "-f", "-", stdin=text
+        )
+        assert outcome.returncode == 0, outcome.stderr

@@ -107,8 +107,14 @@ def test_placement_is_locked_while_running_but_free_while_suspended() -> None:
 
 def test_a_job_not_yet_started_by_the_operator_counts_as_suspended() -> None:
     assert is_suspended(job("fresh"))
+    assert is_suspended(job("fresh") | {"status": {"phase": "Pending", "reason": "Created"}})
     assert not is_suspended(running(job("run")))
     assert is_suspended(running(job("run")) | {"status": {"phase": "Suspended"}})
+
+
+def test_a_pending_job_with_a_raycluster_counts_as_started() -> None:
+    unschedulable = {"phase": "Pending", "reason": "Unschedulable", "rayClusterName": "run-0"}
+    assert not is_suspended(job("run") | {"status": unschedulable})
 
 
 def test_writing_out_a_default_is_not_a_change() -> None:
