@@ -136,7 +136,7 @@ def test_operator_extra_installs_in_a_clean_venv_without_torch_or_ray(tmp_path: 
     assert {"kopf", "asyncgrpo", "cryptography"} <= names
     assert not names & {"torch", "ray", "vllm", "megatron-core", "numpy"}, names
     probe = (
-        "import sys, asyncgrpo_operator.webhook, asyncgrpo_operator.certs; "
+        "import sys, asyncgrpo_operator.main, asyncgrpo_operator.__main__; "
         "assert not {'torch', 'ray'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([str(python), "-c", probe], check=True, cwd=tmp_path)
