@@ -15,6 +15,7 @@ import sys
 import kopf
 
 from asyncgrpo_operator import logs, runtime
+from asyncgrpo_operator import main as _handlers  # noqa: F401 - registers the kopf handlers
 
 
 def run(argv: list[str]) -> int:

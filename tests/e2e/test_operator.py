@@ -1,0 +1,568 @@
+"""The operator end to end, on the local control plane with the real KubeRay operator and kwok.
+
+The operator runs as a subprocess (`python -m asyncgrpo_operator --namespace <test ns>`), exactly
+as it runs in its image, against the fixture's kubeconfig. kwok runs no containers, so the tests
+play the kubelet's part for the driver: they end the driver container by writing the head pod's
+container status (the Ray head container keeps running, as it does in a real pod), or fail the
+whole head pod with kwok's fault stage. The driver's /progress is a real HTTP server in the test
+process; the job's `asyncgrpo.dev/progress-url` annotation points the operator at it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from asyncgrpo_api.rules import validate_manifest
+from tests.cluster import faults
+from tests.cluster.cluster import LocalCluster
+from tests.cluster.rest import JSON, Api, ApiError, condition
+from tests.cluster.samples import pods, raycluster_path, wait_until
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "asyncgrpo.dev_asyncgrpojobs.yaml"
+JOBS = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def asyncgrpo_crd(local_cluster: LocalCluster, kube_api: Api) -> JSON:
+    """The project's generated CRD, server-side applied and Established."""
+    doc: JSON = yaml.safe_load(CRD_FILE.read_text())
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}"
+    kube_api.apply(path, json.dumps(doc))
+
+    def established() -> JSON | None:
+        crd = kube_api.get(path)
+        c = condition(crd, "Established")
+        return crd if c is not None and c["status"] == "True" else None
+
+    return wait_until(established, "AsyncGRPOJob CRD Established")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OperatorProcess:
+    """`python -m asyncgrpo_operator` watching one namespace; logs go to a file."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.update(
+            KUBECONFIG=str(self.kubeconfig),
+            ASYNCGRPO_WEBHOOK_SELF_SIGNED="1",
+            ASYNCGRPO_WEBHOOK_ADDR="127.0.0.1",
+            ASYNCGRPO_WEBHOOK_PORT=str(free_port()),
+            ASYNCGRPO_RESYNC_SECONDS="5",
+        )
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "asyncgrpo_operator",
+                    "--namespace",
+                    self.namespace,
+                    "--liveness",
+                    self.liveness,
+                    "--verbose",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no chance to finish a write (the crash case)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, lines: int = 60) -> str:
+        return (
+            "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+        )
+
+
+@pytest.fixture
+def operator(
+    kubeconfig: Path, namespace: str, asyncgrpo_crd: JSON, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    # Captured teardown output is shown only when the test fails.
+    sys.stderr.write(f"\n--- operator log ({op.log}) ---\n{op.tail()}\n")
+
+
+class ProgressServer:
+    """The driver's /progress endpoint, served from the test process."""
+
+    def __init__(self) -> None:
+        self.doc: dict[str, Any] = {"step": 0, "maxSteps": 20, "policyVersion": 0, "state": "starting"}
+        server_self = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(server_self.doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/progress"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def driver_progress() -> Iterator[ProgressServer]:
+    server = ProgressServer()
+    yield server
+    server.close()
+
+
+# --- the job and helpers --------------------------------------------------------------------
+
+
+def job_manifest(name: str, progress_url: str, **spec: Any) -> JSON:
+    """A small job: head on the CPU node, one 1-GPU worker per pool on the tainted GPU pool."""
+    gpu_pool = {
+        "replicas": 1,
+        "gpusPerReplica": 1,
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "nodeSelector": {"asyncgrpo.dev/pool": "gpu"},
+        "tolerations": [GPU_TOLERATION],
+    }
+    manifest: JSON = {
+        "apiVersion": "asyncgrpo.dev/v1alpha1",
+        "kind": "AsyncGRPOJob",
+        "metadata": {"name": name, "annotations": {"asyncgrpo.dev/progress-url": progress_url}},
+        "spec": {
+            "image": "rayproject/ray:2.46.0",
+            "backoffLimit": 2,
+            "progress": {"stallAfterSeconds": 30, "pollSeconds": 1},
+            "storage": {"checkpoints": {"emptyDir": {}, "mountPath": "/checkpoints"}},
+            "cluster": {
+                "rayVersion": "2.46",
+                "head": {
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+                    "nodeSelector": {"asyncgrpo.dev/pool": "cpu"},
+                },
+                "policyWorkers": copy.deepcopy(gpu_pool),
+                "generationWorkers": copy.deepcopy(gpu_pool),
+            },
+            "trainer": {
+                "grpo": {"numPromptsPerStep": 8, "numGenerationsPerPrompt": 4, "maxNumSteps": 20},
+                "policy": {"trainMicroBatchSize": 4},
+            },
+        },
+    }
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(manifest["spec"].get(key), dict):
+            manifest["spec"][key] = _merge(manifest["spec"][key], value)
+        else:
+            manifest["spec"][key] = value
+    report = validate_manifest(manifest)
+    assert report.ok, [str(e) for e in report.errors]
+    return manifest
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def create_job(api: Api, ns: str, manifest: JSON) -> JSON:
+    return api.create(JOBS.format(ns=ns), manifest)
+
+
+def get_job(api: Api, ns: str, name: str) -> JSON:
+    return api.get(f"{JOBS.format(ns=ns)}/{name}")
+
+
+def wait_phase(
+    api: Api, ns: str, name: str, phase: str, reason: str | None = None, *, timeout: float = 60
+) -> JSON:
+    def reached() -> JSON | None:
+        status = get_job(api, ns, name).get("status") or {}
+        if status.get("phase") == phase and (reason is None or status.get("reason") == reason):
+            return status
+        return None
+
+    try:
+        return wait_until(reached, f"{name} {phase}{'/' + reason if reason else ''}", timeout=timeout)
+    except TimeoutError as exc:
+        status = get_job(api, ns, name).get("status") or {}
+        raise AssertionError(f"{exc}; status is {json.dumps(status, indent=1)}") from exc
+
+
+def rayclusters(api: Api, ns: str, job: str) -> list[JSON]:
+    items: list[JSON] = api.get(raycluster_path(ns), labelSelector=f"asyncgrpo.dev/job-name={job}").get(
+        "items", []
+    )
+    return items
+
+
+def live_rayclusters(api: Api, ns: str, job: str) -> list[str]:
+    return sorted(
+        rc["metadata"]["name"]
+        for rc in rayclusters(api, ns, job)
+        if not rc["metadata"].get("deletionTimestamp")
+    )
+
+
+def head_pod(api: Api, ns: str, cluster: str) -> JSON:
+    found = wait_until(
+        lambda: [
+            p
+            for p in pods(api, ns, f"ray.io/cluster={cluster},ray.io/node-type=head")
+            if not p["metadata"].get("deletionTimestamp")
+        ],
+        f"head pod of {cluster}",
+    )
+    return found[0]
+
+
+def end_driver(api: Api, ns: str, pod: JSON, exit_code: int, message: str = "") -> None:
+    """Play the kubelet: the driver container terminated, the Ray head container still runs."""
+    statuses = []
+    for current in pod["status"]["containerStatuses"]:
+        status = dict(current)
+        if status["name"] == "driver":
+            status["ready"] = False
+            status["started"] = False
+            status["state"] = {
+                "terminated": {
+                    "exitCode": exit_code,
+                    "reason": "Completed" if exit_code == 0 else "Error",
+                    "message": message,
+                    "startedAt": status["state"].get("running", {}).get("startedAt"),
+                    "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            }
+        statuses.append(status)
+    path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status"
+    api.merge_patch(path, {"status": {"containerStatuses": statuses}})
+
+
+def events(api: Api, ns: str, name: str) -> list[JSON]:
+    items: list[JSON] = api.get(
+        f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.name={name}"
+    ).get("items", [])
+    return items
+
+
+def event_reasons(api: Api, ns: str, name: str) -> set[str]:
+    return {e["reason"] for e in events(api, ns, name)}
+
+
+def run_until_running(api: Api, ns: str, name: str, progress: ProgressServer) -> JSON:
+    progress.doc = {
+        "step": 3,
+        "maxSteps": 20,
+        "policyVersion": 3,
+        "rewardMean": 0.25,
+        "meanStaleness": 0.5,
+        "state": "running",
+    }
+    return wait_phase(api, ns, name, "Running", timeout=90)
+
+
+def gone(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    wait_until(lambda: check() or None, what, timeout=timeout)
+
+
+# --- the scenarios -----------------------------------------------------------------------------
+
+
+def test_job_runs_on_the_gpu_pool_and_succeeds_when_the_driver_exits_zero(
+    kube_api: Api,
+    local_cluster: LocalCluster,
+    namespace: str,
+    operator: OperatorProcess,
+    driver_progress: ProgressServer,
+) -> None:
+    create_job(kube_api, namespace, job_manifest("happy", driver_progress.url))
+
+    rc = wait_until(lambda: rayclusters(kube_api, namespace, "happy"), "RayCluster happy-0")[0]
+    assert rc["metadata"]["name"] == "happy-0"
+    owner = rc["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("AsyncGRPOJob", "happy", True)
+    assert [g["groupName"] for g in rc["spec"]["workerGroupSpecs"]] == ["policy", "generation"]
+
+    status = run_until_running(kube_api, namespace, "happy", driver_progress)
+    assert status["rayClusterName"] == "happy-0"
+    workers = pods(kube_api, namespace, "ray.io/cluster=happy-0,ray.io/node-type=worker")
+    assert {p["metadata"]["labels"]["ray.io/group"] for p in workers} == {"policy", "generation"}
+    assert all(p["spec"]["nodeName"].startswith("kwok-gpu-") for p in workers)
+    assert head_pod(kube_api, namespace, "happy-0")["spec"]["nodeName"].startswith("kwok-cpu-")
+
+    def progress_copied() -> JSON | None:
+        progress = (get_job(kube_api, namespace, "happy").get("status") or {}).get("progress") or {}
+        return progress if progress.get("step") == 3 else None
+
+    progress = wait_until(progress_copied, "status.progress.step 3", timeout=30)
+    assert (progress["rewardMean"], progress["meanStaleness"], progress["maxSteps"]) == (0.25, 0.5, 20)
+    table = local_cluster.kubectl("get", "agj", "happy", "-n", namespace, "-o", "wide")
+    assert "Running" in table and "DriverRunning" in table
+    assert table.splitlines()[1].split()[2] == "3"  # STEP column
+
+    driver_progress.doc = {**driver_progress.doc, "step": 20, "state": "succeeded"}
+    end_driver(kube_api, namespace, head_pod(kube_api, namespace, "happy-0"), 0)
+    done = wait_phase(kube_api, namespace, "happy", "Succeeded", "DriverSucceeded")
+    assert done["completionTime"]
+    gone(lambda: not live_rayclusters(kube_api, namespace, "happy"), "RayCluster deleted (onSuccess)")
+    conditions = {c["type"]: c for c in done["conditions"]}
+    assert conditions["Succeeded"]["status"] == "True"
+    assert conditions["Running"]["status"] == "False"
+    assert "PodsReady" not in conditions
+    assert {"CreatedRayCluster", "AllPodsScheduled", "AllPodsReady", "DriverRunning", "DriverSucceeded"} <= (
+        event_reasons(kube_api, namespace, "happy")
+    )
+
+
+def test_unschedulable_gpus_are_pending_with_the_schedulers_reason_then_deadline_exceeded(
+    kube_api: Api,
+    local_cluster: LocalCluster,
+    namespace: str,
+    operator: OperatorProcess,
+    driver_progress: ProgressServer,
+) -> None:
+    manifest = job_manifest(
+        "greedy",
+        driver_progress.url,
+        startupDeadlineSeconds=20,
+        cluster={"policyWorkers": {"gpusPerReplica": 16}},  # GPU nodes have 8
+        trainer={"policy": {"trainMicroBatchSize": 2}},
+    )
+    create_job(kube_api, namespace, manifest)
+
+    pending = wait_phase(kube_api, namespace, "greedy", "Pending", "Unschedulable", timeout=60)
+    assert "nvidia.com/gpu" in pending["message"]
+    table = local_cluster.kubectl("get", "agj", "greedy", "-n", namespace, "-o", "wide")
+    assert "Pending" in table and "Unschedulable" in table
+
+    failed = wait_phase(kube_api, namespace, "greedy", "Failed", "DeadlineExceeded", timeout=60)
+    assert "startupDeadlineSeconds" in failed["message"] and "nvidia.com/gpu" in failed["message"]
+    assert failed["restarts"] == 0
+    warnings = {e["reason"] for e in events(kube_api, namespace, "greedy") if e["type"] == "Warning"}
+    assert {"Unschedulable", "DeadlineExceeded"} <= warnings
+
+
+def test_head_pod_failure_restarts_with_a_new_raycluster(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(kube_api, namespace, job_manifest("flaky", driver_progress.url))
+    run_until_running(kube_api, namespace, "flaky", driver_progress)
+    faults.fail_pod(
+        kube_api, namespace, head_pod(kube_api, namespace, "flaky-0")["metadata"]["name"], exit_code=137
+    )
+
+    restarting = wait_phase(kube_api, namespace, "flaky", "Restarting", timeout=60)
+    assert restarting["restarts"] == 1
+    assert restarting["reason"] == "HeadPodLost"
+    running = wait_phase(kube_api, namespace, "flaky", "Running", timeout=90)
+    assert (running["restarts"], running["attempt"], running["rayClusterName"]) == (1, 1, "flaky-1")
+    gone(lambda: live_rayclusters(kube_api, namespace, "flaky") == ["flaky-1"], "only flaky-1 left")
+    restarted = {c["type"]: c for c in running["conditions"]}["Restarting"]
+    assert (restarted["status"], restarted["reason"]) == ("False", "Restarted")
+
+
+def test_exhausted_backoff_limit_fails_with_the_reason(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(kube_api, namespace, job_manifest("fragile", driver_progress.url, backoffLimit=0))
+    run_until_running(kube_api, namespace, "fragile", driver_progress)
+    end_driver(kube_api, namespace, head_pod(kube_api, namespace, "fragile-0"), 137)
+
+    failed = wait_phase(kube_api, namespace, "fragile", "Failed", "BackoffLimitExceeded")
+    assert "DriverKilled" in failed["message"] and "SIGKILL" in failed["message"]
+    assert failed["restarts"] == 0
+    time.sleep(3)
+    assert live_rayclusters(kube_api, namespace, "fragile") == ["fragile-0"]  # onFailure: KeepCluster
+
+
+def test_training_error_fails_at_once_and_is_not_retried(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(kube_api, namespace, job_manifest("buggy", driver_progress.url))
+    run_until_running(kube_api, namespace, "buggy", driver_progress)
+    end_driver(kube_api, namespace, head_pod(kube_api, namespace, "buggy-0"), 1, "ValueError: loss is nan")
+
+    failed = wait_phase(kube_api, namespace, "buggy", "Failed", "TrainingError")
+    assert "loss is nan" in failed["message"] and failed["restarts"] == 0
+
+
+def test_suspend_deletes_the_cluster_and_resume_recreates_it(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(kube_api, namespace, job_manifest("pausable", driver_progress.url))
+    run_until_running(kube_api, namespace, "pausable", driver_progress)
+    path = f"{JOBS.format(ns=namespace)}/pausable"
+
+    kube_api.merge_patch(path, {"spec": {"suspend": True}})
+    suspended = wait_phase(kube_api, namespace, "pausable", "Suspended")
+    assert suspended.get("rayClusterName") is None
+    gone(lambda: not rayclusters(kube_api, namespace, "pausable"), "RayCluster deleted on suspend")
+    gone(lambda: not pods(kube_api, namespace, "asyncgrpo.dev/job-name=pausable"), "pods deleted on suspend")
+
+    kube_api.merge_patch(path, {"spec": {"suspend": False}})
+    running = wait_phase(kube_api, namespace, "pausable", "Running", timeout=90)
+    assert (running["rayClusterName"], running["restarts"]) == ("pausable-0", 0)
+    assert {c["type"]: c for c in running["conditions"]}["Suspended"]["reason"] == "Resumed"
+
+
+def test_deleting_the_job_removes_its_children(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(kube_api, namespace, job_manifest("doomed", driver_progress.url))
+    run_until_running(kube_api, namespace, "doomed", driver_progress)
+    kube_api.delete(f"{JOBS.format(ns=namespace)}/doomed")
+
+    def job_gone() -> bool:
+        try:
+            get_job(kube_api, namespace, "doomed")
+        except ApiError as err:
+            return err.status == 404
+        return False
+
+    gone(job_gone, "job deleted (no finalizer holds it)", timeout=10)
+    gone(lambda: not rayclusters(kube_api, namespace, "doomed"), "RayCluster garbage-collected")
+    gone(lambda: not pods(kube_api, namespace, "asyncgrpo.dev/job-name=doomed"), "pods garbage-collected")
+
+    def configmap_gone() -> bool:
+        try:
+            kube_api.get(f"/api/v1/namespaces/{namespace}/configmaps/doomed-spec")
+        except ApiError as err:
+            return err.status == 404
+        return False
+
+    gone(configmap_gone, "spec ConfigMap garbage-collected")
+
+
+def test_ttl_after_finished_deletes_the_job_at_expiry(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(
+        kube_api,
+        namespace,
+        job_manifest("brief", driver_progress.url, cleanupPolicy={"ttlSecondsAfterFinished": 4}),
+    )
+    run_until_running(kube_api, namespace, "brief", driver_progress)
+    end_driver(kube_api, namespace, head_pod(kube_api, namespace, "brief-0"), 0)
+    wait_phase(kube_api, namespace, "brief", "Succeeded")
+    finished = time.monotonic()
+
+    def job_gone() -> bool:
+        try:
+            get_job(kube_api, namespace, "brief")
+        except ApiError as err:
+            return err.status == 404
+        return False
+
+    gone(job_gone, "job deleted by its TTL", timeout=30)
+    assert 3.0 <= time.monotonic() - finished < 15
+
+
+def test_a_driver_whose_step_stops_advancing_is_reported_stalled(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(kube_api, namespace, job_manifest("wedged", driver_progress.url))
+    run_until_running(kube_api, namespace, "wedged", driver_progress)
+
+    def stalled() -> JSON | None:
+        status = get_job(kube_api, namespace, "wedged").get("status") or {}
+        cond = {c["type"]: c for c in status.get("conditions", [])}.get("Stalled")
+        return cond if cond is not None and cond["status"] == "True" else None
+
+    cond = wait_until(stalled, "Stalled=True", timeout=60, interval=1)
+    assert cond["reason"] == "NoProgress" and "step 3" in cond["message"]
+    assert get_job(kube_api, namespace, "wedged")["status"]["phase"] == "Running"
+
+    driver_progress.doc = {**driver_progress.doc, "step": 4}
+    wait_until(lambda: not stalled(), "Stalled=False once the step advances", timeout=30, interval=1)
+
+
+def test_an_operator_killed_mid_reconcile_never_makes_a_second_raycluster(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    operator.kill()
+    create_job(kube_api, namespace, job_manifest("sturdy", driver_progress.url))
+    driver_progress.doc = {"step": 1, "maxSteps": 20, "state": "running"}
+    # Kill the operator at different points of its first passes, then let it finish.
+    for delay in (1.5, 2.0, 2.5, 3.0):
+        operator.start()
+        time.sleep(delay)
+        operator.kill()
+        assert len(rayclusters(kube_api, namespace, "sturdy")) <= 1
+    operator.start()
+    running = wait_phase(kube_api, namespace, "sturdy", "Running", timeout=90)
+    assert running["rayClusterName"] == "sturdy-0" and running["restarts"] == 0
+    assert [rc["metadata"]["name"] for rc in rayclusters(kube_api, namespace, "sturdy")] == ["sturdy-0"]
+    reasons = [e["reason"] for e in events(kube_api, namespace, "sturdy")]
+    assert "DriverRunning" in reasons
+
+
+def test_the_liveness_endpoint_reports_the_queue(operator: OperatorProcess) -> None:
+    import urllib.request  # noqa: PLC0415
+
+    def answer() -> JSON | None:
+        try:
+            with urllib.request.urlopen(operator.liveness, timeout=2) as response:
+                data: JSON = json.loads(response.read())
+                return data
+        except OSError:
+            return None
+
+    health = wait_until(answer, "liveness endpoint", timeout=30)
+    assert "controller-alive" in health

@@ -1,0 +1,154 @@
+"""The work queue: deduplication, requeue after a delay, one pass per job at a time, backoff, resync."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import Counter
+
+from asyncgrpo_operator.controller import Controller, Key
+
+A: Key = ("ns", "a")
+B: Key = ("ns", "b")
+
+
+async def run_for(controller: Controller, seconds: float) -> None:
+    task = asyncio.create_task(controller.run())
+    await asyncio.sleep(seconds)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def no_keys() -> list[Key]:
+    return []
+
+
+def test_many_events_for_one_job_make_one_pass() -> None:
+    calls: Counter[Key] = Counter()
+
+    async def reconcile(key: Key) -> float | None:
+        calls[key] += 1
+        return None
+
+    async def scenario() -> None:
+        controller = Controller(reconcile=reconcile, list_keys=no_keys, resync_seconds=3600)
+        for _ in range(10):
+            controller.enqueue(A)
+        controller.enqueue(B)
+        await run_for(controller, 0.2)
+
+    asyncio.run(scenario())
+    assert calls == {A: 1, B: 1}
+
+
+def test_a_pass_is_requeued_after_the_delay_it_returns() -> None:
+    times: list[float] = []
+
+    async def reconcile(key: Key) -> float | None:
+        times.append(asyncio.get_running_loop().time())
+        return 0.2 if len(times) < 3 else None
+
+    async def scenario() -> None:
+        controller = Controller(reconcile=reconcile, list_keys=no_keys, resync_seconds=3600)
+        controller.enqueue(A)
+        await run_for(controller, 1.0)
+
+    asyncio.run(scenario())
+    assert len(times) == 3
+    assert all(0.15 <= later - earlier < 0.5 for earlier, later in itertools.pairwise(times))
+
+
+def test_one_job_is_never_reconciled_twice_at_once_and_events_during_a_pass_are_not_lost() -> None:
+    running = 0
+    overlap = False
+    calls = 0
+
+    async def reconcile(key: Key) -> float | None:
+        nonlocal running, overlap, calls
+        calls += 1
+        running += 1
+        overlap = overlap or running > 1
+        await asyncio.sleep(0.1)
+        running -= 1
+        return None
+
+    async def scenario() -> None:
+        controller = Controller(reconcile=reconcile, list_keys=no_keys, resync_seconds=3600, workers=4)
+        controller.enqueue(A)
+        await asyncio.sleep(0)
+        task = asyncio.create_task(controller.run())
+        await asyncio.sleep(0.05)
+        controller.enqueue(A)  # arrives mid-pass: one more pass afterwards
+        await asyncio.sleep(0.4)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert not overlap
+    assert calls == 2
+
+
+def test_a_failing_pass_is_retried_with_growing_delays() -> None:
+    times: list[float] = []
+
+    async def reconcile(key: Key) -> float | None:
+        times.append(asyncio.get_running_loop().time())
+        raise RuntimeError("API down")
+
+    async def scenario() -> Controller:
+        controller = Controller(reconcile=reconcile, list_keys=no_keys, resync_seconds=3600)
+        controller.enqueue(A)
+        await run_for(controller, 3.5)
+        return controller
+
+    controller = asyncio.run(scenario())
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert len(times) == 3  # at 0, 1 and 3 seconds
+    assert 0.9 <= gaps[0] < 1.5 and 1.9 <= gaps[1] < 2.5
+    assert controller.stats.failures == 3
+
+
+def test_the_resync_reconciles_every_job_periodically() -> None:
+    calls: Counter[Key] = Counter()
+
+    async def reconcile(key: Key) -> float | None:
+        calls[key] += 1
+        return None
+
+    async def both() -> list[Key]:
+        return [A, B]
+
+    async def scenario() -> None:
+        controller = Controller(reconcile=reconcile, list_keys=both, resync_seconds=0.3)
+        await run_for(controller, 0.75)
+
+    asyncio.run(scenario())
+    assert calls[A] == 3 and calls[B] == 3
+
+
+def test_a_conflict_is_replanned_right_away_without_counting_a_failure() -> None:
+    class StaleError(Exception):
+        pass
+
+    times: list[float] = []
+
+    async def reconcile(key: Key) -> float | None:
+        times.append(asyncio.get_running_loop().time())
+        if len(times) == 1:
+            raise StaleError
+        return None
+
+    async def scenario() -> Controller:
+        controller = Controller(
+            reconcile=reconcile, list_keys=no_keys, resync_seconds=3600, conflict_errors=(StaleError,)
+        )
+        controller.enqueue(A)
+        await run_for(controller, 0.6)
+        return controller
+
+    controller = asyncio.run(scenario())
+    assert len(times) == 2 and times[1] - times[0] < 0.5
+    assert controller.stats.failures == 0
