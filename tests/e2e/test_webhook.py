@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from asyncgrpo_api.naming import spec_configmap_name
 from asyncgrpo_operator.webhook import WEBHOOK_NAME
 from tests.chart.helm import NO_HELM, REPO, find_helm, template
 from tests.cluster.cluster import LocalCluster
@@ -95,6 +96,41 @@ def test_the_api_server_reaches_the_webhook_through_the_charts_configuration(cha
     (entry,) = vwc["webhooks"]
     assert entry["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/validate-asyncgrpojob"
     assert entry["failurePolicy"] == "Fail"
+
+
+def test_the_operator_reconciles_a_job_with_only_the_chart_rbac(chart: Installation, jobs_ns: str) -> None:
+    # Creating the RayCluster and the spec ConfigMap and writing status all go through the role.
+    if chart.module != "asyncgrpo_operator.main":
+        pytest.skip(f"the operator ({chart.module}) does not reconcile")
+    manifest = VALID_MODES[0].manifest
+    name = manifest["metadata"]["name"]
+    assert chart.kubectl.apply(jobs_ns, manifest).returncode == 0
+    path = JOBS_PATH.format(ns=jobs_ns) + f"/{name}"
+    deadline = time.monotonic() + 60
+    while not chart.api.get(path).get("status", {}).get("rayClusterName"):
+        assert time.monotonic() < deadline, f"no status.rayClusterName after 60 s:\n{chart.log_tail()}"
+        time.sleep(0.5)
+    cluster = chart.api.get(path)["status"]["rayClusterName"]
+    assert chart.api.get(f"/apis/ray.io/v1/namespaces/{jobs_ns}/rayclusters/{cluster}")
+    assert chart.api.get(f"/api/v1/namespaces/{jobs_ns}/configmaps/{spec_configmap_name(name)}")
+    log = chart.log.read_text(errors="replace")
+    assert "Forbidden" not in log and " 403" not in log, chart.log_tail()
+
+
+def test_helm_upgrade_keeps_the_generated_certificate(chart: Installation) -> None:
+    secret_path = f"/api/v1/namespaces/{chart.namespace}/secrets/{chart.fullname}-webhook-tls"
+    vwc_path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{chart.fullname}"
+    before = (
+        chart.api.get(secret_path)["data"],
+        chart.api.get(vwc_path)["webhooks"][0]["clientConfig"]["caBundle"],
+    )
+    chart.upgrade()
+    after = (
+        chart.api.get(secret_path)["data"],
+        chart.api.get(vwc_path)["webhooks"][0]["clientConfig"]["caBundle"],
+    )
+    assert after == before, "helm upgrade rotated the webhook CA under the running operator"
+    assert chart.webhook_answers()
 
 
 # --- admitted, warned, denied --------------------------------------------------------------------

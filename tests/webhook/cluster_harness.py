@@ -141,14 +141,22 @@ class Installation:
         """Apply the CRD (Helm never upgrades crds/), then `helm install` with URL mode and a selector."""
         crds = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
         assert crds.returncode == 0, crds.stderr
+        self._helm_release("install", "--create-namespace")
+        self.jobs_namespace("jobs")
+
+    def upgrade(self) -> None:
+        """`helm upgrade` with the same values."""
+        self._helm_release("upgrade")
+
+    def _helm_release(self, verb: str, *extra: str) -> None:
         selector = json.dumps({"matchLabels": {SELECTOR_LABEL: self.release}})
         helm(
-            "install",
+            verb,
             self.release,
             str(CHART),
             "--namespace",
             self.namespace,
-            "--create-namespace",
+            *extra,
             "--kubeconfig",
             str(self.cluster.kubeconfig),
             "--set",
@@ -157,7 +165,6 @@ class Installation:
             f"webhook.namespaceSelector={selector}",
             helm_bin=self.helm_bin,
         )
-        self.jobs_namespace("jobs")
 
     def uninstall(self) -> None:
         self.stop_operator()
