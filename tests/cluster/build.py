@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,19 @@ def k8s_ldflags(version: str) -> str:
     return " ".join(flags)
 
 
+def helm_ldflags(version: str) -> str:
+    """Stamp helm like its Makefile: its version, and the default Kubernetes version that `helm
+    template`/`lint` assume (client-go's minor, major 0 -> 1); unstamped it assumes v1.20."""
+    gomod = (GOMOD_DIR / components()["helm"].gomod / "go.mod").read_text()
+    match = re.search(r"^\s*k8s\.io/client-go v0\.(\d+)\.", gomod, re.MULTILINE)
+    if match is None:
+        raise BuildError("gomod/helm/go.mod does not require k8s.io/client-go v0.x.y")
+    flags = ["-s", "-w", f"-X helm.sh/helm/v3/internal/version.version={version}"]
+    for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        flags += [f"-X {pkg}.k8sVersionMajor=1", f"-X {pkg}.k8sVersionMinor={match.group(1)}"]
+    return " ".join(flags)
+
+
 def targets() -> list[Target]:
     """The five builds, in the order a cold machine should run them (the slow one first)."""
     c = components()
@@ -76,12 +90,7 @@ def targets() -> list[Target]:
         Target("etcd", (c["etcd"].module,), ("etcd",), "-s -w"),
         Target("kwok", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",), "-s -w"),
         Target("kuberay", (c["kuberay"].module,), ("ray-operator",), "-s -w"),
-        Target(
-            "helm",
-            ("helm.sh/helm/v3/cmd/helm",),
-            ("helm",),
-            f"-s -w -X helm.sh/helm/v3/internal/version.version={c['helm'].version}",
-        ),
+        Target("helm", ("helm.sh/helm/v3/cmd/helm",), ("helm",), helm_ldflags(c["helm"].version)),
     ]
 
 

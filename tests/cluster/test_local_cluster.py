@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from tests.cluster import pki
-from tests.cluster.build import check_pins, k8s_ldflags
+from tests.cluster.build import check_pins, helm_ldflags, k8s_ldflags
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
 from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
@@ -28,6 +28,13 @@ def test_k8s_ldflags_stamp_both_version_packages() -> None:
     for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
         assert f"-X '{pkg}.gitVersion=v1.36.3'" in flags
         assert f"-X '{pkg}.gitMinor=36'" in flags
+
+
+def test_helm_ldflags_stamp_version_and_default_kube_version() -> None:
+    flags = helm_ldflags("v3.22.0")
+    assert "helm.sh/helm/v3/internal/version.version=v3.22.0" in flags
+    assert "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1" in flags
+    assert "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=" in flags
 
 
 def test_kwok_stages_cover_lifecycle_and_faults() -> None:
