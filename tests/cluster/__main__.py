@@ -1,4 +1,4 @@
-"""CLI: python -m tests.cluster build|up|down|status|logs|env.
+"""CLI: python -m tests.cluster build|up|down|status|logs|env|prune.
 
 `up` builds first when the binaries are missing, so `python -m tests.cluster up` is the one command
 a developer or the demo needs. The processes outlive the CLI; `down` stops them by recorded PID.
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+from pathlib import Path
 
-from tests.cluster.build import BuildError, build, layout
+from tests.cluster.build import BuildError, build, layout, stale_layouts
 from tests.cluster.cluster import ClusterError, LocalCluster
 from tests.cluster.processes import log_tail
 
@@ -78,6 +80,16 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prune(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    in_use = cluster.info().get("binaries") if cluster.is_live() else None
+    for d in stale_layouts(keep={Path(in_use)} if in_use else set()):
+        print(f"removing {d}")
+        if not args.dry_run:
+            shutil.rmtree(d)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -97,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("component", nargs="?")
     p.add_argument("-n", "--lines", type=int, default=50)
     p.set_defaults(fn=_cmd_logs)
+    p = sub.add_parser("prune", help="delete cached builds of other pins (not the live cluster's)")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(fn=_cmd_prune)
     sub.add_parser("env", help="print shell exports for kubectl against the cluster").set_defaults(
         fn=_cmd_env
     )

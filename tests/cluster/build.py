@@ -256,3 +256,14 @@ def build(force: bool = False) -> Layout:
                 fh.write(json.dumps(record) + "\n")
     _log(f"binaries in {out.bin}")
     return out
+
+
+def stale_layouts(keep: set[Path]) -> list[Path]:
+    """Cache folders of earlier pins (hash-named), except the current one and those in `keep`."""
+    current = layout().root
+    pattern = re.compile(r"^[0-9a-f]{16}$")
+    return [
+        d
+        for d in sorted(cache_root().iterdir() if cache_root().exists() else [])
+        if d.is_dir() and pattern.match(d.name) and d != current and d not in keep
+    ]
