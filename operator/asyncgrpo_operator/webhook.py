@@ -273,6 +273,27 @@ def build_server(config: WebhookConfig) -> kopf.WebhookServer:
     )
 
 
+class _DenialsAreNotErrors(logging.Filter):
+    """Log a denial at INFO, not as kopf's ERROR "failed permanently".
+
+    kopf reports every AdmissionError like a crashed handler. A refused `kubectl apply` is the
+    webhook working, and ERROR lines for it would drown real failures (and page whoever alerts on
+    ERROR). Only this handler's permanent failures, i.e. denials, are rewritten.
+    """
+
+    PREFIX = f"Webhook {HANDLER_ID!r} failed permanently: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.levelno == logging.ERROR and message.startswith(self.PREFIX):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.msg, record.args = f"Webhook {HANDLER_ID!r} denied: {message[len(self.PREFIX) :]}", ()
+        return True
+
+
+_DENIAL_FILTER = _DenialsAreNotErrors()
+
+
 def configure_admission(
     settings: kopf.OperatorSettings, config: WebhookConfig | None = None
 ) -> WebhookConfig:
@@ -285,5 +306,8 @@ def configure_admission(
     config = config or WebhookConfig.from_env()
     settings.admission.server = build_server(config)
     settings.admission.managed = None
+    objects_logger = logging.getLogger("kopf.objects")
+    if _DENIAL_FILTER not in objects_logger.filters:
+        objects_logger.addFilter(_DENIAL_FILTER)
     logger.info("Admission webhook on https://%s:%d%s", config.addr, config.port, WEBHOOK_PATH)
     return config

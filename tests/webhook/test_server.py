@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,25 @@ def test_a_denial_carries_every_finding_with_code_422(tmp_path: Path) -> None:
     assert response["allowed"] is False
     assert response["status"]["code"] == 422
     assert f"- {bad.path}: " in response["status"]["message"]
+
+
+def test_a_denial_is_logged_at_info_not_as_a_handler_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = tls_config(tmp_path)
+    bad = INVALID_COMBINATIONS[0]
+
+    async def scenario() -> None:
+        async with serving(config):
+            await post(url(config), config.cert_dir / "ca.crt", admission_review("CREATE", bad.manifest))
+
+    with caplog.at_level(logging.INFO, logger="kopf"):
+        asyncio.run(scenario())
+    mine = [r for r in caplog.records if "validate-asyncgrpojob" in r.getMessage()]
+    assert mine and all(r.levelno < logging.WARNING for r in mine), [
+        (r.levelname, r.getMessage()) for r in mine
+    ]
+    assert any(r.getMessage().startswith("Webhook 'validate-asyncgrpojob' denied: ") for r in mine)
 
 
 def test_a_valid_job_is_allowed_and_its_warnings_returned(tmp_path: Path) -> None:
