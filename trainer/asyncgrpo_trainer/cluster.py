@@ -57,7 +57,12 @@ def _make(name: str, ranks: int, gpus: float, cpus: float) -> PlacementGroup:
 
 
 def build_pools(
-    *, policy_ranks: int, policy_gpus: int, generation_ranks: int, generation_gpus: int, colocated: bool,
+    *,
+    policy_ranks: int,
+    policy_gpus: int,
+    generation_ranks: int,
+    generation_gpus: int,
+    colocated: bool,
     name: str = "asyncgrpo",
 ) -> tuple[Pool, Pool]:
     """(policy pool, generation pool); see the module docstring."""
@@ -66,10 +71,14 @@ def build_pools(
         pg = _make(f"{name}-colocated", ranks, float(policy_gpus), 2.0)
         half = policy_gpus / 2 if policy_gpus else 0.0
         return Pool(pg, policy_ranks, half, 1.0), Pool(pg, generation_ranks, half, 1.0)
-    policy = Pool(_make(f"{name}-policy", policy_ranks, float(policy_gpus), 1.0), policy_ranks, policy_gpus, 1.0)
+    policy = Pool(
+        _make(f"{name}-policy", policy_ranks, float(policy_gpus), 1.0), policy_ranks, policy_gpus, 1.0
+    )
     generation = Pool(
         _make(f"{name}-generation", generation_ranks, float(generation_gpus), 1.0),
-        generation_ranks, generation_gpus, 1.0,
+        generation_ranks,
+        generation_gpus,
+        1.0,
     )
     return policy, generation
 

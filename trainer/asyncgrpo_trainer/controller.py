@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -122,10 +123,8 @@ class Pulse:
 
     async def wait(self, timeout: float) -> None:
         event = self._event
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 @dataclass
@@ -297,6 +296,7 @@ class SingleController:
         slot = self.buffer.slots[gid]
         committed = False
         try:
+
             def restamp(attempt: int) -> None:
                 if attempt:
                     self.buffer.restart(gid, start_version=self.gen_version)
@@ -337,8 +337,10 @@ class SingleController:
                 self.capacity.release()
             step["evicted"] += len(evicted)
             chosen = self.sampler.select(
-                self.buffer, self.version,
-                min_groups=min(self.s.min_groups_for_streaming_train, remaining), max_groups=remaining,
+                self.buffer,
+                self.version,
+                min_groups=min(self.s.min_groups_for_streaming_train, remaining),
+                max_groups=remaining,
             )
             if chosen is not None:
                 for _ in chosen:
@@ -360,8 +362,10 @@ class SingleController:
             if self.s.needs_reference_logprobs:
                 t0 = time.perf_counter()
                 refs = await self.a.policy.reference_logprobs([(r.prompt_ids, r.response_ids) for r in rows])
-                rows = [policy.TrainRow(r.prompt_ids, r.response_ids, r.generation_logprobs, r.advantage, lp)
-                        for r, lp in zip(rows, refs, strict=True)]
+                rows = [
+                    policy.TrainRow(r.prompt_ids, r.response_ids, r.generation_logprobs, r.advantage, lp)
+                    for r, lp in zip(rows, refs, strict=True)
+                ]
                 step["logprobs"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             await self.a.policy.train_chunk(rows)
@@ -462,7 +466,9 @@ class SingleController:
         scores = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
         self.validation_reward = sum(scores) / len(scores)
         self.totals.add("validation", time.perf_counter() - t0)
-        self.records.append({"event": "validation", "step": step, "validation_reward": self.validation_reward})
+        self.records.append(
+            {"event": "validation", "step": step, "validation_reward": self.validation_reward}
+        )
 
     async def _checkpoint(self, step: int) -> None:
         # Snapshot the controller synchronously (no await) so buffer, queue and loader agree.
@@ -495,7 +501,8 @@ class SingleController:
             elif time.monotonic() - since > self.s.stall_timeout_seconds:
                 raise StallError(
                     f"no rollout committed and no step trained for {self.s.stall_timeout_seconds:g}s "
-                    f"(step {self.version}, {len(self.inflight)} groups in flight, {len(self.buffer)} buffered)"
+                    f"(step {self.version}, {len(self.inflight)} groups in flight, "
+                    f"{len(self.buffer)} buffered)"
                 )
 
 

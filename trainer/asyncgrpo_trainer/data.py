@@ -90,8 +90,10 @@ def load_examples(
     seed: int,
 ) -> tuple[list[Example], list[Example]]:
     """(train, validation) examples from the data files, or from the environment's built-in set."""
-    train = read_jsonl(train_path) if train_path else env.builtin_examples(
-        split="train", count=BUILTIN_TRAIN_SIZE, seed=seed
+    train = (
+        read_jsonl(train_path)
+        if train_path
+        else env.builtin_examples(split="train", count=BUILTIN_TRAIN_SIZE, seed=seed)
     )
     if validation_path:
         val = read_jsonl(validation_path)[:num_validation]

@@ -119,29 +119,42 @@ def build(job: AsyncGRPOJob) -> Built:
     tokenizer = CharTokenizer(env.alphabet)
     tiny = t.model.tiny
     recipe = modelspec.tiny_build(
-        tokenizer, hidden_size=tiny.hidden_size, num_layers=tiny.num_layers, num_heads=tiny.num_heads,
-        num_kv_heads=tiny.num_kv_heads, intermediate_size=tiny.intermediate_size,
-        max_sequence_length=t.model.max_sequence_length, dtype=t.model.dtype, seed=t.grpo.seed,
+        tokenizer,
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        num_kv_heads=tiny.num_kv_heads,
+        intermediate_size=tiny.intermediate_size,
+        max_sequence_length=t.model.max_sequence_length,
+        dtype=t.model.dtype,
+        seed=t.grpo.seed,
     )
     cl = job.spec.cluster
     policy_ranks = rules.policy_data_parallel_size(job)
     gen_ranks = max(cl.generation_workers.replicas, 1)
     pools = cluster.build_pools(
-        policy_ranks=policy_ranks, policy_gpus=min(cl.policy_workers.gpus_per_replica, 1),
-        generation_ranks=gen_ranks, generation_gpus=min(cl.generation_workers.gpus_per_replica, 1),
-        colocated=t.generation.colocated, name=job.metadata.name or "asyncgrpo",
+        policy_ranks=policy_ranks,
+        policy_gpus=min(cl.policy_workers.gpus_per_replica, 1),
+        generation_ranks=gen_ranks,
+        generation_gpus=min(cl.generation_workers.gpus_per_replica, 1),
+        colocated=t.generation.colocated,
+        name=job.metadata.name or "asyncgrpo",
     )
     loss_cfg = losses.LossConfig(
-        ratio_clip_min=t.loss.ratio_clip_min, ratio_clip_max=t.loss.ratio_clip_max,
+        ratio_clip_min=t.loss.ratio_clip_min,
+        ratio_clip_max=t.loss.ratio_clip_max,
         ratio_clip_c=t.loss.ratio_clip_c,
         use_importance_sampling_correction=t.loss.use_importance_sampling_correction,
         truncated_importance_sampling_ratio=t.loss.truncated_importance_sampling_ratio,
-        reference_policy_kl_penalty=t.loss.reference_policy_kl_penalty, kl_type=t.loss.kl_type,
+        reference_policy_kl_penalty=t.loss.reference_policy_kl_penalty,
+        kl_type=t.loss.kl_type,
         token_level_loss=t.loss.token_level_loss,
     )
     optim = policy.OptimConfig(
-        learning_rate=t.policy.learning_rate, weight_decay=t.policy.weight_decay,
-        max_grad_norm=t.policy.max_grad_norm, warmup_steps=t.policy.warmup_steps,
+        learning_rate=t.policy.learning_rate,
+        weight_decay=t.policy.weight_decay,
+        max_grad_norm=t.policy.max_grad_norm,
+        warmup_steps=t.policy.warmup_steps,
         micro_batch_size=t.policy.train_micro_batch_size,
         logprob_batch_size=t.policy.logprob_batch_size or t.policy.train_micro_batch_size,
         temperature=t.generation.temperature,
@@ -154,30 +167,55 @@ def build(job: AsyncGRPOJob) -> Built:
     )
     rewards = workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
     train, val = data.load_examples(
-        env, tokenizer, train_path=t.data.train_path, validation_path=t.data.validation_path,
-        num_validation=t.data.num_validation_prompts, max_prompt_length=t.data.max_prompt_length,
+        env,
+        tokenizer,
+        train_path=t.data.train_path,
+        validation_path=t.data.validation_path,
+        num_validation=t.data.num_validation_prompts,
+        max_prompt_length=t.data.max_prompt_length,
         seed=t.grpo.seed,
     )
     loader = data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle)
     params = sampling.SamplingParams(
-        max_new_tokens=t.generation.max_new_tokens, temperature=t.generation.temperature,
-        top_p=t.generation.top_p, top_k=t.generation.top_k,
+        max_new_tokens=t.generation.max_new_tokens,
+        temperature=t.generation.temperature,
+        top_p=t.generation.top_p,
+        top_k=t.generation.top_k,
     )
     rl = t.async_rl
     the_sampler = sampler.for_spec(
-        max_staleness_versions=rl.max_staleness_versions, over_sampling=rl.over_sampling,
+        max_staleness_versions=rl.max_staleness_versions,
+        over_sampling=rl.over_sampling,
         force_in_order=t.force_in_order,
     )
     rollout = RolloutManager(
-        generation_group, rewards, tokenizer, params, num_generations=t.grpo.num_generations_per_prompt,
-        timeout_seconds=rl.rollout_timeout_seconds, max_attempts=rl.max_rollout_attempts, seed=t.grpo.seed,
+        generation_group,
+        rewards,
+        tokenizer,
+        params,
+        num_generations=t.grpo.num_generations_per_prompt,
+        timeout_seconds=rl.rollout_timeout_seconds,
+        max_attempts=rl.max_rollout_attempts,
+        seed=t.grpo.seed,
     )
-    sync = weights.create(t.weight_sync.transport, policy_group, generation_group, t.weight_sync.timeout_seconds)
+    sync = weights.create(
+        t.weight_sync.transport, policy_group, generation_group, t.weight_sync.timeout_seconds
+    )
     args = controller.ControllerArgs(
-        settings=settings_of(job), policy=policy_group, generation=generation_group, rewards=rewards,
-        rollout=rollout, weights=sync, loader=loader, validation=val, buffer=ReplayBuffer(),
-        sampler=the_sampler, tokenizer=tokenizer,
-        validation_params=sampling.SamplingParams(max_new_tokens=t.generation.max_new_tokens, temperature=0.0),
+        settings=settings_of(job),
+        policy=policy_group,
+        generation=generation_group,
+        rewards=rewards,
+        rollout=rollout,
+        weights=sync,
+        loader=loader,
+        validation=val,
+        buffer=ReplayBuffer(),
+        sampler=the_sampler,
+        tokenizer=tokenizer,
+        validation_params=sampling.SamplingParams(
+            max_new_tokens=t.generation.max_new_tokens, temperature=0.0
+        ),
     )
     return Built(args, pools, [*policy_ready, *generation_ready])
 
@@ -189,8 +227,12 @@ def resume_state(path: str) -> tuple[controller.ResumeState, dict[str, Any]] | N
         return None
     payload = checkpoint.load(path, step)
     state = controller.ResumeState(
-        step=payload["step"], batch_index=payload["batch_index"], buffer=payload["buffer"],
-        pending=payload["pending"], loader=payload["loader"], counters=payload["counters"],
+        step=payload["step"],
+        batch_index=payload["batch_index"],
+        buffer=payload["buffer"],
+        pending=payload["pending"],
+        loader=payload["loader"],
+        counters=payload["counters"],
         validation_reward=payload["validation_reward"],
     )
     return state, payload["policy"]
@@ -231,8 +273,10 @@ def supervise(
                 if not quiet:
                     progress.log_step(record)
             if server is not None:
-                server.update(**{k: v for k, v in prog.items() if k not in ("state", "error")},
-                              state="running" if prog["state"] == "starting" else prog["state"])
+                server.update(
+                    **{k: v for k, v in prog.items() if k not in ("state", "error")},
+                    state="running" if prog["state"] == "starting" else prog["state"],
+                )
             if bar is not None:
                 bar.show(prog["step"], prog["reward_mean"], prog["mean_staleness"])
         if ready:
@@ -331,12 +375,19 @@ def _teardown(built: Built) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m asyncgrpo_trainer", description=__doc__.split("\n")[0])
     parser.add_argument("--job-spec", required=True, help="AsyncGRPOJob manifest or spec (YAML or JSON)")
-    parser.add_argument("--progress-port", type=int, default=DRIVER_PROGRESS_PORT,
-                        help="port of /progress and /metrics (0 picks a free one)")
-    parser.add_argument("--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or local)")
+    parser.add_argument(
+        "--progress-port",
+        type=int,
+        default=DRIVER_PROGRESS_PORT,
+        help="port of /progress and /metrics (0 picks a free one)",
+    )
+    parser.add_argument(
+        "--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or local)"
+    )
     ns = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         manifest = read_manifest(ns.job_spec)
     except (OSError, ValueError, yaml.YAMLError) as exc:

@@ -36,8 +36,10 @@ def localize(manifest: dict[str, Any], checkpoint_dir: str | None, max_steps: in
         ckpt["path"] = str(Path(checkpoint_dir).resolve())
     elif not _writable(ckpt.get("path", "/checkpoints")):
         ckpt["path"] = str((Path(".asyncgrpo") / name / "checkpoints").resolve())
-        print(f"asyncgrpo: checkpoints go to {ckpt['path']} (the job's path is not writable here)",
-              file=sys.stderr)
+        print(
+            f"asyncgrpo: checkpoints go to {ckpt['path']} (the job's path is not writable here)",
+            file=sys.stderr,
+        )
     if max_steps is not None:
         spec.setdefault("trainer", {}).setdefault("grpo", {})["maxNumSteps"] = max_steps
     return manifest
@@ -56,15 +58,22 @@ def required_cpus(manifest: dict[str, Any]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncgrpo run", description="Run an AsyncGRPOJob on this machine.")
     parser.add_argument("job", help="AsyncGRPOJob manifest (YAML or JSON)")
-    parser.add_argument("--checkpoint-dir", default=None, help="local checkpoint directory (overrides the job)")
+    parser.add_argument(
+        "--checkpoint-dir", default=None, help="local checkpoint directory (overrides the job)"
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="override grpo.maxNumSteps")
-    parser.add_argument("--progress-port", type=int, default=DRIVER_PROGRESS_PORT,
-                        help="port of /progress and /metrics (0 picks a free one)")
+    parser.add_argument(
+        "--progress-port",
+        type=int,
+        default=DRIVER_PROGRESS_PORT,
+        help="port of /progress and /metrics (0 picks a free one)",
+    )
     parser.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs of the embedded Ray (default 0: CPU)")
     ns = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         manifest = localize(driver.read_manifest(ns.job), ns.checkpoint_dir, ns.max_steps)
     except (OSError, ValueError) as exc:

@@ -96,7 +96,7 @@ class ProgressServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
         self._httpd = ThreadingHTTPServer((host, port), Handler)
@@ -145,7 +145,8 @@ class ProgressBar:
         r = "-" if reward is None else f"{reward:.3f}"
         s = "-" if staleness is None else f"{staleness:.2f}"
         self.stream.write(
-            f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total} reward {r} staleness {s} {elapsed:.0f}s"
+            f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total} "
+            f"reward {r} staleness {s} {elapsed:.0f}s"
         )
         self.stream.flush()
 

@@ -3,7 +3,7 @@
 `run_group` generates N samples of a prompt on a generation engine, decodes them, scores them with
 the reward pool, and returns a GroupRecord. Each attempt has a deadline
 (asyncRL.rolloutTimeoutSeconds); a failed or timed-out attempt is retried from the current weights
-up to asyncRL.maxRolloutAttempts times, and after that `RolloutFailed` is raised so the run fails
+up to asyncRL.maxRolloutAttempts times, and after that `RolloutFailedError` is raised so the run fails
 loudly. A failure is never turned into zero-reward samples: that would bias every group-relative
 baseline it touches (the reference system's silent failure mode).
 """
@@ -24,7 +24,7 @@ from asyncgrpo_trainer.workers import GenerationGroup, RewardPool
 log = logging.getLogger(__name__)
 
 
-class RolloutFailed(RuntimeError):
+class RolloutFailedError(RuntimeError):
     """A prompt group failed every attempt."""
 
 
@@ -96,6 +96,6 @@ class RolloutManager:
                 log.warning("group %d attempt %d failed: %r", group_id, attempt + 1, exc)
             if attempt + 1 < self.max_attempts:
                 self.stats.retries += 1
-        raise RolloutFailed(
+        raise RolloutFailedError(
             f"prompt group {group_id} failed {self.max_attempts} attempt(s); last error: {last_error!r}"
         ) from last_error

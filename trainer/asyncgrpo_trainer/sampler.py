@@ -4,13 +4,13 @@ One object answers all of it, so the dispatch gate and the train-side window can
 v is the trainer version (optimizer steps taken), S = asyncRL.maxStalenessVersions, and a
 dispatch batch is P prompts. The four modes of docs/guides/async-modes.md map to three classes:
 
-| mode                          | class            | admit batch b       | select at version v                 |
-|-------------------------------|------------------|---------------------|-------------------------------------|
-| sync (S = 0)                  | InOrderSampler   | b <= v              | ready groups stamped for step v     |
-| async, exact batch-to-step    | InOrderSampler   | b <= v + S          | ready groups stamped for step v     |
-| streaming, gated dispatch     | WeightFifoSampler| b <= v + S          | ready groups of the oldest in-window|
-|                               |                  |                     | start version (waits for that batch)|
-| streaming, over-sampled       | WindowedSampler  | always              | ready groups with start >= v - S    |
+| mode                       | class             | admit batch b | select at version v              |
+|----------------------------|-------------------|---------------|----------------------------------|
+| sync (S = 0)               | InOrderSampler    | b <= v        | ready groups stamped for step v  |
+| async, exact batch-to-step | InOrderSampler    | b <= v + S    | ready groups stamped for step v  |
+| streaming, gated dispatch  | WeightFifoSampler | b <= v + S    | ready groups of the oldest       |
+|                            |                   |               | in-window start version (waits)  |
+| streaming, over-sampled    | WindowedSampler   | always        | ready groups, start >= v - S     |
 
 Eviction removes ready groups that can never be trained on (start version < v - S, or stamped
 for a step already taken); only the over-sampled mode can produce such groups in normal operation,

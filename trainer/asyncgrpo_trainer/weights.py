@@ -37,7 +37,9 @@ class ObjectStoreSynchronizer(WeightSynchronizer):
         return time.perf_counter() - t0
 
 
-def create(transport: str, policy: PolicyGroup, generation: GenerationGroup, timeout: float) -> WeightSynchronizer:
+def create(
+    transport: str, policy: PolicyGroup, generation: GenerationGroup, timeout: float
+) -> WeightSynchronizer:
     """The synchronizer for weightSync.transport with the torch backends."""
     if transport in ("auto", "object-store"):
         return ObjectStoreSynchronizer(policy, generation, timeout)

@@ -27,8 +27,16 @@ from asyncgrpo_trainer.envs.base import Example
 class PolicyActor(policy.TorchPolicyWorker):
     """The torch policy worker as a Ray actor, plus rendezvous helpers for data parallelism."""
 
-    def __init__(self, build: ModelBuild, optim: policy.OptimConfig, loss: losses.LossConfig,
-                 rank: int, world_size: int, gpus: int) -> None:
+    def __init__(
+        self,
+        build: ModelBuild,
+        optim: policy.OptimConfig,
+        loss: losses.LossConfig,
+        *,
+        rank: int,
+        world_size: int,
+        gpus: int,
+    ) -> None:
         self._init_args = (build, optim, loss, rank, world_size, gpus)
         self._ready = False
 
@@ -41,8 +49,15 @@ class PolicyActor(policy.TorchPolicyWorker):
 
     def setup(self, rendezvous: str | None) -> bool:
         build, optim, loss, rank, world, gpus = self._init_args
-        super().__init__(build, optim, loss, rank=rank, world_size=world,
-                         device=policy.default_device(gpus), rendezvous=rendezvous)
+        super().__init__(
+            build,
+            optim,
+            loss,
+            rank=rank,
+            world_size=world,
+            device=policy.default_device(gpus),
+            rendezvous=rendezvous,
+        )
         self._ready = True
         return True
 
@@ -68,15 +83,19 @@ class PolicyGroup:
         return out
 
     async def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        parts = await asyncio.gather(*(
-            a.reference_logprobs.remote(s) for a, s in zip(self.actors, self._shards(rows), strict=True) if s
-        ))
+        parts = await asyncio.gather(
+            *(
+                a.reference_logprobs.remote(s)
+                for a, s in zip(self.actors, self._shards(rows), strict=True)
+                if s
+            )
+        )
         return [lp for part in parts for lp in part]
 
     async def train_chunk(self, rows: list[policy.TrainRow]) -> None:
-        await asyncio.gather(*(
-            a.train_chunk.remote(s) for a, s in zip(self.actors, self._shards(rows), strict=True)
-        ))
+        await asyncio.gather(
+            *(a.train_chunk.remote(s) for a, s in zip(self.actors, self._shards(rows), strict=True))
+        )
 
     async def finish_step(self) -> dict[str, float]:
         results = await asyncio.gather(*(a.finish_step.remote() for a in self.actors))
@@ -172,14 +191,18 @@ def start_policy_group(
     so the policy and generation processes start in parallel)."""
     cls = ray.remote(PolicyActor)
     actors = [
-        cls.options(**pool.options(rank)).remote(build, optim, loss, rank, pool.ranks, gpus)
+        cls.options(**pool.options(rank)).remote(
+            build, optim, loss, rank=rank, world_size=pool.ranks, gpus=gpus
+        )
         for rank in range(pool.ranks)
     ]
     address = ray.get(actors[0].rendezvous_address.remote()) if pool.ranks > 1 else None  # type: ignore[attr-defined]
     return PolicyGroup(actors), [a.setup.remote(address) for a in actors]  # type: ignore[attr-defined]
 
 
-def start_generation_group(pool: cluster.Pool, build: ModelBuild, gpus: int) -> tuple[GenerationGroup, list[Any]]:
+def start_generation_group(
+    pool: cluster.Pool, build: ModelBuild, gpus: int
+) -> tuple[GenerationGroup, list[Any]]:
     """The generation group and the refs that resolve once every engine is up."""
     cls = ray.remote(GenerationActor)
     device = policy.default_device(gpus)

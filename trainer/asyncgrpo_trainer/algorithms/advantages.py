@@ -20,10 +20,8 @@ def group_relative(rewards: torch.Tensor, *, leave_one_out: bool, normalize: boo
         raise ValueError(f"rewards must be (groups, samples), got shape {tuple(rewards.shape)}")
     n = rewards.shape[1]
     mean = rewards.mean(dim=1, keepdim=True)
-    if leave_one_out and n > 1:
-        baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (n - 1)
-    else:
-        baseline = mean
+    loo = (rewards.sum(dim=1, keepdim=True) - rewards) / max(n - 1, 1)
+    baseline = loo if leave_one_out and n > 1 else mean
     adv = rewards - baseline
     if normalize and n > 1:
         std = rewards.std(dim=1, keepdim=True)

@@ -81,7 +81,9 @@ def policy_loss_sum(
         dual = torch.minimum(per_token, -advantages * cfg.ratio_clip_c)
         per_token = torch.where(advantages < 0, dual, per_token)
     if cfg.use_importance_sampling_correction:
-        weights = importance_weights(prev_logprobs, generation_logprobs, cfg.truncated_importance_sampling_ratio)
+        weights = importance_weights(
+            prev_logprobs, generation_logprobs, cfg.truncated_importance_sampling_ratio
+        )
     else:
         weights = torch.ones_like(per_token)
     per_token = weights * per_token

@@ -107,7 +107,9 @@ class TorchGenerationWorker(GenerationWorker):
             state = sampling.DecodeState(n, self.eos_id)
             budget = min(params.max_new_tokens, self.build.max_positions - len(prompt_ids))
             for _ in range(budget):
-                last, cache = sampling.decode_step(self._forward, last, cache, state, params, gen)
+                last, cache = sampling.decode_step(
+                    self._forward, last, cache, state, params=params, generator=gen
+                )
                 if state.all_done:
                     break
                 busy += time.perf_counter() - t0
@@ -137,4 +139,3 @@ class TorchGenerationWorker(GenerationWorker):
             "cache_resets": float(self.cache_resets),
             "version": float(self.version),
         }
-

@@ -141,7 +141,9 @@ class TinyCausalLM(nn.Module):
         start = 0 if past is None else past[0][0].shape[2]
         t = ids.shape[1]
         if start + t > self.cfg.max_positions:
-            raise ValueError(f"sequence of {start + t} tokens exceeds maxSequenceLength {self.cfg.max_positions}")
+            raise ValueError(
+                f"sequence of {start + t} tokens exceeds maxSequenceLength {self.cfg.max_positions}"
+            )
         cos = self.rope_cos[start : start + t]  # type: ignore[index]
         sin = self.rope_sin[start : start + t]  # type: ignore[index]
         x = self.embed_tokens(ids)
@@ -153,8 +155,14 @@ class TinyCausalLM(nn.Module):
 
 
 def tiny_config(
-    *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
-    intermediate_size: int | None, max_positions: int,
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int | None,
+    max_positions: int,
 ) -> TinyConfig:
     """A TinyConfig with the API's defaults applied (intermediate = 4 x hidden)."""
     return TinyConfig(
@@ -170,4 +178,3 @@ def tiny_config(
 
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-

@@ -128,8 +128,11 @@ class TorchPolicyWorker(PolicyWorker):
         for i in range(0, len(rows), size):
             part = rows[i : i + size]
             lp, _ = sampling.token_logprobs(
-                self.reference, part, pad_id=self.build.pad_id,
-                temperature=self.optim_cfg.temperature, device=self.device,
+                self.reference,
+                part,
+                pad_id=self.build.pad_id,
+                temperature=self.optim_cfg.temperature,
+                device=self.device,
             )
             out.extend(lp[j, : len(r)].tolist() for j, (_, r) in enumerate(part))
         self.busy_seconds += time.perf_counter() - t0
@@ -146,8 +149,12 @@ class TorchPolicyWorker(PolicyWorker):
     def _train_micro(self, rows: list[TrainRow]) -> None:
         pairs = [(r.prompt_ids, r.response_ids) for r in rows]
         logp, mask = sampling.token_logprobs(
-            self.model, pairs, pad_id=self.build.pad_id,
-            temperature=self.optim_cfg.temperature, device=self.device, grad=True,
+            self.model,
+            pairs,
+            pad_id=self.build.pad_id,
+            temperature=self.optim_cfg.temperature,
+            device=self.device,
+            grad=True,
         )
         gen = _padded([r.generation_logprobs for r in rows], mask)
         ref = None
@@ -155,8 +162,13 @@ class TorchPolicyWorker(PolicyWorker):
             ref = _padded([r.reference_logprobs or [] for r in rows], mask)
         adv = torch.tensor([r.advantage for r in rows], dtype=logp.dtype, device=self.device)
         total, metrics = losses.policy_loss_sum(
-            logprobs=logp, prev_logprobs=logp.detach(), generation_logprobs=gen,
-            advantages=adv, mask=mask, cfg=self.loss_cfg, reference_logprobs=ref,
+            logprobs=logp,
+            prev_logprobs=logp.detach(),
+            generation_logprobs=gen,
+            advantages=adv,
+            mask=mask,
+            cfg=self.loss_cfg,
+            reference_logprobs=ref,
         )
         total.backward()  # type: ignore[no-untyped-call]
         self._count += float(mask.sum()) if self.loss_cfg.token_level_loss else float(len(rows))
@@ -224,9 +236,9 @@ class TorchPolicyWorker(PolicyWorker):
             "model": self.weights(),
             "optimizer": self.optimizer.state_dict(),
             "steps_taken": self.steps_taken,
-            "reference": None if self.reference is None else {
-                k: v.detach().cpu() for k, v in self.reference.state_dict().items()
-            },
+            "reference": None
+            if self.reference is None
+            else {k: v.detach().cpu() for k, v in self.reference.state_dict().items()},
         }
 
     def load_state(self, state: dict[str, Any]) -> None:

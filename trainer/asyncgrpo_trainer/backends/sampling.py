@@ -55,6 +55,7 @@ def decode_step(
     last_logits: torch.Tensor,
     cache: KVCache,
     state: DecodeState,
+    *,
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, KVCache]:
@@ -129,7 +130,7 @@ def _token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     full = [list(p) + list(r) for p, r in rows]
     length = max(len(x) for x in full)
-    r_max = max(max(len(r) for _, r in rows), 1)
+    r_max = max(*(len(r) for _, r in rows), 1)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     for i, seq in enumerate(full):
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)

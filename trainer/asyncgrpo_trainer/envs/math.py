@@ -78,7 +78,7 @@ class MathEnvironment(Environment):
         parity = 0 if split == "train" else 1
         while len(out) < count:
             a, b = rng.randint(2, 99), rng.randint(2, 99)
-            if (a + b) % 7 == 0 and parity == 0 or (a + b) % 7 != 0 and parity == 1:
+            if ((a + b) % 7 == 0 and parity == 0) or ((a + b) % 7 != 0 and parity == 1):
                 continue
             kind = rng.choice(("sum", "product", "difference"))
             if kind == "sum":
