@@ -260,6 +260,8 @@ class Observation:
     remembered_exit: DriverExit | None = None
     """A driver exit seen on a head pod that may be gone by now (KubeRay deletes dead heads)."""
     progress: ProgressReading | None = None
+    progress_read_at: datetime | None = None
+    """When `progress` was read (passes between two reads reuse it and must not look newer)."""
     progress_error: str | None = None
     progress_mark: ProgressMark | None = None
 

@@ -769,6 +769,7 @@ def _track_progress(job: AsyncGRPOJob, draft: _Draft, observed: Observation, clu
     """Copy the driver's /progress into status.progress and decide Stalled."""
     now = draft.now
     reading = observed.progress
+    read_at = observed.progress_read_at or now
     mark = draft.mark if draft.mark is not None and draft.mark.cluster_uid == cluster.uid else None
     if reading is not None:
         draft.set_field(
@@ -782,11 +783,11 @@ def _track_progress(job: AsyncGRPOJob, draft: _Draft, observed: Observation, clu
                 tokens_per_second=reading.tokens_per_second,
                 validation_reward=reading.validation_reward,
                 last_checkpoint_step=reading.last_checkpoint_step,
-                updated_at=now,
+                updated_at=read_at,
             ),
         )
         if mark is None or reading.step != mark.step:
-            mark = ProgressMark(cluster.uid, reading.step, now)
+            mark = ProgressMark(cluster.uid, reading.step, read_at)
     elif mark is None:
         progress = draft.get("progress")
         running = draft.conditions[RUNNING]
@@ -801,8 +802,8 @@ def _track_progress(job: AsyncGRPOJob, draft: _Draft, observed: Observation, clu
             STALLED,
             True,
             "NoProgress",
-            f"step {mark.step} has not advanced since {_iso(mark.since)} ({int(quiet)} s; stallAfterSeconds "
-            f"{limit}) while the pods look healthy{error}",
+            f"step {mark.step} has not advanced since {_iso(mark.since)} (stallAfterSeconds {limit}) while "
+            f"the pods look healthy{error}",
         )
     else:
         draft.set(STALLED, False, "Progressing", "the step advances")

@@ -51,6 +51,7 @@ class ConflictError(Exception):
 @dataclass
 class _Poll:
     at: float
+    read_at: datetime
     reading: ProgressReading | None
     error: str | None
 
@@ -123,39 +124,39 @@ class Reconciler:
             head = next(
                 (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
             )
-        reading, error = await self._poll(key, body, job, head)
+        poll = await self._poll(key, body, job, head, now)
         return Observation(
             now=now,
             clusters=clusters,
             pods=pods,
             configmap_data=(configmap.get("data") or {}) if configmap is not None else None,
             remembered_exit=self.memory.exits.get(key),
-            progress=reading,
-            progress_error=error,
+            progress=poll.reading if poll is not None else None,
+            progress_read_at=poll.read_at if poll is not None else None,
+            progress_error=poll.error if poll is not None else None,
             progress_mark=self.memory.marks.get(key),
         )
 
     async def _poll(
-        self, key: Key, body: Mapping[str, Any], job: AsyncGRPOJob, head: PodView | None
-    ) -> tuple[ProgressReading | None, str | None]:
+        self, key: Key, body: Mapping[str, Any], job: AsyncGRPOJob, head: PodView | None, now: datetime
+    ) -> _Poll | None:
         """Read /progress while the driver runs, at most about once per pollSeconds."""
         driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
         if driver is None or driver.state != "running":
-            return None, None
+            return None
         url = progress.progress_url(body, head)
         if url is None:
-            return None, "the head pod has no IP yet"
+            return _Poll(time.monotonic(), now, None, "the head pod has no IP yet")
         last = self.memory.polls.get(key)
         clock = time.monotonic()
         if last is not None and clock - last.at < job.spec.progress.poll_seconds * 0.8:
-            return last.reading, last.error
+            return last
         try:
-            reading: ProgressReading | None = await progress.read_progress(self.session, url)
-            error = None
+            poll = _Poll(clock, now, await progress.read_progress(self.session, url), None)
         except progress.ProgressError as exc:
-            reading, error = None, str(exc)
-        self.memory.polls[key] = _Poll(clock, reading, error)
-        return reading, error
+            poll = _Poll(clock, now, None, str(exc))
+        self.memory.polls[key] = poll
+        return poll
 
     # --- write -------------------------------------------------------------------------------
 
@@ -179,15 +180,18 @@ class Reconciler:
                 await self.api.delete_job(namespace, name, str(meta["uid"]))
                 log.info("deleted job", extra=_fields(key, why=action.why))
                 deleted = True
+        wrote = False
         if not deleted:
             new_status = decision.status_patch()
             if _prune(new_status) != _prune(body.get("status") or {}):
+                wrote = True
                 try:
                     await self.api.patch_job_status(namespace, name, str(meta["resourceVersion"]), new_status)
                 except k8s.ApiError as err:
                     if err.status == 409:
                         raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
                     raise
+        log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=decision.requeue_after))
         if decision.progress_mark is not None:
             self.memory.marks[key] = decision.progress_mark
         if decision.status.phase in ("Succeeded", "Failed"):

@@ -91,7 +91,7 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
     report = validate_manifest(_user_input(new))
     errors = list(report.errors)
     if operation == "UPDATE" and old is not None:
-        errors = _locked(old, new, report.job) + errors
+        errors = _locked(old, new, report.job) + _new_problems(errors, old)
     warnings = tuple(str(w) for w in report.warnings)
     if not errors:
         return Decision(allowed=True, warnings=warnings)
@@ -115,6 +115,19 @@ def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:
     return "\n".join(lines)
 
 
+def _new_problems(errors: list[Finding], old: Mapping[str, Any]) -> list[Finding]:
+    """Errors the update introduces: those the stored object already had are not held against it.
+
+    A job stored under older, looser rules must still be suspendable (Kueue preempts by setting
+    spec.suspend) and its deadlines adjustable; the update only may not make it worse. The old
+    object is parsed only when the new one has errors, so valid updates pay nothing for this.
+    """
+    if not errors:
+        return errors
+    before = set(validate_manifest(_user_input(old)).errors)
+    return [finding for finding in errors if finding not in before]
+
+
 def is_suspended(obj: Mapping[str, Any]) -> bool:
     """Whether a job has no RayCluster of a running attempt, so its placement may still change.
 
@@ -134,25 +147,24 @@ def is_suspended(obj: Mapping[str, Any]) -> bool:
 
 
 def _locked(old: Mapping[str, Any], new: Mapping[str, Any], parsed_new: AsyncGRPOJob | None) -> list[Finding]:
-    new_spec = _normalised_spec(new, parsed_new)
-    return locked_changes(_normalised_spec(old), new_spec, suspended=is_suspended(old))
+    old_spec, new_spec = _mapping(old.get("spec")), _mapping(new.get("spec"))
+    if parsed_new is not None:
+        parsed_old = _parse(old)
+        if parsed_old is not None:  # compare with defaults filled in, so writing out a default is no change
+            old_spec, new_spec = _spec_of(parsed_old), _spec_of(parsed_new)
+    return locked_changes(old_spec, new_spec, suspended=is_suspended(old))
 
 
-def _normalised_spec(obj: Mapping[str, Any], parsed: AsyncGRPOJob | None = None) -> Mapping[str, Any]:
-    """The spec with every default filled in, so writing out a default is not a "change".
-
-    `parsed` is the object already parsed by validate_manifest, to avoid parsing it twice. Falls
-    back to the raw spec when it does not parse (the models moved on since it was stored).
-    """
-    raw = obj.get("spec")
-    if not isinstance(raw, Mapping):
-        return {}
+def _parse(obj: Mapping[str, Any]) -> AsyncGRPOJob | None:
+    """The object as the models read it, or None when it does not parse (any more)."""
     try:
-        job = parsed or AsyncGRPOJob.model_validate(dict(_user_input(obj)))
+        return AsyncGRPOJob.model_validate(_user_input(obj))
     except ValueError:
-        return raw
-    spec = job.to_manifest().get("spec", {})
-    return spec if isinstance(spec, Mapping) else raw
+        return None
+
+
+def _spec_of(job: AsyncGRPOJob) -> Mapping[str, Any]:
+    return _mapping(job.to_manifest().get("spec"))
 
 
 def _user_input(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -539,18 +539,24 @@ def test_an_operator_killed_mid_reconcile_never_makes_a_second_raycluster(
     operator.kill()
     create_job(kube_api, namespace, job_manifest("sturdy", driver_progress.url))
     driver_progress.doc = {"step": 1, "maxSteps": 20, "state": "running"}
-    # Kill the operator at different points of its first passes, then let it finish.
-    for delay in (1.5, 2.0, 2.5, 3.0):
+
+    # 1. Killed right after it created the RayCluster, before it could record it in the status.
+    operator.start()
+    wait_until(
+        lambda: rayclusters(kube_api, namespace, "sturdy"), "first RayCluster", timeout=60, interval=0.02
+    )
+    operator.kill()
+    # 2. Killed at arbitrary points of the following passes.
+    for delay in (0.5, 1.0, 1.5, 2.0):
         operator.start()
         time.sleep(delay)
         operator.kill()
-        assert len(rayclusters(kube_api, namespace, "sturdy")) <= 1
+        assert len(rayclusters(kube_api, namespace, "sturdy")) == 1
     operator.start()
     running = wait_phase(kube_api, namespace, "sturdy", "Running", timeout=90)
     assert running["rayClusterName"] == "sturdy-0" and running["restarts"] == 0
     assert [rc["metadata"]["name"] for rc in rayclusters(kube_api, namespace, "sturdy")] == ["sturdy-0"]
-    reasons = [e["reason"] for e in events(kube_api, namespace, "sturdy")]
-    assert "DriverRunning" in reasons
+    assert "DriverRunning" in event_reasons(kube_api, namespace, "sturdy")
 
 
 def test_the_liveness_endpoint_reports_the_queue(operator: OperatorProcess) -> None:

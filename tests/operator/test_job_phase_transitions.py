@@ -217,6 +217,55 @@ def test_an_unreachable_progress_endpoint_counts_as_no_progress() -> None:
     assert "connection refused" in cond.message
 
 
+def test_a_pass_that_learns_nothing_new_leaves_the_status_as_it_was() -> None:
+    """Each status write wakes the job's watch; a pass must not write just because time passed."""
+    before = running()
+    rc = cluster(0, provisioned=True)
+    doc = {"step": 5, "state": "running"}
+    first = step(
+        job(), before.status, observe(40, rc, pods=healthy_pods(rc), progress=doc, progress_read_at=at(40))
+    )
+    again = step(
+        job(),
+        first.status,
+        observe(
+            41,
+            rc,
+            pods=healthy_pods(rc),
+            progress=doc,
+            progress_read_at=at(40),
+            progress_mark=first.progress_mark,
+        ),
+    )
+    assert again.status_patch() == first.status_patch()
+    stalled = step(
+        job(),
+        first.status,
+        observe(
+            200,
+            rc,
+            pods=healthy_pods(rc),
+            progress=doc,
+            progress_read_at=at(40),
+            progress_mark=first.progress_mark,
+        ),
+    )
+    still = step(
+        job(),
+        stalled.status,
+        observe(
+            230,
+            rc,
+            pods=healthy_pods(rc),
+            progress=doc,
+            progress_read_at=at(40),
+            progress_mark=first.progress_mark,
+        ),
+    )
+    assert stalled.status.reason == "NoProgress"
+    assert still.status_patch() == stalled.status_patch()
+
+
 def test_condition_transition_time_moves_only_when_status_flips() -> None:
     before = running()
     rc = cluster(0, provisioned=True)

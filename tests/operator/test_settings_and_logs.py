@@ -53,6 +53,15 @@ def test_log_lines_are_json_with_the_extra_fields() -> None:
     assert (line["job_name"], line["phase"], line["level"]) == ("demo", "Running", "INFO")
 
 
+def test_python_dash_m_entry_point_registers_the_handlers() -> None:
+    code = (
+        "import kopf, asyncgrpo_operator.__main__; r = kopf.get_default_registry();"
+        "print(sorted(h.id for h in r._activities.get_all_handlers()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert {naming.HANDLER_START_CONTROLLER, naming.HANDLER_STARTUP, naming.HANDLER_PROBE} <= set(eval(out))
+
+
 def test_importing_the_operator_loads_neither_torch_nor_ray() -> None:
     code = (
         "import sys, asyncgrpo_operator.main; print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
