@@ -150,6 +150,8 @@ class ClusterView:
     """KubeRay's RayClusterProvisioned: all pods were ready once (never flips back)."""
     replica_failure: str | None = None
     """KubeRay's ReplicaFailure message (e.g. pods rejected by a quota)."""
+    suspended: bool = False
+    """spec.suspend of the RayCluster: set by Kueue while the cluster waits for admission."""
 
     @classmethod
     def from_dict(cls, cluster: Mapping[str, Any]) -> ClusterView:
@@ -169,6 +171,7 @@ class ClusterView:
                 if failure.get("status") == "True"
                 else None
             ),
+            suspended=bool((cluster.get("spec") or {}).get("suspend")),
         )
 
 

@@ -700,7 +700,14 @@ def _progressing(
 def _set_scheduled(draft: _Draft, cluster: ClusterView, live: list[PodView], expected: int) -> None:
     unschedulable = [p for p in live if p.unschedulable]
     gated = [p for p in live if p.gated]
-    if unschedulable:
+    if cluster.suspended:
+        draft.set(
+            PODS_SCHEDULED,
+            False,
+            "WaitingForAdmission",
+            f"RayCluster {cluster.name} is suspended (spec.suspend) until its queue admits it",
+        )
+    elif unschedulable:
         first = unschedulable[0]
         more = f" (and {len(unschedulable) - 1} more pods)" if len(unschedulable) > 1 else ""
         draft.set(PODS_SCHEDULED, False, UNSCHEDULABLE, f"pod {first.name}{more}: {first.unschedulable}")

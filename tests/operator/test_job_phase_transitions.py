@@ -7,6 +7,7 @@ does, so sequences of tests read like a job's life.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_operator import plan
@@ -135,6 +136,13 @@ def test_image_pull_backoff_is_the_provisioning_reason() -> None:
     decision = step(job(), first.status, observe(3, rc, pods=pods))
     assert (decision.status.phase, decision.status.reason) == ("Provisioning", "ImagePullBackOff")
     assert "trainer:1" in (decision.status.message or "")
+
+
+def test_a_raycluster_held_by_its_queue_is_pending_waiting_for_admission() -> None:
+    first = step(job(), None, observe(0))
+    held = replace(cluster(0), suspended=True)
+    decision = step(job(), first.status, observe(3, held))
+    assert (decision.status.phase, decision.status.reason) == ("Pending", "WaitingForAdmission")
 
 
 def test_missing_worker_pods_are_pending_creating_pods() -> None:
