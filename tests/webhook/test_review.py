@@ -151,6 +151,22 @@ def test_metadata_only_updates_pass_even_when_the_stored_spec_no_longer_validate
     assert review("UPDATE", new=new, old=old).allowed
 
 
+def test_a_job_stored_under_looser_rules_can_still_be_suspended() -> None:
+    old = running(job("legacy", async_rl={"maxStalenessVersions": 0, "overSampling": True}))
+    new = copy.deepcopy(old)
+    new["spec"]["suspend"] = True
+    assert review("UPDATE", new=new, old=old).allowed
+
+
+def test_an_update_that_adds_an_error_to_a_legacy_job_is_denied_for_the_new_error_only() -> None:
+    old = running(job("legacy", async_rl={"maxStalenessVersions": 0, "overSampling": True}))
+    new = copy.deepcopy(old)
+    new["spec"]["backoffLimit"] = 1000
+    decision = review("UPDATE", new=new, old=old)
+    assert not decision.allowed
+    assert "(1 error)" in decision.message and "spec.backoffLimit" in decision.message
+
+
 def test_status_written_by_the_operator_is_not_judged() -> None:
     manifest = job("with-status") | {"status": {"phase": "Running", "kopf": {"progress": {}}}}
     assert review("CREATE", new=manifest, old=None).allowed
