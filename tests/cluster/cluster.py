@@ -43,7 +43,7 @@ from tests.cluster.processes import (
     start_ticks,
     stop,
 )
-from tests.cluster.rest import Api, ApiError, client_context, condition
+from tests.cluster.rest import JSON, Api, ApiError, client_context, condition
 
 STAGES_FILE = HERE / "kwok-stages.yaml"
 # Standalone kwok does not default these (kwokctl does); zero makes it exit at start.
@@ -342,29 +342,43 @@ class LocalCluster:
 
     def _apply_crds(self, folder: Path) -> None:
         """Server-side apply the KubeRay CRDs (too big for client-side apply) and wait Established."""
-        api = self.api
-        names = []
         files = sorted(folder.glob("*.json"))
         if not files:
             raise ClusterError(f"no KubeRay CRDs in {folder}; run `python -m tests.cluster build`")
+        self.install_crds(files, log=True)
+
+    def install_crds(
+        self, files: Iterable[Path], *, timeout: float = UP_TIMEOUT, log: bool = False
+    ) -> list[JSON]:
+        """Server-side apply CRD files (YAML or JSON, one CRD each) and wait until all are Established.
+
+        Server-side apply because large CRDs overflow client-side apply's last-applied annotation,
+        and because it is idempotent: re-applying an unchanged CRD is a no-op. Returns the CRDs.
+        """
+        api = self.api
+        paths: list[str] = []
         for f in files:
-            body = f.read_text()
-            name = str(json.loads(body)["metadata"]["name"])
+            text = f.read_text()
+            doc = json.loads(text) if f.suffix == ".json" else yaml.safe_load(text)
+            path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}"
             t = time.monotonic()
-            api.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", body)
-            _log(f"applied {name} in {time.monotonic() - t:.1f} s")
-            names.append(name)
+            api.apply(path, text if f.suffix == ".json" else json.dumps(doc))
+            if log:
+                _log(f"applied {doc['metadata']['name']} in {time.monotonic() - t:.1f} s")
+            paths.append(path)
+        crds: dict[str, JSON] = {}
 
         def established() -> bool:
-            for n in names:
-                c = condition(
-                    api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}"), "Established"
-                )
+            for path in paths:
+                crd = api.get(path)
+                c = condition(crd, "Established")
                 if c is None or c["status"] != "True":
                     return False
+                crds[path] = crd
             return True
 
-        self._wait(established, "KubeRay CRDs Established", self.records())
+        self._wait(established, "CRDs Established", self.records(), timeout=timeout)
+        return [crds[p] for p in paths]
 
     def _create_nodes(self) -> None:
         for node in default_nodes():
@@ -395,9 +409,11 @@ class LocalCluster:
             if stop(rec):
                 stopped.append(rec.name)
         self.pidfile.clear()
+        purge = purge and self.paths.marker.exists()
         if stopped and not quiet:
-            _log(f"stopped {', '.join(stopped)}; logs kept in {self.logs}")
-        if purge and self.paths.marker.exists():
+            where = f"deleted {self.paths.root}" if purge else f"logs kept in {self.logs}"
+            _log(f"stopped {', '.join(stopped)}; {where}")
+        if purge:
             shutil.rmtree(self.paths.root)
         return stopped
 

@@ -258,20 +258,11 @@ def test_admission_webhooks_are_called(kube_api: Api, deny_webhook: str) -> None
 
 
 @pytest.fixture(scope="module")
-def asyncgrpo_crd(local_cluster: LocalCluster, kube_api: Api) -> JSON:
+def asyncgrpo_crd(local_cluster: LocalCluster) -> JSON:
     """The project's generated CRD, server-side applied and Established."""
     if not CRD_FILE.exists():
         pytest.skip(f"{CRD_FILE.relative_to(REPO)} is not generated yet")
-    doc: JSON = yaml.safe_load(CRD_FILE.read_text())
-    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}"
-    kube_api.apply(path, json.dumps(doc))
-
-    def established() -> JSON | None:
-        crd = kube_api.get(path)
-        c = condition(crd, "Established")
-        return crd if c is not None and c["status"] == "True" else None
-
-    return wait_until(established, "AsyncGRPOJob CRD Established")
+    return local_cluster.install_crds([CRD_FILE])[0]
 
 
 def test_asyncgrpojob_crd_explain_shows_descriptions(
