@@ -47,6 +47,8 @@ class Controller:
     workers: int = 4
     resync_seconds: float = 60.0
     conflict_errors: tuple[type[BaseException], ...] = ()
+    is_active: Callable[[], bool] = field(default=lambda: True)
+    """False while another replica leads (leader.py): keys are kept, nothing is dispatched."""
     stats: Stats = field(default_factory=Stats)
     _due: dict[Key, float] = field(default_factory=dict)
     _heap: list[tuple[float, Key]] = field(default_factory=list)
@@ -82,7 +84,7 @@ class Controller:
             self.stats.last_beat = loop.time()
             self._wake.clear()
             now = loop.time()
-            while self._heap and self._heap[0][0] <= now:
+            while self._heap and self._heap[0][0] <= now and self.is_active():
                 due, key = heapq.heappop(self._heap)
                 if self._due.get(key) != due:
                     continue  # superseded by an earlier request
@@ -93,6 +95,8 @@ class Controller:
                     self._running.add(key)
                     self._ready.put_nowait(key)
             timeout = min(self._heap[0][0] - now, 5.0) if self._heap else 5.0
+            if not self.is_active():
+                timeout = 1.0  # standing by: look again soon, leadership may have changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(timeout, 0.0))
 

@@ -68,10 +68,13 @@ def free_port() -> int:
 class OperatorProcess:
     """`python -m asyncgrpo_operator` watching one namespace; logs go to a file."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log = log
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
 
@@ -84,6 +87,7 @@ class OperatorProcess:
             ASYNCGRPO_WEBHOOK_PORT=str(free_port()),
             ASYNCGRPO_RESYNC_SECONDS="5",
         )
+        env.update(self.env)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [
@@ -557,6 +561,37 @@ def test_an_operator_killed_mid_reconcile_never_makes_a_second_raycluster(
     assert running["rayClusterName"] == "sturdy-0" and running["restarts"] == 0
     assert [rc["metadata"]["name"] for rc in rayclusters(kube_api, namespace, "sturdy")] == ["sturdy-0"]
     assert "DriverRunning" in event_reasons(kube_api, namespace, "sturdy")
+
+
+def test_two_replicas_with_leader_election_act_once_and_fail_over(
+    *,
+    kube_api: Api,
+    kubeconfig: Path,
+    namespace: str,
+    asyncgrpo_crd: JSON,
+    tmp_path: Path,
+    driver_progress: ProgressServer,
+) -> None:
+    env = {"ASYNCGRPO_LEADER_ELECTION": "true", "ASYNCGRPO_LEADER_ELECTION_NAMESPACE": namespace}
+    replicas = [OperatorProcess(kubeconfig, namespace, tmp_path / f"operator-{i}.log", env) for i in range(2)]
+    for replica in replicas:
+        replica.start()
+    try:
+        create_job(kube_api, namespace, job_manifest("shared", driver_progress.url))
+        run_until_running(kube_api, namespace, "shared", driver_progress)
+        created = [e for e in events(kube_api, namespace, "shared") if e["reason"] == "CreatedRayCluster"]
+        assert len(created) == 1
+
+        lease = kube_api.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/asyncgrpo-operator")
+        holder = lease["spec"]["holderIdentity"]
+        leader = next(r for r in replicas if r.proc is not None and holder.endswith(f"-{r.proc.pid}"))
+        leader.kill()
+        kube_api.merge_patch(f"{JOBS.format(ns=namespace)}/shared", {"spec": {"suspend": True}})
+        wait_phase(kube_api, namespace, "shared", "Suspended", timeout=60)  # the standby took over
+    finally:
+        for replica in replicas:
+            replica.stop()
+            sys.stderr.write(f"\n--- {replica.log.name} ---\n{replica.tail(30)}\n")
 
 
 def test_the_liveness_endpoint_reports_the_queue(operator: OperatorProcess) -> None:
