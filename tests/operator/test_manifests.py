@@ -25,76 +25,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.yaml"))
 OWNER = Owner(name="ignored", uid="00000000-0000-0000-0000-000000000001")
 
-EVERY_FIELD: dict[str, Any] = {
-    "apiVersion": "asyncgrpo.dev/v1alpha1",
-    "kind": "AsyncGRPOJob",
-    "metadata": {"name": "every-field", "namespace": "rl"},
-    "spec": {
-        "image": "registry.example/trainer:2",
-        "imagePullPolicy": "Always",
-        "backoffLimit": 1,
-        "storage": {
-            "checkpoints": {"hostPath": {"path": "/mnt/ckpt"}, "mountPath": "/checkpoints"},
-            "models": {"pvc": {"claimName": "models", "readOnly": True}, "mountPath": "/models"},
-            "data": {"emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}, "mountPath": "/data"},
-        },
-        "secrets": [
-            {"name": "hf", "keys": [{"key": "token", "env": "HF_TOKEN"}]},
-            {"name": "all-of-wandb"},
-        ],
-        "env": [{"name": "LOG_FORMAT", "value": "json"}],
-        "network": {
-            "ncclSocketIfname": "eth0",
-            "glooSocketIfname": "eth0",
-            "ibEnabled": True,
-            "ibHca": "mlx5",
-            "hostNetwork": True,
-            "ncclDebug": "WARN",
-        },
-        "scheduler": {"name": "kai", "queueName": "research", "priorityClassName": "high"},
-        "imagePullSecrets": ["regcred"],
-        "serviceAccountName": "trainer",
-        "labels": {"team": "rl"},
-        "cluster": {
-            "head": {
-                "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
-                "nodeSelector": {"asyncgrpo.dev/pool": "cpu"},
-                "annotations": {"example.com/owner": "rl-team"},
-            },
-            "policyWorkers": {
-                "replicas": 2,
-                "gpusPerReplica": 4,
-                "nodeSelector": {"asyncgrpo.dev/pool": "gpu"},
-                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                "affinity": {
-                    "podAntiAffinity": {
-                        "preferredDuringSchedulingIgnoredDuringExecution": [
-                            {
-                                "weight": 100,
-                                "podAffinityTerm": {
-                                    "topologyKey": "kubernetes.io/hostname",
-                                    "labelSelector": {
-                                        "matchLabels": {"asyncgrpo.dev/job-name": "every-field"}
-                                    },
-                                },
-                            }
-                        ]
-                    }
-                },
-            },
-            "generationWorkers": {
-                "replicas": 1,
-                "gpusPerReplica": 4,
-                "nodeSelector": {"asyncgrpo.dev/pool": "gpu"},
-                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            },
-        },
-        "trainer": {
-            "grpo": {"numPromptsPerStep": 8, "numGenerationsPerPrompt": 4},
-            "policy": {"trainMicroBatchSize": 4},
-        },
-    },
-}
+JOBS = Path(__file__).resolve().parent / "jobs"
+EVERY_FIELD: dict[str, Any] = yaml.safe_load((JOBS / "every-field.yaml").read_text())
 
 
 def load(manifest: dict[str, Any]) -> AsyncGRPOJob:
@@ -103,18 +35,15 @@ def load(manifest: dict[str, Any]) -> AsyncGRPOJob:
     return report.job
 
 
-def cases() -> Iterator[tuple[str, dict[str, Any]]]:
-    yield "every-field", EVERY_FIELD
-    for path in EXAMPLES:
-        yield path.stem, yaml.safe_load(path.read_text())
+GOLDEN_CASES = {path.stem: yaml.safe_load(path.read_text()) for path in sorted(JOBS.glob("*.yaml"))}
+"""Golden inputs live next to the tests (frozen copies), so editing docs/examples never breaks them."""
+CASES = GOLDEN_CASES | {f"example-{p.stem}": yaml.safe_load(p.read_text()) for p in EXAMPLES}
+"""Every golden input and every documented example: the properties must hold for all of them."""
 
 
-CASES = dict(cases())
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_rendered_objects_match_the_golden_file(name: str) -> None:
-    job = load(CASES[name])
+    job = load(GOLDEN_CASES[name])
     text = render.to_yaml(manifests.objects(job, attempt=1, owner=OWNER))
     golden = GOLDEN / f"{name}.yaml"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -230,8 +159,7 @@ def test_every_spec_field_reaches_the_pods() -> None:
 
 
 def test_kueue_queue_label_is_on_the_raycluster() -> None:
-    manifest = yaml.safe_load((ROOT / "docs" / "examples" / "gpu-vllm-megatron.yaml").read_text())
-    cluster = manifests.ray_cluster(load(manifest), 0)
+    cluster = manifests.ray_cluster(load(GOLDEN_CASES["gpu-vllm-megatron"]), 0)
     assert cluster["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "rl-team"
 
 
