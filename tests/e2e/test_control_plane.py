@@ -143,6 +143,34 @@ def test_fail_pod_helper_fails_a_running_pod(kube_api: Api, namespace: str) -> N
     assert terminated["reason"] == "OOMKilled"
 
 
+def test_stuck_label_keeps_a_bound_pod_from_becoming_ready(kube_api: Api, namespace: str) -> None:
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    kube_api.create(path, _pod("stuck", _cpu_pod_spec(), labels={faults.FAULT_LABEL: faults.POD_STUCK}))
+    wait_until(lambda: kube_api.get(f"{path}/stuck")["spec"].get("nodeName"), "pod bound to a node")
+    time.sleep(2)
+    pod = kube_api.get(f"{path}/stuck")
+    assert pod["status"]["phase"] == "Pending"
+    assert not pod_ready(pod)
+
+
+def test_job_pods_complete(kube_api: Api, namespace: str) -> None:
+    """KCM's Job controller plus kwok's pod-complete stage: a Job runs to completion."""
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "once"},
+        "spec": {"template": {"spec": {**_cpu_pod_spec(), "restartPolicy": "Never"}}},
+    }
+    path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    kube_api.create(path, job)
+
+    def complete() -> JSON | None:
+        c = condition(kube_api.get(f"{path}/once"), "Complete")
+        return c if c is not None and c["status"] == "True" else None
+
+    wait_until(complete, "Job Complete", timeout=60)
+
+
 def test_node_not_ready_helper(kube_api: Api) -> None:
     """A dedicated throw-away node, so the shared GPU pool is never disturbed."""
     name = f"kwok-chaos-{int(time.time() * 1000) % 100000}"
