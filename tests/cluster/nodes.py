@@ -82,6 +82,14 @@ def gpu_node(name: str, gpus: int = GPUS_PER_NODE) -> dict[str, Any]:
     return _node(name, labels, capacity, [dict(GPU_TAINT)])
 
 
+def spare_node(name: str) -> dict[str, Any]:
+    """A throw-away node for fault tests: its own pool and a NoSchedule taint, so no other test's
+    pods land on it and pool-wide checks never see it."""
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    taint = {"key": "asyncgrpo.dev/spare", "value": "true", "effect": "NoSchedule"}
+    return _node(name, {POOL_LABEL: "spare"}, capacity, [taint])
+
+
 def default_nodes() -> list[dict[str, Any]]:
     """kwok-cpu-0 and kwok-gpu-0..3 (8 GPUs each)."""
     cpus = [cpu_node(f"kwok-cpu-{i}") for i in range(CPU_NODE_COUNT)]

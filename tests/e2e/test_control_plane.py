@@ -23,7 +23,7 @@ import yaml
 from tests.cluster import faults
 from tests.cluster.cluster import ClusterError, LocalCluster
 from tests.cluster.config import kubernetes_version
-from tests.cluster.nodes import GPU_RESOURCE, GPU_TAINT, gpu_node
+from tests.cluster.nodes import GPU_RESOURCE, GPU_TAINT, spare_node
 from tests.cluster.pki import issue
 from tests.cluster.rest import JSON, Api, ApiError, condition
 from tests.cluster.samples import (
@@ -172,9 +172,9 @@ def test_job_pods_complete(kube_api: Api, namespace: str) -> None:
 
 
 def test_node_not_ready_helper(kube_api: Api) -> None:
-    """A dedicated throw-away node, so the shared GPU pool is never disturbed."""
-    name = f"kwok-chaos-{int(time.time() * 1000) % 100000}"
-    kube_api.create("/api/v1/nodes", gpu_node(name))
+    """A dedicated throw-away node, so the shared pools are never disturbed."""
+    name = f"kwok-spare-{int(time.time() * 1000) % 100000}"
+    kube_api.create("/api/v1/nodes", spare_node(name))
     node_path = f"/api/v1/nodes/{name}"
     try:
 
