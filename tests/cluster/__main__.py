@@ -75,8 +75,9 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 def _cmd_env(args: argparse.Namespace) -> int:
     cluster = LocalCluster.from_env()
+    running = cluster.info().get("binaries")  # the live cluster's build, even after a re-pin
     print(f"export KUBECONFIG={cluster.kubeconfig}")
-    print(f"export PATH={layout().bin}:$PATH")
+    print(f"export PATH={Path(running) / 'bin' if running else layout().bin}:$PATH")
     return 0
 
 
