@@ -344,26 +344,42 @@ class _Draft:
         return Decision(
             status=status,
             actions=tuple(self.actions),
-            events=tuple(self._transition_events(conditions)) + tuple(self.events),
+            events=tuple(self._transition_events(conditions, phase, reason, message)) + tuple(self.events),
             requeue_after=min(self.requeues) if self.requeues else None,
             progress_mark=self.mark,
         )
 
-    def _transition_events(self, conditions: list[Condition]) -> list[Event]:
-        """One event per condition whose status or reason changed, with the condition's reason."""
+    def _transition_events(
+        self, conditions: list[Condition], phase: str, reason: str, message: str
+    ) -> list[Event]:
+        """Events for what changed: the phase (with its reason), and each condition that flipped
+        or turned to a warning reason. A condition appearing as "not yet" is not news, and a
+        condition event that repeats the phase event's reason is dropped."""
+        events: list[Event] = []
+        old_phase = self.old.phase if self.old.conditions else None
+        if phase != old_phase:
+            text = f"{old_phase or 'New'} -> {phase}" + (f": {message}" if message else "")
+            events.append(Event(_kind(reason, "True"), reason, text))
         before = {c.type: c for c in self.old.conditions}
-        events = []
         for cond in conditions:
             prior = before.get(cond.type)
-            if prior is not None and (prior.status, prior.reason) == (cond.status, cond.reason):
+            if prior is None:
+                news = cond.status == "True" or cond.reason in _WARNING_REASONS
+            elif prior.status != cond.status:
+                news = True
+            else:
+                news = prior.reason != cond.reason and cond.reason in _WARNING_REASONS
+            if not news or (phase != old_phase and cond.reason == reason):
                 continue
-            if prior is None and cond.status == "False" and cond.type in (SUSPENDED, STALLED, RESTARTING):
-                continue  # a condition appearing as "not the case" is not news
-            warn = cond.reason in _WARNING_REASONS and (cond.status == "True" or cond.type != FAILED)
-            kind: Literal["Normal", "Warning"] = "Warning" if warn else "Normal"
             text = f"{cond.type} is {cond.status}" + (f": {cond.message}" if cond.message else "")
-            events.append(Event(kind, cond.reason, text))
+            events.append(Event(_kind(cond.reason, cond.status, cond.type), cond.reason, text))
         return events
+
+
+def _kind(reason: str, status: str, type_: str = "") -> Literal["Normal", "Warning"]:
+    """Warning for reasons that need attention, unless they describe something ending (False)."""
+    warn = reason in _WARNING_REASONS and (status == "True" or type_ not in (FAILED, STALLED, RESTARTING))
+    return "Warning" if warn else "Normal"
 
 
 def _with_generation(cond: Condition, generation: int) -> Condition:

@@ -524,6 +524,34 @@ def test_an_invalid_job_fails_with_invalid_spec() -> None:
     assert decision.actions == ()
 
 
+# --- events ----------------------------------------------------------------------------------
+
+
+def test_events_tell_the_story_once_per_transition() -> None:
+    created = step(job(), None, observe(0, configmap=False))
+    assert [(e.type, e.reason) for e in created.events] == [
+        ("Normal", "ClusterCreating"),
+        ("Normal", "CreatedRayCluster"),
+    ]
+    rc = cluster(0)
+    message = "0/5 nodes are available: 4 Insufficient nvidia.com/gpu."
+    pods = (
+        pod(rc, head=True),
+        pod(rc, node=None, ready=False, unschedulable=message),
+        pod(rc, group="generation"),
+    )
+    pending = step(job(), created.status, observe(2, rc, pods=pods))
+    assert [(e.type, e.reason) for e in pending.events] == [("Warning", "Unschedulable")]
+    again = step(job(), pending.status, observe(4, rc, pods=pods))
+    assert again.events == ()
+    ready = replace(rc, provisioned=True)
+    run = step(job(), again.status, observe(6, ready, pods=healthy_pods(ready)))
+    assert [e.reason for e in run.events] == ["DriverRunning", "AllPodsScheduled", "AllPodsReady"]
+    assert "Pending -> Running" in run.events[0].message
+    done = step(job(), run.status, observe(8, ready, pods=healthy_pods(ready, driver=terminated(0))))
+    assert [e.reason for e in done.events] == ["DriverSucceeded", "DeletedRayCluster"]
+
+
 # --- status shape --------------------------------------------------------------------------------
 
 
