@@ -98,6 +98,15 @@ def test_streaming_gated_takes_the_oldest_weight_version_first_and_waits_for_it(
     assert _ids(smp.select(buf, 2, min_groups=1, max_groups=4)) == [2, 3]
 
 
+def test_streaming_gated_takes_a_complete_short_version_below_the_chunk_minimum() -> None:
+    # a refit split a dispatch batch: version 1 has only 3 groups, all ready; waiting for a chunk
+    # of 4 would stall forever, so the 3 are a chunk and version 2 follows
+    smp = sampler.WeightFifoSampler(1)
+    buf = _buffer((1, None, True), (1, None, True), (1, None, True), (2, None, True), (2, None, False))
+    assert _ids(smp.select(buf, 2, min_groups=4, max_groups=8)) == [0, 1, 2]
+    assert smp.select(buf, 2, min_groups=4, max_groups=5) is None  # version 2 is still generating
+
+
 def test_streaming_gated_evicts_ready_groups_older_than_the_window() -> None:
     smp = sampler.WeightFifoSampler(1)
     buf = _buffer((0, None, True), (1, None, True), (0, None, False))

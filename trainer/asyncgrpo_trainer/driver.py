@@ -131,7 +131,9 @@ def build(job: AsyncGRPOJob) -> Built:
     )
     cl = job.spec.cluster
     policy_ranks = rules.policy_data_parallel_size(job)
-    gen_ranks = max(cl.generation_workers.replicas, 1)
+    # Colocated generation runs one engine next to each policy rank (the rules require
+    # generationWorkers.replicas 0 then).
+    gen_ranks = policy_ranks if t.generation.colocated else max(cl.generation_workers.replicas, 1)
     pools = cluster.build_pools(
         policy_ranks=policy_ranks,
         policy_gpus=min(cl.policy_workers.gpus_per_replica, 1),

@@ -106,6 +106,19 @@ class WeightFifoSampler(Sampler):
         oldest = min(s.start_version for s in live)
         return [s for s in live if s.ready and s.start_version == oldest]
 
+    def select(
+        self, buffer: ReplayBuffer, trainer_version: int, *, min_groups: int, max_groups: int
+    ) -> list[Slot] | None:
+        # A refit in the middle of a dispatch batch splits it over two start versions, so the
+        # oldest version can hold fewer groups than a chunk's minimum. Once none of them is still
+        # generating, waiting cannot add any: take them as a smaller chunk instead of stalling.
+        live = [s for s in buffer.ordered() if not self._stale(s, trainer_version)]
+        if live:
+            oldest = min(s.start_version for s in live)
+            if all(s.ready for s in live if s.start_version == oldest):
+                min_groups = 1
+        return super().select(buffer, trainer_version, min_groups=min_groups, max_groups=max_groups)
+
 
 class WindowedSampler(Sampler):
     """Over-sampled streaming: any ready group within the window, in dispatch order."""
