@@ -1,0 +1,248 @@
+"""The controller's pumps in-process against fake workers (no Ray processes, no model): refit
+order, cache resets, version bumps, aborts, the drain gate, retries, failures and the watchdog.
+
+The fakes implement the same async calls as the worker groups; generation time is simulated with
+asyncio sleeps, so each scenario runs in well under a second and is deterministic in what it
+asserts (counts and invariants, not timings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncgrpo_trainer import controller, data, envs, sampler, weights
+from asyncgrpo_trainer.backends import generation, sampling
+from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.rollout import RolloutFailedError, RolloutManager
+from asyncgrpo_trainer.tokenizer import CharTokenizer
+
+P, N = 4, 2
+
+
+class FakeGeneration:
+    """Engines that hold a weight version and 'decode' for a few multiples of `delay` seconds."""
+
+    def __init__(self, delay: float = 0.01, fail_first: int = 0, hang: bool = False) -> None:
+        self.version = -1
+        self.delay, self.fail_first, self.hang = delay, fail_first, hang
+        self.resets = 0
+        self.loads: list[int] = []
+        self.calls = 0
+
+    async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
+        self.calls += 1
+        if self.calls <= self.fail_first:
+            raise RuntimeError("engine error")
+        if self.hang:
+            await asyncio.Event().wait()
+        first = self.version
+        for _ in range(4):  # groups take 1x to 3x the delay, so they finish at different times
+            await asyncio.sleep(self.delay * (1 + seed % 3) / 4)
+        return generation.Generated(
+            [[3 + seed % 3, 2] for _ in range(n)],
+            [[-1.0, -0.5]] * n,
+            [True] * n,
+            first,
+            self.version,
+            self.delay,
+        )
+
+    async def load_weights(self, ref: Any, version: int) -> None:
+        self.loads.append(version)
+        self.version = version
+
+    async def reset_cache(self) -> None:
+        self.resets += 1
+
+    async def stats(self) -> list[dict[str, float]]:
+        return [{"busy_seconds": 0.0}]
+
+
+class FakePolicy:
+    def __init__(self) -> None:
+        self.chunks: list[list[Any]] = []
+        self.steps = 0
+
+    async def reference_logprobs(self, rows: list[Any]) -> list[list[float]]:
+        return [[0.0] * len(r) for _, r in rows]
+
+    async def train_chunk(self, rows: list[Any]) -> None:
+        self.chunks.append(rows)
+
+    async def finish_step(self) -> dict[str, float]:
+        self.steps += 1
+        return {"loss": 0.0, "grad_norm": 1.0}
+
+    def weights_ref(self) -> dict[str, Any]:
+        return {}
+
+    async def state(self) -> dict[str, Any]:
+        return {"model": {}}
+
+    async def busy_seconds(self) -> float:
+        return 0.0
+
+
+class FakeRewards:
+    async def score(self, example: Any, responses: list[str], finished: list[bool]) -> list[float]:
+        return [float(i % 2) for i in range(len(responses))]
+
+
+def _controller(
+    tmp_path: Path,
+    mode: str,
+    gen: FakeGeneration,
+    *,
+    steps: int = 6,
+    drain: bool = False,
+    recompute: bool = False,
+    stall: float = 60.0,
+    attempts: int = 2,
+    timeout: float | None = None,
+) -> tuple[controller.SingleController, FakePolicy]:
+    knobs = {
+        "sync": (0, False, True, P, P),
+        "async-in-order": (1, False, True, 2 * P, P),
+        "streaming-gated": (1, False, False, 2 * P, P // 2),
+        "streaming-oversampled": (1, True, False, 4 * P, P // 2),
+    }[mode]
+    s_, over, in_order, cap, min_groups = knobs
+    env = envs.build("arithmetic")
+    tok = CharTokenizer(env.alphabet)
+    pol = FakePolicy()
+    rollout = RolloutManager(
+        gen,
+        FakeRewards(),
+        tok,
+        sampling.SamplingParams(2),
+        num_generations=N,  # type: ignore[arg-type]
+        timeout_seconds=timeout,
+        max_attempts=attempts,
+        seed=0,
+    )
+    settings = controller.Settings(
+        mode=mode,
+        prompts_per_step=P,
+        generations_per_prompt=N,
+        max_steps=steps,
+        min_groups_for_streaming_train=min_groups,
+        max_buffered_rollouts=cap,
+        max_inflight_prompts=cap,
+        drain_before_refit=drain,
+        reset_cache_after_refit=s_ == 0 or recompute,
+        stall_timeout_seconds=stall,
+        leave_one_out=True,
+        normalize_rewards=True,
+        needs_reference_logprobs=False,
+        val_period=0,
+        val_at_end=False,
+        checkpoint_path=str(tmp_path),
+        checkpoint_every=1000,
+        checkpoint_keep=1,
+        seed=0,
+        watchdog_interval_seconds=0.02,
+    )
+    args = controller.ControllerArgs(
+        settings=settings,
+        policy=pol,
+        generation=gen,
+        rewards=FakeRewards(),
+        rollout=rollout,  # type: ignore[arg-type]
+        weights=weights.ObjectStoreSynchronizer(pol, gen, 10.0),  # type: ignore[arg-type]
+        loader=data.PromptLoader(env.builtin_examples(split="train", count=64, seed=0), P, 0),
+        validation=[],
+        buffer=ReplayBuffer(),
+        sampler=sampler.for_spec(max_staleness_versions=s_, over_sampling=over, force_in_order=in_order),
+        tokenizer=tok,
+        validation_params=sampling.SamplingParams(2, temperature=0.0),
+    )
+    return controller.SingleController(args), pol
+
+
+def _steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in summary["records"] if "reward_mean" in r]
+
+
+def test_sync_mode_trains_only_fresh_data_and_resets_the_cache_after_every_refit(tmp_path: Path) -> None:
+    gen = FakeGeneration()
+    ctl, pol = _controller(tmp_path, "sync", gen)
+    summary = asyncio.run(ctl.run())
+    assert [r["max_staleness"] for r in _steps(summary)] == [0] * 6
+    assert gen.loads == [0, 1, 2, 3, 4, 5, 6]  # initial sync, then one version bump per step
+    assert gen.resets == 7
+    assert pol.steps == 6 and sum(len(c) for c in pol.chunks) == 6 * P * N
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_async_modes_reset_the_cache_only_when_asked(tmp_path: Path, recompute: bool) -> None:
+    gen = FakeGeneration()
+    ctl, _ = _controller(tmp_path, "async-in-order", gen, recompute=recompute)
+    summary = asyncio.run(ctl.run())
+    assert gen.resets == (7 if recompute else 1)  # the initial sync always starts from a clean cache
+    assert max(r["max_staleness"] for r in _steps(summary)) <= 1
+
+
+def test_streaming_gated_streams_chunks_into_one_optimizer_step(tmp_path: Path) -> None:
+    gen = FakeGeneration()
+    ctl, pol = _controller(tmp_path, "streaming-gated", gen)
+    summary = asyncio.run(ctl.run())
+    assert pol.steps == 6  # one finish_step per RL step ...
+    assert len(pol.chunks) >= 6 and all(len(c) % N == 0 for c in pol.chunks)  # ... of whole groups
+    assert all(r["max_staleness"] <= 1 for r in _steps(summary))
+
+
+def test_over_sampling_never_trains_beyond_the_window_and_aborts_aged_out_groups(tmp_path: Path) -> None:
+    gen = FakeGeneration(delay=0.05)
+    ctl, _ = _controller(tmp_path, "streaming-oversampled", gen, steps=8)
+    summary = asyncio.run(ctl.run())
+    assert max(r["max_staleness"] for r in _steps(summary)) <= 1
+    c = summary["counters"]
+    assert c["groups_dispatched"] > 8 * P  # ungated: more groups than steps need ...
+    assert c.get("groups_evicted", 0) + c.get("groups_aborted_stale", 0) > 0  # ... and the excess is dropped
+
+
+def test_the_drain_gate_waits_for_in_flight_groups_so_none_straddles_a_refit(tmp_path: Path) -> None:
+    gen = FakeGeneration(delay=0.05)
+    ctl, _ = _controller(tmp_path, "streaming-oversampled", gen, drain=True)
+    summary = asyncio.run(ctl.run())
+    assert summary["counters"].get("groups_straddling_refit", 0) == 0
+    gen2 = FakeGeneration(delay=0.05)
+    ctl2, _ = _controller(tmp_path / "b", "streaming-oversampled", gen2, drain=False)
+    assert asyncio.run(ctl2.run())["counters"].get("groups_straddling_refit", 0) > 0
+
+
+def test_a_failed_attempt_is_retried_and_never_trained_on(tmp_path: Path) -> None:
+    gen = FakeGeneration(fail_first=2)
+    ctl, pol = _controller(tmp_path, "sync", gen, steps=2, attempts=3)
+    summary = asyncio.run(ctl.run())
+    assert ctl.a.rollout.stats.errors == 2 and ctl.a.rollout.stats.retries == 2
+    assert sum(len(c) for c in pol.chunks) == 2 * P * N  # every trained row came from a success
+    assert summary["counters"]["groups_committed"] == 2 * P
+
+
+def test_a_group_failing_every_attempt_stops_the_run_with_the_error(tmp_path: Path) -> None:
+    gen = FakeGeneration(fail_first=10**6)
+    ctl, pol = _controller(tmp_path, "async-in-order", gen, attempts=2)
+    with pytest.raises(RolloutFailedError, match="failed 2 attempt"):
+        asyncio.run(ctl.run())
+    assert pol.chunks == [] and ctl.state == "failed" and "RolloutFailedError" in (ctl.error or "")
+    assert not ctl.inflight  # every in-flight task was cancelled and awaited
+
+
+def test_a_rollout_past_its_deadline_is_a_failure_not_a_zero_reward_group(tmp_path: Path) -> None:
+    gen = FakeGeneration(hang=True)
+    ctl, pol = _controller(tmp_path, "sync", gen, attempts=1, timeout=0.05)
+    with pytest.raises(RolloutFailedError, match="TimeoutError"):
+        asyncio.run(ctl.run())
+    assert pol.chunks == []
+
+
+def test_the_watchdog_fails_a_run_that_makes_no_progress(tmp_path: Path) -> None:
+    gen = FakeGeneration(hang=True)  # no deadline: the groups hang forever
+    ctl, _ = _controller(tmp_path, "sync", gen, stall=0.2)
+    with pytest.raises(controller.StallError, match="no rollout committed"):
+        asyncio.run(ctl.run())
