@@ -119,7 +119,8 @@ def test_rbac_grants_no_secrets_and_no_wildcards(default_objects: Objects) -> No
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
         assert "secrets" not in rule["resources"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
-    assert not by_kind(default_objects, "Role"), "no namespaced Roles: nothing needs them"
+    assert not by_kind(default_objects, "Role"), "no namespaced Roles unless leader election is on"
+    assert not by_kind(default_objects, "PodDisruptionBudget"), "a PDB on one replica would block drains"
 
 
 def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
@@ -289,7 +290,10 @@ def test_non_default_values_reach_the_objects(helm_bin: Path) -> None:
 
 
 BAD_VALUES = [
-    pytest.param({"replicaCount": 2}, "replicaCount", id="two-replicas-without-peering"),
+    pytest.param(
+        {"replicaCount": 2}, "needs leaderElection.enabled=true", id="two-replicas-without-leader-election"
+    ),
+    pytest.param({"replicaCount": 11}, "replicaCount", id="too-many-replicas"),
     pytest.param({"webhook.failurePolicy": "Sometimes"}, "failurePolicy", id="unknown-failure-policy"),
     pytest.param({"webhook.timeoutSeconds": 31}, "timeoutSeconds", id="timeout-above-apiserver-max"),
     pytest.param({"webhok": {"port": 1}}, "webhok", id="misspelt-top-level-key"),
@@ -299,6 +303,38 @@ BAD_VALUES = [
     pytest.param({"resources": {"requests": {"cpu": "lots"}}}, "cpu", id="bad-quantity"),
     pytest.param({"webhook.tls.certManager.duration": "90 days"}, "duration", id="bad-duration"),
 ]
+
+
+def test_leader_election_allows_replicas_with_a_lease_role_rolling_updates_and_a_pdb(helm_bin: Path) -> None:
+    objects = template(helm_bin, {"replicaCount": 2, "leaderElection.enabled": True})
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert env(objects)["ASYNCGRPO_LEADER_ELECTION"] == "true"
+    role = one(objects, "Role")
+    assert role["metadata"]["namespace"] == "asyncgrpo-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["asyncgrpo-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = one(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+
+
+def test_lease_name_in_the_role_is_the_operators() -> None:
+    from asyncgrpo_operator.leader import LEASE_NAME  # noqa: PLC0415
+
+    assert f'resourceNames: ["{LEASE_NAME}"]' in (CHART / "templates" / "rbac.yaml").read_text()
 
 
 @pytest.mark.parametrize(("values", "named"), BAD_VALUES)

@@ -117,6 +117,23 @@ def test_the_operator_reconciles_a_job_with_only_the_chart_rbac(chart: Installat
     assert "Forbidden" not in log and " 403" not in log, chart.log_tail()
 
 
+def test_the_operator_holds_the_leader_lease_with_the_chart_role(chart: Installation) -> None:
+    if chart.module != "asyncgrpo_operator.main":
+        pytest.skip(f"the operator ({chart.module}) does not elect a leader")
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{chart.namespace}/leases/asyncgrpo-operator"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            holder = chart.api.get(path)["spec"].get("holderIdentity", "")
+        except ApiError as err:
+            assert err.status == 404, err
+            holder = ""
+        if holder.startswith(f"{chart.fullname}-local"):
+            break
+        assert time.monotonic() < deadline, f"lease holder {holder!r}:\n{chart.log_tail()}"
+        time.sleep(0.5)
+
+
 def test_helm_upgrade_keeps_the_generated_certificate(chart: Installation) -> None:
     secret_path = f"/api/v1/namespaces/{chart.namespace}/secrets/{chart.fullname}-webhook-tls"
     vwc_path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{chart.fullname}"

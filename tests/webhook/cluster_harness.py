@@ -163,6 +163,8 @@ class Installation:
             f"webhook.url=https://127.0.0.1:{self.port}",
             "--set-json",
             f"webhook.namespaceSelector={selector}",
+            "--set",
+            "leaderElection.enabled=true",
             helm_bin=self.helm_bin,
         )
 
@@ -235,6 +237,10 @@ class Installation:
             "ASYNCGRPO_WEBHOOK_CERT_DIR": str(self.tls_dir),
             "ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS": "2",
             "ASYNCGRPO_WATCH_NAMESPACES": self.jobs_ns,
+            # as the chart's Deployment sets them: the Lease lives in the release namespace
+            "ASYNCGRPO_LEADER_ELECTION": "true",
+            "POD_NAMESPACE": self.namespace,
+            "POD_NAME": f"{self.fullname}-local",
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(extra_path or ""), os.environ.get("PYTHONPATH", "")) if p
             ),

@@ -82,6 +82,9 @@ Checks the schema cannot express; each fails `helm install` with the value to fi
 {{- fail (printf "webhook.url must not have a path; the chart appends /validate-asyncgrpojob. Got %q" .Values.webhook.url) }}
 {{- end }}{{- end }}
 {{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail (printf "replicaCount %d needs leaderElection.enabled=true: without a leader every replica would reconcile every job" (int .Values.replicaCount)) }}
+{{- end }}
 {{- if and .Values.webhook.tls.certManager.enabled .Values.webhook.tls.certManager.issuerRef }}
 {{- if not .Values.webhook.tls.certManager.issuerRef.name }}
 {{- fail "webhook.tls.certManager.issuerRef.name is required when issuerRef is set" }}
