@@ -516,10 +516,11 @@ def _run(ctx: _Ctx, draft: _Draft) -> None:
             draft.set(PODS_SCHEDULED, False, "WaitingForPreviousCluster", message)
             draft.requeue(DELETION_RECHECK_SECONDS)
         return
-    if not ours:  # created by a pass that died before it could record it: adopt it
+    if not ours:  # first seen since it was created: record it
         draft.set_field("ray_cluster_name", name)
         draft.set_field("dashboard_url", _dashboard_url(job, name))
-        draft.set_field("attempt_start_time", current.created_at or now)
+        if draft.get("attempt_start_time") is None:
+            draft.set_field("attempt_start_time", current.created_at or now)
     _attempt(ctx, draft, current)
 
 
@@ -529,8 +530,8 @@ def _create_cluster(job: AsyncGRPOJob, draft: _Draft, owner: Owner | None) -> No
         CreateRayCluster(manifests.ray_cluster(job, draft.attempt, owner)),
         Event("Normal", "CreatedRayCluster", f"creating RayCluster {name} (attempt {draft.attempt})"),
     )
-    draft.set_field("ray_cluster_name", name)
-    draft.set_field("dashboard_url", _dashboard_url(job, name))
+    # status.rayClusterName is recorded once the cluster is seen (adoption below): the status is
+    # written before the create, so a name in the status always means "this cluster existed".
     draft.set_field("attempt_start_time", draft.now)
     draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
@@ -663,6 +664,8 @@ def _infra_failure(ctx: _Ctx, draft: _Draft, cluster: ClusterView | None, reason
     )
     if draft.has(STALLED):
         draft.set(STALLED, False, reason, "a new attempt is starting")
+    draft.set_field("ray_cluster_name", None)
+    draft.set_field("dashboard_url", None)
     if cluster is not None and not cluster.deleting:
         draft.act(
             DeleteRayCluster(cluster.name, cluster.uid, f"attempt {attempt} failed"),

@@ -3,10 +3,9 @@
 Level-triggered: every pass starts from a fresh read of the job and its children, so a missed
 watch event, a crash between two writes or an operator restart is repaired by the next pass.
 Idempotent: names are deterministic (a second create answers 409, which is success), deletes
-carry UID preconditions, and the status is written with the resourceVersion that was read, so a
-decision made on stale data is rejected (409) and re-planned instead of overwriting a newer one.
-Events are posted only after the status write succeeded, so a re-planned pass does not repeat
-them.
+carry UID preconditions, and the status is written first, with the resourceVersion that was read:
+a decision made on stale data is rejected (409) before it acted, and re-planned instead of
+overwriting a newer one. Events are posted last, so a re-planned pass does not repeat them.
 
 The only state kept between passes is what the API cannot give back: the exit of a head pod that
 KubeRay has deleted since, when the step last advanced (for Stalled), and the last progress read
@@ -163,7 +162,20 @@ class Reconciler:
     async def _apply(self, key: Key, body: Mapping[str, Any], decision: plan.Decision) -> None:
         namespace, name = key
         meta = body["metadata"]
-        deleted = False
+        # The status first, then the actions: a decision made on stale data fails here (409)
+        # before it changed anything, and a crash after this point leaves a status that the
+        # next pass completes (it records a cluster only once it has seen it).
+        wrote = False
+        deletes_job = any(isinstance(a, plan.DeleteJob) for a in decision.actions)
+        new_status = decision.status_patch()
+        if not deletes_job and _prune(new_status) != _prune(body.get("status") or {}):
+            wrote = True
+            try:
+                await self.api.patch_job_status(namespace, name, str(meta["resourceVersion"]), new_status)
+            except k8s.ApiError as err:
+                if err.status == 409:
+                    raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
+                raise
         for action in decision.actions:
             if isinstance(action, plan.ApplyConfigMap):
                 await self.api.apply_configmap(action.manifest)
@@ -179,18 +191,6 @@ class Reconciler:
             elif isinstance(action, plan.DeleteJob):
                 await self.api.delete_job(namespace, name, str(meta["uid"]))
                 log.info("deleted job", extra=_fields(key, why=action.why))
-                deleted = True
-        wrote = False
-        if not deleted:
-            new_status = decision.status_patch()
-            if _prune(new_status) != _prune(body.get("status") or {}):
-                wrote = True
-                try:
-                    await self.api.patch_job_status(namespace, name, str(meta["resourceVersion"]), new_status)
-                except k8s.ApiError as err:
-                    if err.status == 409:
-                        raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
-                    raise
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=decision.requeue_after))
         if decision.progress_mark is not None:
             self.memory.marks[key] = decision.progress_mark

@@ -60,7 +60,7 @@ def test_new_job_creates_configmap_and_first_raycluster_owned_by_the_job() -> No
     assert manifest["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
     assert decision.status.phase == "Pending"
     assert decision.status.reason == "ClusterCreating"
-    assert decision.status.ray_cluster_name == "demo-0"
+    assert decision.status.ray_cluster_name is None  # recorded once seen
     assert decision.status.start_time == at(0)
     assert "CreatedRayCluster" in reasons(decision.events)
 
@@ -72,12 +72,27 @@ def test_second_pass_with_the_cluster_present_creates_nothing() -> None:
     assert second.actions == ()
 
 
+def test_a_created_cluster_is_recorded_when_first_seen() -> None:
+    first = step(job(), None, observe(0, configmap=False))
+    second = step(job(), first.status, observe(1, cluster(0)))
+    assert second.status.ray_cluster_name == "demo-0"
+    assert second.status.dashboard_url == "http://demo-0-head-svc.team.svc:8265"
+    assert second.status.attempt_start_time == at(0)
+
+
 def test_cluster_created_by_a_pass_that_died_before_recording_it_is_adopted_not_recreated() -> None:
     rc = cluster(0, created=0)
     decision = step(job(), None, observe(5, rc, configmap=False))
     assert actions_of(decision, plan.CreateRayCluster) == []
     assert decision.status.ray_cluster_name == "demo-0"
     assert decision.status.attempt_start_time == at(0)
+
+
+def test_a_pass_that_died_after_recording_a_create_creates_the_cluster_again() -> None:
+    first = step(job(), None, observe(0, configmap=False))  # status written, then the operator died
+    again = step(job(), first.status, observe(5))
+    assert [a.manifest["metadata"]["name"] for a in actions_of(again, plan.CreateRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
+    assert again.status.restarts == 0
 
 
 def test_clusters_of_other_attempts_are_deleted() -> None:
@@ -322,7 +337,7 @@ def test_driver_killed_by_a_signal_restarts_with_a_fresh_cluster() -> None:
     assert [a.name for a in actions_of(decision, plan.DeleteRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
     created = actions_of(decision, plan.CreateRayCluster)
     assert [c.manifest["metadata"]["name"] for c in created] == ["demo-1"]  # type: ignore[attr-defined]
-    assert decision.status.ray_cluster_name == "demo-1"
+    assert decision.status.ray_cluster_name is None  # until demo-1 is seen
 
 
 def test_restarting_ends_when_the_new_attempt_runs() -> None:
