@@ -10,6 +10,7 @@ The tests run in file order; the last ones stop the operator to check what happe
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from asyncgrpo_api.naming import spec_configmap_name
+from asyncgrpo_operator import certs
 from asyncgrpo_operator.webhook import WEBHOOK_NAME
 from tests.chart.helm import NO_HELM, REPO, find_helm, template
 from tests.cluster.cluster import LocalCluster
@@ -148,6 +150,35 @@ def test_helm_upgrade_keeps_the_generated_certificate(chart: Installation) -> No
     )
     assert after == before, "helm upgrade rotated the webhook CA under the running operator"
     assert chart.webhook_answers()
+
+
+def test_a_rotated_certificate_is_served_without_restarting_the_operator(
+    chart: Installation, jobs_ns: str
+) -> None:
+    # What cert-manager (or deleting the Secret and `helm upgrade`) does: new files under the mount,
+    # a new CA in the webhook configuration. The operator re-reads the files every 2 s here.
+    assert chart.process is not None
+    pid = chart.process.pid
+    ca = certs.generate_ca("rotated-e2e-ca")
+    certs.write_tls_dir(chart.tls_dir, ca, certs.issue_serving_cert(ca, ["127.0.0.1"]))
+    vwc = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{chart.fullname}"
+    bundle = base64.b64encode(ca.cert_pem).decode()
+    chart.api.request(
+        "PATCH",
+        vwc,
+        json.dumps([{"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}]),
+        content_type="application/json-patch+json",
+    )
+    case = WEBHOOK_ONLY[0]
+    deadline = time.monotonic() + 30
+    while True:
+        outcome = chart.kubectl.apply(jobs_ns, case.manifest)
+        if DENIED_BY_WEBHOOK in outcome.stderr:
+            break
+        assert "failed calling webhook" in outcome.stderr, outcome.stderr  # old cert, new CA: x509 error
+        assert time.monotonic() < deadline, outcome.stderr
+        time.sleep(0.5)
+    assert chart.process.pid == pid and chart.process.poll() is None
 
 
 # --- admitted, warned, denied --------------------------------------------------------------------
