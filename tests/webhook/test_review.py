@@ -188,3 +188,13 @@ def test_rules_beyond_cel_are_denied_naming_the_field(case: Case) -> None:
     decision = review("CREATE", new=case.manifest, old=None)
     assert not decision.allowed
     assert f"- {case.path}: " in decision.message
+
+
+def test_the_admission_guide_lists_every_field_that_may_change() -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    from asyncgrpo_api.rules import ALWAYS_MUTABLE, MUTABLE_WHILE_SUSPENDED  # noqa: PLC0415
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "admission.md").read_text()
+    missing = [f for f in sorted(ALWAYS_MUTABLE | MUTABLE_WHILE_SUSPENDED) if f"`spec.{f}`" not in guide]
+    assert not missing, f"docs/guides/admission.md does not list {missing}"
