@@ -170,19 +170,20 @@ def _node_start_params() -> dict[str, str]:
 def driver_script() -> str:
     """The driver container's command: wait for the local Ray head, then become the driver.
 
-    `exec` makes the driver the container's main process, so the container's exit code (or the
-    signal that killed it) is the driver's, which is what decides the attempt.
+    It waits for the GCS port and for the raylet's dashboard agent (which starts after the
+    raylet), so `ray.init` finds a complete node. `exec` makes the driver the container's main
+    process, so the container's exit code (or the signal that killed it) is the driver's, which
+    is what decides the attempt.
     """
-    gcs = f"/dev/tcp/127.0.0.1/{naming.GCS_PORT}"
+    ports = f"{naming.GCS_PORT} {naming.DASHBOARD_AGENT_LISTEN_PORT}"
+    up = f"up() {{ for p in {ports}; do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || return 1; done; }}"
     wait = GCS_WAIT_SECONDS
     lines = [
         "set -u",
-        f"for _ in $(seq 1 {wait}); do",
-        f"  if (exec 3<>{gcs}) 2>/dev/null; then break; fi",
-        "  sleep 1",
-        "done",
-        f"if ! (exec 3<>{gcs}) 2>/dev/null; then",
-        f'  echo "the Ray head (GCS port {naming.GCS_PORT}) did not come up within {wait} s" >&2',
+        up,
+        f"for _ in $(seq 1 {wait}); do up && break; sleep 1; done",
+        "if ! up; then",
+        f'  echo "the Ray head (ports {ports}) did not come up within {wait} s" >&2',
         f"  exit {naming.RAY_START_FAILED_EXIT_CODE}",
         "fi",
         f"exec python -m {naming.DRIVER_MODULE} --job-spec {naming.JOB_SPEC_PATH}",
