@@ -6,7 +6,8 @@ the API server stores complete objects, the printer columns of `kubectl get agj`
 subresource, and CEL rules for the invariants CEL can express, so the API server rejects them
 even when the admission webhook is down.
 
-Run `python -m asyncgrpo_api.crdgen` to rewrite crds/; `--check` fails when the file is stale.
+Run `python -m asyncgrpo_api.crdgen` to rewrite crds/ and the Helm chart's byte copy of it;
+`--check` fails when either is stale.
 """
 
 from __future__ import annotations
@@ -293,22 +294,29 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
+CHART_CRDS = Path("charts/asyncgrpo-operator/crds")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write (or with --check, verify) crds/asyncgrpo.dev_asyncgrpojobs.yaml."""
+    """Write (or with --check, verify) the CRD under crds/ and its copy in the Helm chart."""
     parser = argparse.ArgumentParser(prog="python -m asyncgrpo_api.crdgen", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("crds"), help="output folder (default: crds)")
-    parser.add_argument("--check", action="store_true", help="fail if the committed file is stale")
+    parser.add_argument(
+        "--chart-crds", type=Path, default=CHART_CRDS, help=f"the chart's copy (default: {CHART_CRDS})"
+    )
+    parser.add_argument("--check", action="store_true", help="fail if a committed file is stale")
     args = parser.parse_args(argv)
-    target: Path = args.out / CRD_FILE
     text = render_crd()
+    targets = [args.out / CRD_FILE, args.chart_crds / CRD_FILE]
     if args.check:
-        if not target.exists() or target.read_text() != text:
+        stale = [t for t in targets if not t.exists() or t.read_text() != text]
+        for target in stale:
             print(f"{target} is stale: run `python -m asyncgrpo_api.crdgen`", file=sys.stderr)
-            return 1
-        return 0
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    print(f"wrote {target} ({len(text.encode())} bytes)")
+        return 1 if stale else 0
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(f"wrote {target} ({len(text.encode())} bytes)")
     return 0
 
 

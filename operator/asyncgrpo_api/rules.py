@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
+from asyncgrpo_api.v1alpha1.trainer import MegatronSpec, TinyModelSpec
 
 TRAINER = "spec.trainer"
 ASYNC_RL = f"{TRAINER}.asyncRL"
@@ -488,9 +489,10 @@ def _warn_checkpoints_not_durable(job: AsyncGRPOJob) -> Iterator[Finding]:
 
 def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
     trainer = job.spec.trainer
-    if trainer.model.source == "pretrained" and "tiny" in trainer.model.model_fields_set:
+    # Compared with the defaults, not model_fields_set: the API server fills in every default.
+    if trainer.model.source == "pretrained" and trainer.model.tiny != TinyModelSpec():
         yield Finding(f"{TRAINER}.model.tiny", "is ignored when source is pretrained; remove it")
-    if trainer.policy.backend != "megatron" and "megatron" in trainer.policy.model_fields_set:
+    if trainer.policy.backend != "megatron" and trainer.policy.megatron != MegatronSpec():
         yield Finding(f"{TRAINER}.policy.megatron", "is ignored unless policy.backend is megatron; remove it")
     if job.spec.scheduler.name == "default" and job.spec.scheduler.queue_name is not None:
         yield Finding(
