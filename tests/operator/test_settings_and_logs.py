@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import kopf
+from kopf._cogs.structs import references
 
 from asyncgrpo_operator import logs, naming, settings
 
@@ -24,10 +25,20 @@ def test_kopf_persists_nothing_under_kopf_zalando_org() -> None:
     assert config.peering.standalone is True
 
 
-def test_children_are_watched_through_a_server_side_label_selector() -> None:
+def resource(group: str, version: str, plural: str) -> references.Resource:
+    return references.Resource(
+        group=group, version=version, plural=plural, namespaced=True, verbs=["list", "watch"]
+    )
+
+
+def test_children_are_watched_through_a_server_side_label_selector_and_jobs_are_not() -> None:
     config = kopf.OperatorSettings()
     settings.apply(config)
-    assert set(config.watching.label_selectors.values()) == {naming.JOB_NAME_LABEL}
+    selectors = config.watching.label_selectors
+    assert list(selectors.collect(resource("", "v1", "pods"))) == [naming.JOB_NAME_LABEL]
+    assert list(selectors.collect(resource("ray.io", "v1", "rayclusters"))) == [naming.JOB_NAME_LABEL]
+    assert list(selectors.collect(resource("asyncgrpo.dev", "v1alpha1", "asyncgrpojobs"))) == []
+    assert list(selectors.collect(resource("", "v1", "configmaps"))) == []
 
 
 def test_no_handler_makes_kopf_add_a_finalizer() -> None:
