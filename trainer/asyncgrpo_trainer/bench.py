@@ -49,6 +49,15 @@ MODES: dict[str, dict[str, Any]] = {
         "maxBufferedRollouts": 3 * P,
         "minGroupsForStreamingTrain": P // 2,
     },
+    # The same with at most P groups generating at once: fewer groups age out while generating.
+    "streaming-oversampled-inflight-P": {
+        "maxStalenessVersions": 1,
+        "overSampling": True,
+        "forceInOrder": False,
+        "maxBufferedRollouts": 3 * P,
+        "maxInflightPrompts": P,
+        "minGroupsForStreamingTrain": P // 2,
+    },
 }
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import ray
 import torch
 
-from asyncgrpo_trainer import checkpoint, progress
+from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
@@ -384,10 +384,11 @@ class SingleController:
         await self._refit()
         step["refit"] += time.perf_counter() - t0
         wall = time.perf_counter() - t_step
+        evicted = step.pop("evicted", 0.0)
         for name, value in step.items():
             self.totals.add(name, value)
         self.counters["samples_trained"] += len(rewards)
-        self.counters["groups_evicted"] += step["evicted"]
+        self.counters["groups_evicted"] += evicted
         return {
             "step": self.version,
             "trained_at_version": trained_at,
@@ -398,6 +399,7 @@ class SingleController:
             "tokens": tokens,
             "tokens_per_second": tokens / wall,
             "step_seconds": wall,
+            "evicted_groups": evicted,
             **{k: round(v, 6) for k, v in step.items()},
             **metrics,
         }
@@ -523,6 +525,3 @@ class SingleControllerActor:
     async def ping(self) -> bool:
         return True
 
-
-def progress_from(poll: dict[str, Any]) -> progress.Progress:
-    return progress.Progress(**poll["progress"])
