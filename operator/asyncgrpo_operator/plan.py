@@ -23,138 +23,46 @@ The rules, in the order they are applied:
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
 
-from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Condition, Phase, Progress
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
 from asyncgrpo_operator import manifests, naming
-from asyncgrpo_operator.manifests import Manifest, Owner
+from asyncgrpo_operator.decision import (
+    BACKOFF_LIMIT_EXCEEDED,
+    BAD_WAITING_REASONS,
+    CLUSTER_LOST,
+    DEADLINE_EXCEEDED,
+    DELETION_RECHECK_SECONDS,
+    DRIVER_KILLED,
+    DRIVER_SUCCEEDED,
+    FAILED,
+    HEAD_POD_LOST,
+    INVALID_SPEC,
+    PODS_READY,
+    PODS_SCHEDULED,
+    PROVISIONING_RECHECK_SECONDS,
+    RAY_HEAD_UNAVAILABLE,
+    RESTARTING,
+    RUNNING,
+    STALLED,
+    SUCCEEDED,
+    SUSPENDED,
+    TRAINING_ERROR,
+    UNSCHEDULABLE,
+    ApplyConfigMap,
+    CreateRayCluster,
+    Decision,
+    DeleteJob,
+    DeleteRayCluster,
+    Draft,
+    Event,
+    waiting_on,
+)
+from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import ClusterView, DriverExit, Observation, PodView, ProgressMark
 
-# --- condition types and reasons ------------------------------------------------------------------
-
-SUSPENDED = "Suspended"
-PODS_SCHEDULED = "PodsScheduled"
-PODS_READY = "PodsReady"
-RUNNING = "Running"
-STALLED = "Stalled"
-RESTARTING = "Restarting"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-CONDITION_ORDER = (SUSPENDED, PODS_SCHEDULED, PODS_READY, RUNNING, STALLED, RESTARTING, SUCCEEDED, FAILED)
-
-DEADLINE_EXCEEDED = "DeadlineExceeded"
-BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
-TRAINING_ERROR = "TrainingError"
-INVALID_SPEC = "InvalidSpec"
-DRIVER_SUCCEEDED = "DriverSucceeded"
-DRIVER_KILLED = "DriverKilled"
-RAY_HEAD_UNAVAILABLE = "RayHeadUnavailable"
-HEAD_POD_LOST = "HeadPodLost"
-CLUSTER_LOST = "RayClusterLost"
-UNSCHEDULABLE = "Unschedulable"
-
-_BAD_WAITING_REASONS = frozenset(
-    {
-        "ImagePullBackOff",
-        "ErrImagePull",
-        "InvalidImageName",
-        "ErrImageNeverPull",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "CrashLoopBackOff",
-        "RunContainerError",
-    }
-)
-"""Container waiting reasons that need a human (bad image, missing Secret, crashing process)."""
-
-_WARNING_REASONS = frozenset(
-    {
-        UNSCHEDULABLE,
-        "PodCreationFailed",
-        DEADLINE_EXCEEDED,
-        BACKOFF_LIMIT_EXCEEDED,
-        TRAINING_ERROR,
-        INVALID_SPEC,
-        DRIVER_KILLED,
-        RAY_HEAD_UNAVAILABLE,
-        HEAD_POD_LOST,
-        CLUSTER_LOST,
-        "NoProgress",
-    }
-    | _BAD_WAITING_REASONS
-)
-
-PROVISIONING_RECHECK_SECONDS = 15.0
-"""Safety net while pods start: pod and RayCluster events normally trigger the next pass sooner."""
-DELETION_RECHECK_SECONDS = 2.0
-MESSAGE_LIMIT = 2048
-
-
-# --- the decision ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ApplyConfigMap:
-    """Create the job-spec ConfigMap, or replace its data when the spec changed."""
-
-    manifest: Manifest
-
-
-@dataclass(frozen=True)
-class CreateRayCluster:
-    """Create the RayCluster of the current attempt (a 409 means it already exists: fine)."""
-
-    manifest: Manifest
-
-
-@dataclass(frozen=True)
-class DeleteRayCluster:
-    """Delete a RayCluster (stale attempt, suspend, cleanup); its pods follow by GC."""
-
-    name: str
-    uid: str
-    why: str
-
-
-@dataclass(frozen=True)
-class DeleteJob:
-    """Delete the AsyncGRPOJob itself (ttlSecondsAfterFinished expired); GC takes its children."""
-
-    why: str
-
-
-Action = ApplyConfigMap | CreateRayCluster | DeleteRayCluster | DeleteJob
-
-
-@dataclass(frozen=True)
-class Event:
-    """A Kubernetes Event to post on the job."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The outcome of one reconcile pass."""
-
-    status: AsyncGRPOJobStatus
-    actions: tuple[Action, ...] = ()
-    events: tuple[Event, ...] = ()
-    requeue_after: float | None = None
-    progress_mark: ProgressMark | None = None
-
-    def status_patch(self) -> dict[str, Any]:
-        """The full status as a JSON merge patch body: cleared fields are null, so they go."""
-        return self.status.model_dump(mode="json", by_alias=True)
-
-    def condition(self, type_: str) -> Condition | None:
-        """A condition of the new status by type (for tests and logs)."""
-        return next((c for c in self.status.conditions if c.type == type_), None)
-
+__all__ = ["plan", "plan_invalid"]
 
 # --- entry points ---------------------------------------------------------------------------------
 
@@ -168,7 +76,7 @@ def plan(
     owner: Owner | None,
 ) -> Decision:
     """Decide the next status and actions of a valid job."""
-    draft = _Draft(status or AsyncGRPOJobStatus(), observed.now, generation, observed.progress_mark)
+    draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, observed.progress_mark)
     if draft.finished:
         _cleanup(job, draft, observed)
     elif job.spec.suspend:
@@ -182,52 +90,10 @@ def plan_invalid(
     status: AsyncGRPOJobStatus | None, observed: Observation, *, generation: int, message: str
 ) -> Decision:
     """A job the API server accepted but the rules reject (e.g. no webhook installed): Failed."""
-    draft = _Draft(status or AsyncGRPOJobStatus(), observed.now, generation, None)
+    draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, None)
     if not draft.finished:
         _finish(draft, FAILED, INVALID_SPEC, f"the job is invalid and is never run: {message}")
     return draft.decision()
-
-
-def derive_phase(conditions: list[Condition]) -> tuple[Phase, str, str]:
-    """The printed phase, its reason and message, from the conditions (the truth)."""
-    by_type = {c.type: c for c in conditions}
-
-    def true(type_: str) -> Condition | None:
-        cond = by_type.get(type_)
-        return cond if cond is not None and cond.status == "True" else None
-
-    terminal: tuple[tuple[str, Phase], ...] = (
-        (FAILED, "Failed"),
-        (SUCCEEDED, "Succeeded"),
-        (SUSPENDED, "Suspended"),
-    )
-    for type_, phase in terminal:
-        if (cond := true(type_)) is not None:
-            return phase, cond.reason, cond.message
-    if (running := true(RUNNING)) is not None:
-        stalled = true(STALLED)
-        shown = stalled or running
-        return "Running", shown.reason, shown.message
-    waiting = _waiting_on(by_type)
-    if (restarting := true(RESTARTING)) is not None:
-        now_doing = f" Now: {waiting.reason}: {waiting.message}" if waiting is not None else ""
-        return "Restarting", restarting.reason, restarting.message + now_doing
-    scheduled = by_type.get(PODS_SCHEDULED)
-    if scheduled is not None and scheduled.status == "True":
-        if waiting is not None:
-            return "Provisioning", waiting.reason, waiting.message
-        return "Provisioning", "Provisioning", ""
-    if scheduled is not None:
-        return "Pending", scheduled.reason, scheduled.message
-    return "Pending", "Created", "the operator has not acted on the job yet"
-
-
-def _waiting_on(by_type: dict[str, Condition]) -> Condition | None:
-    for type_ in (PODS_SCHEDULED, PODS_READY, RUNNING):
-        cond = by_type.get(type_)
-        if cond is not None and cond.status != "True":
-            return cond
-    return None
 
 
 @dataclass(frozen=True)
@@ -239,159 +105,10 @@ class _Ctx:
     owner: Owner | None
 
 
-# --- the draft status -------------------------------------------------------------------------
-
-
-@dataclass
-class _Draft:
-    """A mutable copy of the status that one pass edits, plus the actions and events it emits."""
-
-    old: AsyncGRPOJobStatus
-    now: datetime
-    generation: int
-    mark: ProgressMark | None
-    conditions: dict[str, Condition] = field(default_factory=dict)
-    fields: dict[str, Any] = field(default_factory=dict)
-    actions: list[Action] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    requeues: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.conditions = {c.type: c for c in self.old.conditions}
-        self.fields = {
-            name: getattr(self.old, name)
-            for name in (
-                "attempt",
-                "restarts",
-                "start_time",
-                "attempt_start_time",
-                "completion_time",
-                "ray_cluster_name",
-                "dashboard_url",
-                "progress",
-            )
-        }
-
-    # status fields, typed
-    @property
-    def attempt(self) -> int:
-        return int(self.fields["attempt"])
-
-    @property
-    def restarts(self) -> int:
-        return int(self.fields["restarts"])
-
-    @property
-    def finished(self) -> bool:
-        return self.is_true(SUCCEEDED) or self.is_true(FAILED)
-
-    def get(self, name: str) -> Any:
-        return self.fields[name]
-
-    def set_field(self, name: str, value: Any) -> None:
-        self.fields[name] = value
-
-    def is_true(self, type_: str) -> bool:
-        cond = self.conditions.get(type_)
-        return cond is not None and cond.status == "True"
-
-    def has(self, type_: str) -> bool:
-        return type_ in self.conditions
-
-    def set(self, type_: str, status: bool, reason: str, message: str) -> None:
-        """Set a condition; lastTransitionTime moves only when its status flips."""
-        value: Literal["True", "False"] = "True" if status else "False"
-        old = self.conditions.get(type_)
-        since = old.last_transition_time if old is not None and old.status == value else self.now
-        if len(message) > MESSAGE_LIMIT:
-            message = message[: MESSAGE_LIMIT - 3] + "..."
-        self.conditions[type_] = Condition(
-            type=type_,
-            status=value,
-            reason=reason,
-            message=message,
-            last_transition_time=since,
-            observed_generation=self.generation,
-        )
-
-    def drop(self, type_: str) -> None:
-        self.conditions.pop(type_, None)
-
-    def act(self, action: Action, event: Event | None = None) -> None:
-        self.actions.append(action)
-        if event is not None:
-            self.events.append(event)
-
-    def requeue(self, seconds: float) -> None:
-        self.requeues.append(max(seconds, 0.0))
-
-    def decision(self) -> Decision:
-        conditions = [
-            _with_generation(self.conditions[t], self.generation)
-            for t in CONDITION_ORDER
-            if t in self.conditions
-        ]
-        conditions += [c for t, c in sorted(self.conditions.items()) if t not in CONDITION_ORDER]
-        phase, reason, message = derive_phase(conditions)
-        status = AsyncGRPOJobStatus(
-            phase=phase,
-            conditions=conditions,
-            observed_generation=self.generation,
-            reason=reason,
-            message=message or None,
-            **self.fields,
-        )
-        return Decision(
-            status=status,
-            actions=tuple(self.actions),
-            events=tuple(self._transition_events(conditions, phase, reason, message)) + tuple(self.events),
-            requeue_after=min(self.requeues) if self.requeues else None,
-            progress_mark=self.mark,
-        )
-
-    def _transition_events(
-        self, conditions: list[Condition], phase: str, reason: str, message: str
-    ) -> list[Event]:
-        """Events for what changed: the phase (with its reason), and each condition that flipped
-        or turned to a warning reason. A condition appearing as "not yet" is not news, and a
-        condition event that repeats the phase event's reason is dropped."""
-        events: list[Event] = []
-        old_phase = self.old.phase if self.old.conditions else None
-        if phase != old_phase:
-            text = f"{old_phase or 'New'} -> {phase}" + (f": {message}" if message else "")
-            events.append(Event(_kind(reason, "True"), reason, text))
-        before = {c.type: c for c in self.old.conditions}
-        for cond in conditions:
-            prior = before.get(cond.type)
-            if prior is None:
-                news = cond.status == "True" or cond.reason in _WARNING_REASONS
-            elif prior.status != cond.status:
-                news = True
-            else:
-                news = prior.reason != cond.reason and cond.reason in _WARNING_REASONS
-            if not news or (phase != old_phase and cond.reason == reason):
-                continue
-            text = f"{cond.type} is {cond.status}" + (f": {cond.message}" if cond.message else "")
-            events.append(Event(_kind(cond.reason, cond.status, cond.type), cond.reason, text))
-        return events
-
-
-def _kind(reason: str, status: str, type_: str = "") -> Literal["Normal", "Warning"]:
-    """Warning for reasons that need attention, unless they describe something ending (False)."""
-    warn = reason in _WARNING_REASONS and (status == "True" or type_ not in (FAILED, STALLED, RESTARTING))
-    return "Warning" if warn else "Normal"
-
-
-def _with_generation(cond: Condition, generation: int) -> Condition:
-    if cond.observed_generation == generation:
-        return cond
-    return cond.model_copy(update={"observed_generation": generation})
-
-
 # --- finished jobs: cleanup and TTL -----------------------------------------------------------
 
 
-def _finish(draft: _Draft, outcome: str, reason: str, message: str) -> None:
+def _finish(draft: Draft, outcome: str, reason: str, message: str) -> None:
     """Make the job terminal: the outcome condition True and no sub-status left non-terminal."""
     draft.set(outcome, True, reason, message)
     for type_ in (RUNNING, STALLED, RESTARTING):
@@ -402,7 +119,7 @@ def _finish(draft: _Draft, outcome: str, reason: str, message: str) -> None:
     draft.set_field("completion_time", draft.now)
 
 
-def _cleanup(job: AsyncGRPOJob, draft: _Draft, observed: Observation) -> None:
+def _cleanup(job: AsyncGRPOJob, draft: Draft, observed: Observation) -> None:
     policy = job.spec.cleanup_policy
     succeeded = draft.is_true(SUCCEEDED)
     rule = policy.on_success if succeeded else policy.on_failure
@@ -426,7 +143,7 @@ def _cleanup(job: AsyncGRPOJob, draft: _Draft, observed: Observation) -> None:
         draft.requeue((expiry - draft.now).total_seconds())
 
 
-def _fail(job: AsyncGRPOJob, draft: _Draft, observed: Observation, reason: str, message: str) -> None:
+def _fail(job: AsyncGRPOJob, draft: Draft, observed: Observation, reason: str, message: str) -> None:
     _finish(draft, FAILED, reason, message)
     _cleanup(job, draft, observed)
 
@@ -434,7 +151,7 @@ def _fail(job: AsyncGRPOJob, draft: _Draft, observed: Observation, reason: str, 
 # --- suspend --------------------------------------------------------------------------------------
 
 
-def _suspend(draft: _Draft, observed: Observation) -> None:
+def _suspend(draft: Draft, observed: Observation) -> None:
     for cluster in observed.clusters:
         if not cluster.deleting:
             draft.act(
@@ -464,7 +181,7 @@ def _suspend(draft: _Draft, observed: Observation) -> None:
 # --- active jobs ------------------------------------------------------------------------------
 
 
-def _run(ctx: _Ctx, draft: _Draft) -> None:
+def _run(ctx: _Ctx, draft: Draft) -> None:
     job, observed, owner = ctx.job, ctx.observed, ctx.owner
     now = draft.now
     if draft.is_true(SUSPENDED):
@@ -524,7 +241,7 @@ def _run(ctx: _Ctx, draft: _Draft) -> None:
     _attempt(ctx, draft, current)
 
 
-def _create_cluster(job: AsyncGRPOJob, draft: _Draft, owner: Owner | None) -> None:
+def _create_cluster(job: AsyncGRPOJob, draft: Draft, owner: Owner | None) -> None:
     name = naming.raycluster_name(job.metadata.name, draft.attempt)
     draft.act(
         CreateRayCluster(manifests.ray_cluster(job, draft.attempt, owner)),
@@ -547,7 +264,7 @@ def _dashboard_url(job: AsyncGRPOJob, cluster: str) -> str:
     return f"http://{host}:{naming.DASHBOARD_PORT}"
 
 
-def _attempt(ctx: _Ctx, draft: _Draft, cluster: ClusterView) -> None:
+def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     observed = ctx.observed
     pods = [p for p in observed.pods if p.owner_uid == cluster.uid]
     heads = sorted((p for p in pods if p.is_head), key=lambda p: p.deleting)
@@ -569,7 +286,7 @@ def _attempt(ctx: _Ctx, draft: _Draft, cluster: ClusterView) -> None:
     _progressing(ctx, draft, cluster, pods, head)
 
 
-def _driver_exited(ctx: _Ctx, draft: _Draft, cluster: ClusterView, exit_: DriverExit) -> None:
+def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverExit) -> None:
     job, observed = ctx.job, ctx.observed
     code = exit_.exit_code
     detail = f": {exit_.message.strip()}" if exit_.message.strip() else ""
@@ -617,7 +334,7 @@ def _signal_name(code: int) -> str:
         return f"signal {number} (exit code {code})"
 
 
-def _head_lost(draft: _Draft, cluster: ClusterView, head: PodView | None) -> str | None:
+def _head_lost(draft: Draft, cluster: ClusterView, head: PodView | None) -> str | None:
     """Why the attempt's head pod is gone for good, or None while it is alive or still coming."""
     if head is None:
         # Before provisioning, KubeRay recreates a missing head; after it, it does not (annotation).
@@ -638,7 +355,7 @@ def _head_lost(draft: _Draft, cluster: ClusterView, head: PodView | None) -> str
     return None
 
 
-def _infra_failure(ctx: _Ctx, draft: _Draft, cluster: ClusterView | None, reason: str, message: str) -> None:
+def _infra_failure(ctx: _Ctx, draft: Draft, cluster: ClusterView | None, reason: str, message: str) -> None:
     """Retry an attempt lost to the infrastructure with a fresh RayCluster, or give up."""
     job, observed, owner = ctx.job, ctx.observed, ctx.owner
     limit = job.spec.backoff_limit
@@ -683,7 +400,7 @@ def _infra_failure(ctx: _Ctx, draft: _Draft, cluster: ClusterView | None, reason
 
 
 def _progressing(
-    ctx: _Ctx, draft: _Draft, cluster: ClusterView, pods: list[PodView], head: PodView | None
+    ctx: _Ctx, draft: Draft, cluster: ClusterView, pods: list[PodView], head: PodView | None
 ) -> None:
     job, observed = ctx.job, ctx.observed
     live = [p for p in pods if not p.deleting]
@@ -716,7 +433,7 @@ def _progressing(
     _startup_deadline(job, draft, observed)
 
 
-def _set_scheduled(draft: _Draft, cluster: ClusterView, live: list[PodView], expected: int) -> None:
+def _set_scheduled(draft: Draft, cluster: ClusterView, live: list[PodView], expected: int) -> None:
     unschedulable = [p for p in live if p.unschedulable]
     gated = [p for p in live if p.gated]
     if cluster.suspended:
@@ -744,10 +461,10 @@ def _set_scheduled(draft: _Draft, cluster: ClusterView, live: list[PodView], exp
         draft.set(PODS_SCHEDULED, True, "AllPodsScheduled", f"all {expected} pods are bound to nodes")
 
 
-def _set_ready(draft: _Draft, live: list[PodView], head: PodView | None, expected: int) -> bool:
+def _set_ready(draft: Draft, live: list[PodView], head: PodView | None, expected: int) -> bool:
     for pod in live:
         for container in pod.containers:
-            if container.state == "waiting" and container.reason in _BAD_WAITING_REASONS:
+            if container.state == "waiting" and container.reason in BAD_WAITING_REASONS:
                 detail = f": {container.message}" if container.message else ""
                 draft.set(
                     PODS_READY, False, container.reason, f"pod {pod.name}, container {container.name}{detail}"
@@ -769,7 +486,7 @@ def _set_ready(draft: _Draft, live: list[PodView], head: PodView | None, expecte
     return True
 
 
-def _startup_deadline(job: AsyncGRPOJob, draft: _Draft, observed: Observation) -> None:
+def _startup_deadline(job: AsyncGRPOJob, draft: Draft, observed: Observation) -> None:
     deadline = job.spec.startup_deadline_seconds
     if deadline is None:
         return
@@ -778,7 +495,7 @@ def _startup_deadline(job: AsyncGRPOJob, draft: _Draft, observed: Observation) -
     if draft.now < expiry:
         draft.requeue((expiry - draft.now).total_seconds())
         return
-    waiting = _waiting_on(draft.conditions)
+    waiting = waiting_on(draft.conditions)
     last = f"; last state: {waiting.reason}: {waiting.message}" if waiting is not None else ""
     name = draft.get("ray_cluster_name")
     _fail(
@@ -791,7 +508,7 @@ def _startup_deadline(job: AsyncGRPOJob, draft: _Draft, observed: Observation) -
     )
 
 
-def _track_progress(job: AsyncGRPOJob, draft: _Draft, observed: Observation, cluster: ClusterView) -> None:
+def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, cluster: ClusterView) -> None:
     """Copy the driver's /progress into status.progress and decide Stalled."""
     now = draft.now
     reading = observed.progress

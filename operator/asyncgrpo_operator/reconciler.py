@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
-from asyncgrpo_operator import k8s, naming, plan, progress
+from asyncgrpo_operator import decision, k8s, naming, plan, progress
 from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import (
     ClusterView,
@@ -94,13 +94,13 @@ class Reconciler:
         report = validate_manifest(_manifest(body))
         if report.job is None:
             message = "; ".join(str(e) for e in report.errors)
-            decision = plan.plan_invalid(status, Observation(now=now), generation=generation, message=message)
+            outcome = plan.plan_invalid(status, Observation(now=now), generation=generation, message=message)
         else:
             observed = await self._observe(key, body, report.job, status, now)
             owner = Owner(name=name, uid=str(body["metadata"]["uid"]))
-            decision = plan.plan(report.job, status, observed, generation=generation, owner=owner)
-        await self._apply(key, body, decision)
-        return decision.requeue_after
+            outcome = plan.plan(report.job, status, observed, generation=generation, owner=owner)
+        await self._apply(key, body, outcome)
+        return outcome.requeue_after
 
     # --- read --------------------------------------------------------------------------------
 
@@ -159,15 +159,15 @@ class Reconciler:
 
     # --- write -------------------------------------------------------------------------------
 
-    async def _apply(self, key: Key, body: Mapping[str, Any], decision: plan.Decision) -> None:
+    async def _apply(self, key: Key, body: Mapping[str, Any], outcome: decision.Decision) -> None:
         namespace, name = key
         meta = body["metadata"]
         # The status first, then the actions: a decision made on stale data fails here (409)
         # before it changed anything, and a crash after this point leaves a status that the
         # next pass completes (it records a cluster only once it has seen it).
         wrote = False
-        deletes_job = any(isinstance(a, plan.DeleteJob) for a in decision.actions)
-        new_status = decision.status_patch()
+        deletes_job = any(isinstance(a, decision.DeleteJob) for a in outcome.actions)
+        new_status = outcome.status_patch()
         if not deletes_job and _prune(new_status) != _prune(body.get("status") or {}):
             wrote = True
             try:
@@ -176,40 +176,40 @@ class Reconciler:
                 if err.status == 409:
                     raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
                 raise
-        for action in decision.actions:
-            if isinstance(action, plan.ApplyConfigMap):
+        for action in outcome.actions:
+            if isinstance(action, decision.ApplyConfigMap):
                 await self.api.apply_configmap(action.manifest)
-            elif isinstance(action, plan.CreateRayCluster):
+            elif isinstance(action, decision.CreateRayCluster):
                 created = await self.api.create_raycluster(action.manifest)
                 log.info(
                     "created RayCluster",
                     extra=_fields(key, cluster=action.manifest["metadata"]["name"], new=created),
                 )
-            elif isinstance(action, plan.DeleteRayCluster):
+            elif isinstance(action, decision.DeleteRayCluster):
                 await self.api.delete_raycluster(namespace, action.name, action.uid)
                 log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
-            elif isinstance(action, plan.DeleteJob):
+            elif isinstance(action, decision.DeleteJob):
                 await self.api.delete_job(namespace, name, str(meta["uid"]))
                 log.info("deleted job", extra=_fields(key, why=action.why))
-        log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=decision.requeue_after))
-        if decision.progress_mark is not None:
-            self.memory.marks[key] = decision.progress_mark
-        if decision.status.phase in ("Succeeded", "Failed"):
+        log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
+        if outcome.progress_mark is not None:
+            self.memory.marks[key] = outcome.progress_mark
+        if outcome.status.phase in ("Succeeded", "Failed"):
             self.memory.exits.pop(key, None)
             self.memory.polls.pop(key, None)
         old_phase = (body.get("status") or {}).get("phase")
-        if old_phase != decision.status.phase or decision.events:
+        if old_phase != outcome.status.phase or outcome.events:
             log.info(
                 "reconciled",
                 extra=_fields(
                     key,
-                    phase=decision.status.phase,
-                    reason=decision.status.reason,
+                    phase=outcome.status.phase,
+                    reason=outcome.status.reason,
                     previous_phase=old_phase,
-                    actions=[type(a).__name__ for a in decision.actions],
+                    actions=[type(a).__name__ for a in outcome.actions],
                 ),
             )
-        for event in decision.events:
+        for event in outcome.events:
             try:
                 await self.api.post_event(body, event.type, event.reason, event.message)
             except k8s.ApiError as err:  # events are best effort; the status is the record

@@ -1,0 +1,331 @@
+"""The vocabulary of a decision: condition types and reasons, the actions, the events, and the
+draft status a planning pass edits.
+
+plan.py holds the rules; this module holds what they produce and the bookkeeping that keeps a
+status honest (lastTransitionTime moves only when a condition's status flips, the phase is
+derived from the conditions, one event per transition). Pure, like the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition, Phase
+from asyncgrpo_operator.manifests import Manifest
+from asyncgrpo_operator.observed import ProgressMark
+
+# --- condition types and reasons ------------------------------------------------------------------
+
+SUSPENDED = "Suspended"
+PODS_SCHEDULED = "PodsScheduled"
+PODS_READY = "PodsReady"
+RUNNING = "Running"
+STALLED = "Stalled"
+RESTARTING = "Restarting"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+CONDITION_ORDER = (SUSPENDED, PODS_SCHEDULED, PODS_READY, RUNNING, STALLED, RESTARTING, SUCCEEDED, FAILED)
+
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+TRAINING_ERROR = "TrainingError"
+INVALID_SPEC = "InvalidSpec"
+DRIVER_SUCCEEDED = "DriverSucceeded"
+DRIVER_KILLED = "DriverKilled"
+RAY_HEAD_UNAVAILABLE = "RayHeadUnavailable"
+HEAD_POD_LOST = "HeadPodLost"
+CLUSTER_LOST = "RayClusterLost"
+UNSCHEDULABLE = "Unschedulable"
+
+BAD_WAITING_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "CrashLoopBackOff",
+        "RunContainerError",
+    }
+)
+"""Container waiting reasons that need a human (bad image, missing Secret, crashing process)."""
+
+_WARNING_REASONS = frozenset(
+    {
+        UNSCHEDULABLE,
+        "PodCreationFailed",
+        DEADLINE_EXCEEDED,
+        BACKOFF_LIMIT_EXCEEDED,
+        TRAINING_ERROR,
+        INVALID_SPEC,
+        DRIVER_KILLED,
+        RAY_HEAD_UNAVAILABLE,
+        HEAD_POD_LOST,
+        CLUSTER_LOST,
+        "NoProgress",
+    }
+    | BAD_WAITING_REASONS
+)
+
+PROVISIONING_RECHECK_SECONDS = 15.0
+"""Safety net while pods start: pod and RayCluster events normally trigger the next pass sooner."""
+DELETION_RECHECK_SECONDS = 2.0
+MESSAGE_LIMIT = 2048
+
+
+# --- the decision ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApplyConfigMap:
+    """Create the job-spec ConfigMap, or replace its data when the spec changed."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class CreateRayCluster:
+    """Create the RayCluster of the current attempt (a 409 means it already exists: fine)."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class DeleteRayCluster:
+    """Delete a RayCluster (stale attempt, suspend, cleanup); its pods follow by GC."""
+
+    name: str
+    uid: str
+    why: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the AsyncGRPOJob itself (ttlSecondsAfterFinished expired); GC takes its children."""
+
+    why: str
+
+
+Action = ApplyConfigMap | CreateRayCluster | DeleteRayCluster | DeleteJob
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the job."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one reconcile pass."""
+
+    status: AsyncGRPOJobStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    progress_mark: ProgressMark | None = None
+
+    def status_patch(self) -> dict[str, Any]:
+        """The full status as a JSON merge patch body: cleared fields are null, so they go."""
+        return self.status.model_dump(mode="json", by_alias=True)
+
+    def condition(self, type_: str) -> Condition | None:
+        """A condition of the new status by type (for tests and logs)."""
+        return next((c for c in self.status.conditions if c.type == type_), None)
+
+
+def derive_phase(conditions: list[Condition]) -> tuple[Phase, str, str]:
+    """The printed phase, its reason and message, from the conditions (the truth)."""
+    by_type = {c.type: c for c in conditions}
+
+    def true(type_: str) -> Condition | None:
+        cond = by_type.get(type_)
+        return cond if cond is not None and cond.status == "True" else None
+
+    terminal: tuple[tuple[str, Phase], ...] = (
+        (FAILED, "Failed"),
+        (SUCCEEDED, "Succeeded"),
+        (SUSPENDED, "Suspended"),
+    )
+    for type_, phase in terminal:
+        if (cond := true(type_)) is not None:
+            return phase, cond.reason, cond.message
+    if (running := true(RUNNING)) is not None:
+        stalled = true(STALLED)
+        shown = stalled or running
+        return "Running", shown.reason, shown.message
+    waiting = waiting_on(by_type)
+    if (restarting := true(RESTARTING)) is not None:
+        now_doing = f" Now: {waiting.reason}: {waiting.message}" if waiting is not None else ""
+        return "Restarting", restarting.reason, restarting.message + now_doing
+    scheduled = by_type.get(PODS_SCHEDULED)
+    if scheduled is not None and scheduled.status == "True":
+        if waiting is not None:
+            return "Provisioning", waiting.reason, waiting.message
+        return "Provisioning", "Provisioning", ""
+    if scheduled is not None:
+        return "Pending", scheduled.reason, scheduled.message
+    return "Pending", "Created", "the operator has not acted on the job yet"
+
+
+def waiting_on(by_type: dict[str, Condition]) -> Condition | None:
+    for type_ in (PODS_SCHEDULED, PODS_READY, RUNNING):
+        cond = by_type.get(type_)
+        if cond is not None and cond.status != "True":
+            return cond
+    return None
+
+
+# --- the draft status -------------------------------------------------------------------------
+
+
+@dataclass
+class Draft:
+    """A mutable copy of the status that one pass edits, plus the actions and events it emits."""
+
+    old: AsyncGRPOJobStatus
+    now: datetime
+    generation: int
+    mark: ProgressMark | None
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeues: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.conditions = {c.type: c for c in self.old.conditions}
+        self.fields = {
+            name: getattr(self.old, name)
+            for name in (
+                "attempt",
+                "restarts",
+                "start_time",
+                "attempt_start_time",
+                "completion_time",
+                "ray_cluster_name",
+                "dashboard_url",
+                "progress",
+            )
+        }
+
+    # status fields, typed
+    @property
+    def attempt(self) -> int:
+        return int(self.fields["attempt"])
+
+    @property
+    def restarts(self) -> int:
+        return int(self.fields["restarts"])
+
+    @property
+    def finished(self) -> bool:
+        return self.is_true(SUCCEEDED) or self.is_true(FAILED)
+
+    def get(self, name: str) -> Any:
+        return self.fields[name]
+
+    def set_field(self, name: str, value: Any) -> None:
+        self.fields[name] = value
+
+    def is_true(self, type_: str) -> bool:
+        cond = self.conditions.get(type_)
+        return cond is not None and cond.status == "True"
+
+    def has(self, type_: str) -> bool:
+        return type_ in self.conditions
+
+    def set(self, type_: str, status: bool, reason: str, message: str) -> None:
+        """Set a condition; lastTransitionTime moves only when its status flips."""
+        value: Literal["True", "False"] = "True" if status else "False"
+        old = self.conditions.get(type_)
+        since = old.last_transition_time if old is not None and old.status == value else self.now
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 3] + "..."
+        self.conditions[type_] = Condition(
+            type=type_,
+            status=value,
+            reason=reason,
+            message=message,
+            last_transition_time=since,
+            observed_generation=self.generation,
+        )
+
+    def drop(self, type_: str) -> None:
+        self.conditions.pop(type_, None)
+
+    def act(self, action: Action, event: Event | None = None) -> None:
+        self.actions.append(action)
+        if event is not None:
+            self.events.append(event)
+
+    def requeue(self, seconds: float) -> None:
+        self.requeues.append(max(seconds, 0.0))
+
+    def decision(self) -> Decision:
+        conditions = [
+            _with_generation(self.conditions[t], self.generation)
+            for t in CONDITION_ORDER
+            if t in self.conditions
+        ]
+        conditions += [c for t, c in sorted(self.conditions.items()) if t not in CONDITION_ORDER]
+        phase, reason, message = derive_phase(conditions)
+        status = AsyncGRPOJobStatus(
+            phase=phase,
+            conditions=conditions,
+            observed_generation=self.generation,
+            reason=reason,
+            message=message or None,
+            **self.fields,
+        )
+        return Decision(
+            status=status,
+            actions=tuple(self.actions),
+            events=tuple(self._transition_events(conditions, phase, reason, message)) + tuple(self.events),
+            requeue_after=min(self.requeues) if self.requeues else None,
+            progress_mark=self.mark,
+        )
+
+    def _transition_events(
+        self, conditions: list[Condition], phase: str, reason: str, message: str
+    ) -> list[Event]:
+        """Events for what changed: the phase (with its reason), and each condition that flipped
+        or turned to a warning reason. A condition appearing as "not yet" is not news, and a
+        condition event that repeats the phase event's reason is dropped."""
+        events: list[Event] = []
+        old_phase = self.old.phase if self.old.conditions else None
+        if phase != old_phase:
+            text = f"{old_phase or 'New'} -> {phase}" + (f": {message}" if message else "")
+            events.append(Event(_kind(reason, "True"), reason, text))
+        before = {c.type: c for c in self.old.conditions}
+        for cond in conditions:
+            prior = before.get(cond.type)
+            if prior is None:
+                news = cond.status == "True" or cond.reason in _WARNING_REASONS
+            elif prior.status != cond.status:
+                news = True
+            else:
+                news = prior.reason != cond.reason and cond.reason in _WARNING_REASONS
+            if not news or (phase != old_phase and cond.reason == reason):
+                continue
+            text = f"{cond.type} is {cond.status}" + (f": {cond.message}" if cond.message else "")
+            events.append(Event(_kind(cond.reason, cond.status, cond.type), cond.reason, text))
+        return events
+
+
+def _kind(reason: str, status: str, type_: str = "") -> Literal["Normal", "Warning"]:
+    """Warning for reasons that need attention, unless they describe something ending (False)."""
+    warn = reason in _WARNING_REASONS and (status == "True" or type_ not in (FAILED, STALLED, RESTARTING))
+    return "Warning" if warn else "Normal"
+
+
+def _with_generation(cond: Condition, generation: int) -> Condition:
+    if cond.observed_generation == generation:
+        return cond
+    return cond.model_copy(update={"observed_generation": generation})
