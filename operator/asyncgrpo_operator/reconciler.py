@@ -175,6 +175,9 @@ class Reconciler:
             except k8s.ApiError as err:
                 if err.status == 409:
                     raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
+                if err.status == 404:  # deleted meanwhile: nothing left to do
+                    self.memory.forget(key)
+                    return
                 raise
         for action in outcome.actions:
             if isinstance(action, decision.ApplyConfigMap):
