@@ -422,6 +422,20 @@ def test_head_pod_failure_restarts_with_a_new_raycluster(
     assert (restarted["status"], restarted["reason"]) == ("False", "Restarted")
 
 
+def test_a_driver_exit_on_a_head_pod_kuberay_deletes_at_once_still_decides_the_attempt(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    """The whole head pod ends with the driver's code 0; KubeRay deletes such a pod immediately, so
+    the operator may only ever see it in the watch event: the exit is remembered from there."""
+    create_job(kube_api, namespace, job_manifest("brisk", driver_progress.url))
+    run_until_running(kube_api, namespace, "brisk", driver_progress)
+    head = head_pod(kube_api, namespace, "brisk-0")["metadata"]["name"]
+    faults.fail_pod(kube_api, namespace, head, exit_code=0, reason="Completed", message="done")
+
+    done = wait_phase(kube_api, namespace, "brisk", "Succeeded", "DriverSucceeded")
+    assert done["restarts"] == 0
+
+
 def test_exhausted_backoff_limit_fails_with_the_reason(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
