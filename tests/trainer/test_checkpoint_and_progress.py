@@ -64,7 +64,7 @@ def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:
         assert (doc["step"], doc["state"], doc["error"]) == (3, "failed", "boom")
         text = urllib.request.urlopen(f"{base}/metrics").read().decode()
         assert "asyncgrpo_step 3" in text and 'asyncgrpo_state{state="failed"} 1' in text
-        assert "asyncgrpo_groups_committed 7" in text
+        assert "asyncgrpo_groups_committed_total 7" in text
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"{base}/nope")
     finally:

@@ -1,15 +1,16 @@
-"""GRPO advantages, the clipped PG loss with truncated IS, and the policy worker's step
-(chunked, micro-batched, normalized once) against direct computations on one big batch."""
+"""GRPO advantages, the clipped PG loss with truncated IS, the policy worker's step (chunked,
+micro-batched, normalized once) against direct computations, and the engine's prefix-cache age."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 import torch
 
 from asyncgrpo_trainer.algorithms import advantages, losses
-from asyncgrpo_trainer.backends import modelspec, policy, sampling
+from asyncgrpo_trainer.backends import generation, modelspec, policy, sampling
 from asyncgrpo_trainer.tokenizer import CharTokenizer
 
 
@@ -172,3 +173,21 @@ def test_an_optimizer_step_changes_the_weights_and_the_next_step_starts_from_zer
     worker.train_chunk(rows)
     second = worker.finish_step()["grad_norm"]
     assert second != first and second < 10 * first  # not accumulated on top of the previous step
+
+
+def test_a_cached_prompt_is_prefilled_again_once_it_is_older_than_the_staleness_bound() -> None:
+    engine = generation.TorchGenerationWorker(BUILD, device="cpu", max_prefix_age=1)
+    params = sampling.SamplingParams(max_new_tokens=2)
+    prompt = TOK.encode("1+2=")
+    weights = BUILD.instantiate().state_dict()
+
+    async def scenario() -> list[float]:
+        hits = []
+        for version in (0, 0, 1, 2, 2):
+            await engine.load_weights(weights, version)
+            await engine.generate(prompt, 2, params, seed=0)
+            hits.append(engine.prefix_hits)
+        return hits
+
+    # v0 computes, v0 and v1 reuse (age <= 1), v2 recomputes (age 2), v2 reuses again
+    assert asyncio.run(scenario()) == [0, 1, 2, 2, 3]

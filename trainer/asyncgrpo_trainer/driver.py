@@ -165,7 +165,10 @@ def build(job: AsyncGRPOJob) -> Built:
         pools[0], recipe, optim, loss_cfg, cl.policy_workers.gpus_per_replica
     )
     generation_group, generation_ready = workers.start_generation_group(
-        pools[1], recipe, cl.generation_workers.gpus_per_replica
+        pools[1],
+        recipe,
+        cl.generation_workers.gpus_per_replica,
+        max_prefix_age=t.async_rl.max_staleness_versions,
     )
     rewards = workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
     train, val = data.load_examples(

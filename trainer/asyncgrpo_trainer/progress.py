@@ -65,7 +65,7 @@ def prometheus_text(p: Progress) -> str:
     lines += ["# TYPE asyncgrpo_state gauge"]
     lines += [f'asyncgrpo_state{{state="{s}"}} {1 if p.state == s else 0}' for s in STATES]
     for key, value in sorted(p.counters.items()):
-        name = "asyncgrpo_" + "".join(c if c.isalnum() else "_" for c in key)
+        name = "asyncgrpo_" + "".join(c if c.isalnum() else "_" for c in key) + "_total"
         lines += [f"# TYPE {name} counter", f"{name} {float(value):g}"]
     return "\n".join(lines) + "\n"
 

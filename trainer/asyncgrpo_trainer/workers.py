@@ -201,12 +201,15 @@ def start_policy_group(
 
 
 def start_generation_group(
-    pool: cluster.Pool, build: ModelBuild, gpus: int
+    pool: cluster.Pool, build: ModelBuild, gpus: int, *, max_prefix_age: int = 0
 ) -> tuple[GenerationGroup, list[Any]]:
     """The generation group and the refs that resolve once every engine is up."""
     cls = ray.remote(GenerationActor)
     device = policy.default_device(gpus)
-    actors = [cls.options(**pool.options(rank)).remote(build, device=device) for rank in range(pool.ranks)]
+    actors = [
+        cls.options(**pool.options(rank)).remote(build, device=device, max_prefix_age=max_prefix_age)
+        for rank in range(pool.ranks)
+    ]
     return GenerationGroup(actors), [a.stats.remote() for a in actors]  # type: ignore[attr-defined]
 
 

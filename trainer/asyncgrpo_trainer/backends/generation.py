@@ -9,7 +9,10 @@ concurrent groups interleave and a weight update lands between two decode steps 
 group ("in-flight weight update"); the returned first/last versions tell the controller when that
 happened. The prefix cache holds KV computed by old weights after an update unless it is reset,
 which the controller does after every update in sync mode and per
-recomputeKVCacheAfterWeightUpdates otherwise.
+recomputeKVCacheAfterWeightUpdates otherwise. Without a reset a cached prompt is reused for at
+most `max_prefix_age` (= S) versions after it was computed and then prefilled again: a prompt set
+that repeats would otherwise keep KV from the first weights forever, and samples would depend on
+weights far older than the staleness bound the buffer enforces.
 """
 
 from __future__ import annotations
@@ -62,14 +65,17 @@ class GenerationWorker(abc.ABC):
 class TorchGenerationWorker(GenerationWorker):
     """The torch engine; wrapped in a Ray actor by `worker_groups` (see the module docstring)."""
 
-    def __init__(self, build: ModelBuild, *, device: str, num_threads: int = 1) -> None:
+    def __init__(
+        self, build: ModelBuild, *, device: str, max_prefix_age: int = 0, num_threads: int = 1
+    ) -> None:
         torch.set_num_threads(num_threads)
         self.device = torch.device(device)
         self.build = build
         self.model: TinyCausalLM = build.instantiate().to(self.device).eval()
         self.version = -1
         self.eos_id = build.eos_id
-        self._prefix: OrderedDict[tuple[int, ...], tuple[KVCache, torch.Tensor]] = OrderedDict()
+        self.max_prefix_age = max_prefix_age
+        self._prefix: OrderedDict[tuple[int, ...], tuple[KVCache, torch.Tensor, int]] = OrderedDict()
         self.busy_seconds = 0.0
         self.tokens_generated = 0
         self.prefix_hits = 0
@@ -82,16 +88,16 @@ class TorchGenerationWorker(GenerationWorker):
     def _prefill(self, prompt_ids: list[int]) -> tuple[KVCache, torch.Tensor]:
         key = tuple(prompt_ids)
         hit = self._prefix.get(key)
-        if hit is not None:
+        if hit is not None and self.version - hit[2] <= self.max_prefix_age:
             self._prefix.move_to_end(key)
             self.prefix_hits += 1
-            return hit
+            return hit[0], hit[1]
         logits, cache = self._forward(torch.tensor([prompt_ids], device=self.device), None)
-        entry = (cache, logits[:, -1])
-        self._prefix[key] = entry
+        self._prefix[key] = (cache, logits[:, -1], self.version)
+        self._prefix.move_to_end(key)
         if len(self._prefix) > PREFIX_CACHE_ENTRIES:
             self._prefix.popitem(last=False)
-        return entry
+        return cache, logits[:, -1]
 
     async def generate(
         self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
