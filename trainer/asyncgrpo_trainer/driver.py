@@ -30,9 +30,17 @@ import yaml
 
 from asyncgrpo_api import rules
 from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, AsyncGRPOJob
-from asyncgrpo_trainer import checkpoint, cluster, controller, data, envs, progress, sampler, weights, workers
-from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import modelspec, policy, sampling
+from asyncgrpo_trainer import (
+    checkpoint,
+    cluster,
+    controller,
+    data,
+    envs,
+    progress,
+    specmap,
+    weights,
+    workers,
+)
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.tokenizer import CharTokenizer
@@ -67,36 +75,6 @@ def parse_job(manifest: dict[str, Any]) -> AsyncGRPOJob:
     return report.job
 
 
-def settings_of(job: AsyncGRPOJob) -> controller.Settings:
-    t = job.spec.trainer
-    rl = t.async_rl
-    return controller.Settings(
-        mode=sampler.mode_name(
-            max_staleness_versions=rl.max_staleness_versions,
-            over_sampling=rl.over_sampling,
-            force_in_order=t.force_in_order,
-        ),
-        prompts_per_step=t.grpo.num_prompts_per_step,
-        generations_per_prompt=t.grpo.num_generations_per_prompt,
-        max_steps=t.grpo.max_num_steps,
-        min_groups_for_streaming_train=t.min_groups_for_streaming_train,
-        max_buffered_rollouts=t.max_buffered_rollouts,
-        max_inflight_prompts=min(t.max_inflight_prompts, t.max_buffered_rollouts),
-        drain_before_refit=rl.drain_before_refit,
-        reset_cache_after_refit=t.is_sync or t.generation.recompute_kv_cache_after_weight_updates,
-        stall_timeout_seconds=rl.stall_timeout_seconds,
-        leave_one_out=t.grpo.use_leave_one_out_baseline,
-        normalize_rewards=t.grpo.normalize_rewards,
-        needs_reference_logprobs=t.loss.reference_policy_kl_penalty > 0,
-        val_period=t.grpo.val_period,
-        val_at_end=t.grpo.val_at_end,
-        checkpoint_path=job.spec.checkpoint.path,
-        checkpoint_every=job.spec.checkpoint.every_steps,
-        checkpoint_keep=job.spec.checkpoint.keep_last,
-        seed=t.grpo.seed,
-    )
-
-
 @dataclass
 class Built:
     args: controller.ControllerArgs
@@ -105,8 +83,8 @@ class Built:
     """Refs that resolve when every worker is up; the workers start in parallel."""
 
 
-def build(job: AsyncGRPOJob) -> Built:
-    """Every object the controller needs, built here in the driver (see the module docstring)."""
+def check_supported(job: AsyncGRPOJob) -> None:
+    """Reject, before anything starts, what the torch backends of this build cannot run."""
     t = job.spec.trainer
     if t.model.source != "tiny":
         raise SpecError(
@@ -115,21 +93,20 @@ def build(job: AsyncGRPOJob) -> Built:
         )
     if t.policy.backend != "torch" or t.generation.backend != "torch":
         raise SpecError("spec.trainer: this trainer build ships the torch policy and generation backends")
+    if t.weight_sync.transport not in weights.TORCH_TRANSPORTS:
+        raise SpecError(
+            f"spec.trainer.weightSync.transport: {t.weight_sync.transport!r} needs the vLLM/Megatron "
+            "backends; the torch backends use the object store (auto or object-store)"
+        )
+
+
+def build(job: AsyncGRPOJob) -> Built:
+    """Every object the controller needs, built here in the driver (see the module docstring)."""
+    check_supported(job)
+    t, cl = job.spec.trainer, job.spec.cluster
     env = envs.build(t.env.name)
     tokenizer = CharTokenizer(env.alphabet)
-    tiny = t.model.tiny
-    recipe = modelspec.tiny_build(
-        tokenizer,
-        hidden_size=tiny.hidden_size,
-        num_layers=tiny.num_layers,
-        num_heads=tiny.num_heads,
-        num_kv_heads=tiny.num_kv_heads,
-        intermediate_size=tiny.intermediate_size,
-        max_sequence_length=t.model.max_sequence_length,
-        dtype=t.model.dtype,
-        seed=t.grpo.seed,
-    )
-    cl = job.spec.cluster
+    recipe = specmap.model_recipe(t, tokenizer)
     policy_ranks = rules.policy_data_parallel_size(job)
     # Colocated generation runs one engine next to each policy rank (the rules require
     # generationWorkers.replicas 0 then).
@@ -142,87 +119,60 @@ def build(job: AsyncGRPOJob) -> Built:
         colocated=t.generation.colocated,
         name=job.metadata.name or "asyncgrpo",
     )
-    loss_cfg = losses.LossConfig(
-        ratio_clip_min=t.loss.ratio_clip_min,
-        ratio_clip_max=t.loss.ratio_clip_max,
-        ratio_clip_c=t.loss.ratio_clip_c,
-        use_importance_sampling_correction=t.loss.use_importance_sampling_correction,
-        truncated_importance_sampling_ratio=t.loss.truncated_importance_sampling_ratio,
-        reference_policy_kl_penalty=t.loss.reference_policy_kl_penalty,
-        kl_type=t.loss.kl_type,
-        token_level_loss=t.loss.token_level_loss,
-    )
-    optim = policy.OptimConfig(
-        learning_rate=t.policy.learning_rate,
-        weight_decay=t.policy.weight_decay,
-        max_grad_norm=t.policy.max_grad_norm,
-        warmup_steps=t.policy.warmup_steps,
-        micro_batch_size=t.policy.train_micro_batch_size,
-        logprob_batch_size=t.policy.logprob_batch_size or t.policy.train_micro_batch_size,
-        temperature=t.generation.temperature,
-    )
-    policy_group, policy_ready = workers.start_policy_group(
-        pools[0], recipe, optim, loss_cfg, cl.policy_workers.gpus_per_replica
-    )
-    generation_group, generation_ready = workers.start_generation_group(
-        pools[1],
-        recipe,
-        cl.generation_workers.gpus_per_replica,
-        max_prefix_age=t.async_rl.max_staleness_versions,
-    )
-    rewards = workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
-    train, val = data.load_examples(
-        env,
-        tokenizer,
-        train_path=t.data.train_path,
-        validation_path=t.data.validation_path,
-        num_validation=t.data.num_validation_prompts,
-        max_prompt_length=t.data.max_prompt_length,
-        seed=t.grpo.seed,
-    )
-    loader = data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle)
-    params = sampling.SamplingParams(
-        max_new_tokens=t.generation.max_new_tokens,
-        temperature=t.generation.temperature,
-        top_p=t.generation.top_p,
-        top_k=t.generation.top_k,
-    )
-    rl = t.async_rl
-    the_sampler = sampler.for_spec(
-        max_staleness_versions=rl.max_staleness_versions,
-        over_sampling=rl.over_sampling,
-        force_in_order=t.force_in_order,
-    )
-    rollout = RolloutManager(
-        generation_group,
-        rewards,
-        tokenizer,
-        params,
-        num_generations=t.grpo.num_generations_per_prompt,
-        timeout_seconds=rl.rollout_timeout_seconds,
-        max_attempts=rl.max_rollout_attempts,
-        seed=t.grpo.seed,
-    )
-    sync = weights.create(
-        t.weight_sync.transport, policy_group, generation_group, t.weight_sync.timeout_seconds
-    )
-    args = controller.ControllerArgs(
-        settings=settings_of(job),
-        policy=policy_group,
-        generation=generation_group,
-        rewards=rewards,
-        rollout=rollout,
-        weights=sync,
-        loader=loader,
-        validation=val,
-        buffer=ReplayBuffer(),
-        sampler=the_sampler,
-        tokenizer=tokenizer,
-        validation_params=sampling.SamplingParams(
-            max_new_tokens=t.generation.max_new_tokens, temperature=0.0
-        ),
-    )
-    return Built(args, pools, [*policy_ready, *generation_ready])
+    try:
+        policy_group, policy_ready = workers.start_policy_group(
+            pools[0],
+            recipe,
+            specmap.optim_config(t),
+            specmap.loss_config(t),
+            cl.policy_workers.gpus_per_replica,
+        )
+        generation_group, generation_ready = workers.start_generation_group(
+            pools[1],
+            recipe,
+            cl.generation_workers.gpus_per_replica,
+            max_prefix_age=t.async_rl.max_staleness_versions,
+        )
+        rewards = workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
+        train, val = data.load_examples(
+            env,
+            tokenizer,
+            train_path=t.data.train_path,
+            validation_path=t.data.validation_path,
+            num_validation=t.data.num_validation_prompts,
+            max_prompt_length=t.data.max_prompt_length,
+            seed=t.grpo.seed,
+        )
+        rollout = RolloutManager(
+            generation_group,
+            rewards,
+            tokenizer,
+            specmap.sampling_params(t),
+            num_generations=t.grpo.num_generations_per_prompt,
+            timeout_seconds=t.async_rl.rollout_timeout_seconds,
+            max_attempts=t.async_rl.max_rollout_attempts,
+            seed=t.grpo.seed,
+        )
+        args = controller.ControllerArgs(
+            settings=specmap.settings(job),
+            policy=policy_group,
+            generation=generation_group,
+            rewards=rewards,
+            rollout=rollout,
+            weights=weights.ObjectStoreSynchronizer(
+                policy_group, generation_group, t.weight_sync.timeout_seconds
+            ),
+            loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),
+            validation=val,
+            buffer=ReplayBuffer(),
+            sampler=specmap.sampler_of(t),
+            tokenizer=tokenizer,
+            validation_params=specmap.sampling_params(t, greedy=True),
+        )
+        return Built(args, pools, [*policy_ready, *generation_ready])
+    except BaseException:
+        cluster.release(*pools)  # the workers started so far die with this driver
+        raise
 
 
 def resume_state(path: str) -> tuple[controller.ResumeState, dict[str, Any]] | None:

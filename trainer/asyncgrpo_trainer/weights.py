@@ -37,13 +37,5 @@ class ObjectStoreSynchronizer(WeightSynchronizer):
         return time.perf_counter() - t0
 
 
-def create(
-    transport: str, policy: PolicyGroup, generation: GenerationGroup, timeout: float
-) -> WeightSynchronizer:
-    """The synchronizer for weightSync.transport with the torch backends."""
-    if transport in ("auto", "object-store"):
-        return ObjectStoreSynchronizer(policy, generation, timeout)
-    raise ValueError(
-        f"weightSync.transport {transport!r} needs the vLLM/Megatron backends; the torch backends "
-        "use the object store (set transport: auto or object-store)"
-    )
+TORCH_TRANSPORTS = frozenset({"auto", "object-store"})
+"""weightSync.transport values the torch backends serve (both mean the object store)."""

@@ -1,0 +1,110 @@
+"""From the API's TrainerSpec to the trainer's internal configs (pure functions, defaults applied).
+
+The API models are the only place defaults live (asyncgrpo_api); these functions only translate
+field names and apply the API's derived properties (TrainerSpec.max_buffered_rollouts, ...), so
+the workers and the controller receive small frozen dataclasses instead of the whole job.
+"""
+
+from __future__ import annotations
+
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
+from asyncgrpo_trainer import controller, sampler
+from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import modelspec, policy, sampling
+from asyncgrpo_trainer.tokenizer import CharTokenizer
+
+
+def settings(job: AsyncGRPOJob) -> controller.Settings:
+    """The controller's knobs."""
+    t = job.spec.trainer
+    rl = t.async_rl
+    return controller.Settings(
+        mode=sampler.mode_name(
+            max_staleness_versions=rl.max_staleness_versions,
+            over_sampling=rl.over_sampling,
+            force_in_order=t.force_in_order,
+        ),
+        prompts_per_step=t.grpo.num_prompts_per_step,
+        generations_per_prompt=t.grpo.num_generations_per_prompt,
+        max_steps=t.grpo.max_num_steps,
+        min_groups_for_streaming_train=t.min_groups_for_streaming_train,
+        max_buffered_rollouts=t.max_buffered_rollouts,
+        max_inflight_prompts=min(t.max_inflight_prompts, t.max_buffered_rollouts),
+        drain_before_refit=rl.drain_before_refit,
+        reset_cache_after_refit=t.is_sync or t.generation.recompute_kv_cache_after_weight_updates,
+        stall_timeout_seconds=rl.stall_timeout_seconds,
+        leave_one_out=t.grpo.use_leave_one_out_baseline,
+        normalize_rewards=t.grpo.normalize_rewards,
+        needs_reference_logprobs=t.loss.reference_policy_kl_penalty > 0,
+        val_period=t.grpo.val_period,
+        val_at_end=t.grpo.val_at_end,
+        checkpoint_path=job.spec.checkpoint.path,
+        checkpoint_every=job.spec.checkpoint.every_steps,
+        checkpoint_keep=job.spec.checkpoint.keep_last,
+        seed=t.grpo.seed,
+    )
+
+
+def sampler_of(t: TrainerSpec) -> sampler.Sampler:
+    """The staleness policy of the asyncRL block."""
+    return sampler.for_spec(
+        max_staleness_versions=t.async_rl.max_staleness_versions,
+        over_sampling=t.async_rl.over_sampling,
+        force_in_order=t.force_in_order,
+    )
+
+
+def loss_config(t: TrainerSpec) -> losses.LossConfig:
+    loss = t.loss
+    return losses.LossConfig(
+        ratio_clip_min=loss.ratio_clip_min,
+        ratio_clip_max=loss.ratio_clip_max,
+        ratio_clip_c=loss.ratio_clip_c,
+        use_importance_sampling_correction=loss.use_importance_sampling_correction,
+        truncated_importance_sampling_ratio=loss.truncated_importance_sampling_ratio,
+        reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
+        kl_type=loss.kl_type,
+        token_level_loss=loss.token_level_loss,
+    )
+
+
+def optim_config(t: TrainerSpec) -> policy.OptimConfig:
+    p = t.policy
+    return policy.OptimConfig(
+        learning_rate=p.learning_rate,
+        weight_decay=p.weight_decay,
+        max_grad_norm=p.max_grad_norm,
+        warmup_steps=p.warmup_steps,
+        micro_batch_size=p.train_micro_batch_size,
+        logprob_batch_size=p.logprob_batch_size or p.train_micro_batch_size,
+        # The policy scores tokens under the same temperature the engine sampled them with, so
+        # pi_old / pi_gen is 1 when the weights are equal.
+        temperature=t.generation.temperature,
+    )
+
+
+def sampling_params(t: TrainerSpec, *, greedy: bool = False) -> sampling.SamplingParams:
+    """Rollout sampling; greedy (temperature 0) for validation."""
+    g = t.generation
+    if greedy:
+        return sampling.SamplingParams(max_new_tokens=g.max_new_tokens, temperature=0.0)
+    return sampling.SamplingParams(
+        max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k
+    )
+
+
+def model_recipe(t: TrainerSpec, tokenizer: CharTokenizer) -> modelspec.ModelBuild:
+    """The tiny model both worker groups build from the same seed."""
+    tiny = t.model.tiny
+    return modelspec.tiny_build(
+        tokenizer,
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        num_kv_heads=tiny.num_kv_heads,
+        intermediate_size=tiny.intermediate_size,
+        max_sequence_length=t.model.max_sequence_length,
+        dtype=t.model.dtype,
+        seed=t.grpo.seed,
+    )
