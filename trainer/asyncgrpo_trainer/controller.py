@@ -49,6 +49,7 @@ from asyncgrpo_trainer.weights import WeightSynchronizer
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup, RewardPool
 
 log = logging.getLogger(__name__)
+MAX_RECORDS = 20_000
 
 
 class StallError(RuntimeError):
@@ -152,6 +153,7 @@ class SingleController:
         self.validation_reward: float | None = None
         self.last_checkpoint_step: int | None = None
         self.records: list[dict[str, Any]] = []
+        self.records_dropped = 0  # older records are trimmed so a long run's memory stays flat
         self.totals = Timers()
         self.state = "starting"
         self.error: str | None = None
@@ -224,7 +226,7 @@ class SingleController:
 
     def poll(self, since: int) -> dict[str, Any]:
         """Progress and the step records after index `since` (the driver prints and serves them)."""
-        last = self.records[-1] if self.records else {}
+        last: dict[str, Any] = next((r for r in reversed(self.records) if "reward_mean" in r), {})
         return {
             "progress": {
                 "step": self.version,
@@ -240,7 +242,7 @@ class SingleController:
                 "mode": self.s.mode,
                 "counters": dict(self.counters),
             },
-            "records": self.records[since:],
+            "records": self.records[max(since - self.records_dropped, 0) :],
         }
 
     async def summary(self) -> dict[str, Any]:
@@ -262,6 +264,13 @@ class SingleController:
             "validation_reward": self.validation_reward,
             "records": self.records,
         }
+
+    def _record(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if len(self.records) > MAX_RECORDS:
+            drop = len(self.records) - MAX_RECORDS // 2
+            del self.records[:drop]
+            self.records_dropped += drop
 
     # --- rollout side ---------------------------------------------------------------------------
 
@@ -327,7 +336,7 @@ class SingleController:
     async def _train_pump(self) -> None:
         while self.version < self.s.max_steps:
             record = await self._train_step()
-            self.records.append(record)
+            self._record(record)
             await self._after_step()
 
     async def _select_chunk(self, remaining: int, step: dict[str, float]) -> list[Slot]:
@@ -468,9 +477,7 @@ class SingleController:
         scores = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
         self.validation_reward = sum(scores) / len(scores)
         self.totals.add("validation", time.perf_counter() - t0)
-        self.records.append(
-            {"event": "validation", "step": step, "validation_reward": self.validation_reward}
-        )
+        self._record({"event": "validation", "step": step, "validation_reward": self.validation_reward})
 
     async def _checkpoint(self, step: int) -> None:
         # Snapshot the controller synchronously (no await) so buffer, queue and loader agree.
@@ -488,7 +495,7 @@ class SingleController:
             checkpoint.save, self.s.checkpoint_path, step, state, keep_last=self.s.checkpoint_keep
         )
         self.last_checkpoint_step = step
-        self.records.append({"event": "checkpoint", "step": step})
+        self._record({"event": "checkpoint", "step": step})
 
     # --- watchdog -------------------------------------------------------------------------------
 
@@ -524,4 +531,3 @@ class SingleControllerActor:
 
     async def ping(self) -> bool:
         return True
-
