@@ -1,7 +1,8 @@
 """`asyncgrpo run job.yaml`: the same job file `kubectl apply` takes, run on this machine.
 
-Starts an embedded Ray (CPU by default; `--gpus` to use local GPUs), points checkpoints at a local
-directory when the job's path (usually a volume mount such as /checkpoints) is not writable here,
+Starts an embedded Ray (CPU by default; `--gpus` to use local GPUs), points checkpoints at
+.asyncgrpo/<name>/checkpoints unless the job's path (usually a volume mount such as /checkpoints)
+exists here as a writable directory or --checkpoint-dir is given,
 and runs the driver in this process with the /progress server on DRIVER_PROGRESS_PORT.
 """
 
@@ -20,11 +21,11 @@ from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT
 from asyncgrpo_trainer import driver
 
 
-def _writable(path: str) -> bool:
+def _usable(path: str) -> bool:
+    """The job's checkpoint path is a volume mount inside the pod; here it is used only when it
+    already exists as a writable directory (never created at the root of this machine)."""
     p = Path(path)
-    while not p.exists():
-        p = p.parent
-    return os.access(p, os.W_OK)
+    return p.is_dir() and os.access(p, os.W_OK)
 
 
 def localize(manifest: dict[str, Any], checkpoint_dir: str | None, max_steps: int | None) -> dict[str, Any]:
@@ -34,10 +35,10 @@ def localize(manifest: dict[str, Any], checkpoint_dir: str | None, max_steps: in
     name = manifest.get("metadata", {}).get("name", "job")
     if checkpoint_dir is not None:
         ckpt["path"] = str(Path(checkpoint_dir).resolve())
-    elif not _writable(ckpt.get("path", "/checkpoints")):
+    elif not _usable(ckpt.get("path", "/checkpoints")):
         ckpt["path"] = str((Path(".asyncgrpo") / name / "checkpoints").resolve())
         print(
-            f"asyncgrpo: checkpoints go to {ckpt['path']} (the job's path is not writable here)",
+            f"asyncgrpo: checkpoints go to {ckpt['path']} (the job's path is not a directory here)",
             file=sys.stderr,
         )
     if max_steps is not None:
