@@ -136,6 +136,7 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     # what asyncgrpo_operator.k8s calls, plus kopf's watches of jobs, RayClusters and pods
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch", "delete"}
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"patch"}
+    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/finalizers") == {"update"}
     assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete"}
     assert granted(rules, "", "configmaps") == {"create", "get", "patch"}
     assert granted(rules, "", "pods") == {"list", "watch"}

@@ -54,7 +54,10 @@ class AsyncGRPOJobSpec(ApiModel):
         "gone); training errors are never retried. status.restarts counts them.",
     )
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, le=31_536_000, description="Fail the job after this long since it first started."
+        default=None,
+        ge=1,
+        le=31_536_000,
+        description="Fail the job (DeadlineExceeded) this long after status.startTime; suspended time does not count.",
     )
     startup_deadline_seconds: int | None = Field(
         default=1800,
@@ -137,14 +140,21 @@ class AsyncGRPOJobStatus(ApiModel):
 
     phase: Phase = Field(default="Pending", description="Derived from conditions, for printing.")
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=32, description="metav1.Condition list; the source of truth."
+        default_factory=list,
+        max_length=32,
+        description="metav1.Condition list, one per type; the source of truth.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")
     ray_cluster_name: ShortText | None = Field(default=None, description="RayCluster of the current attempt.")
     dashboard_url: ShortText | None = Field(default=None, description="Ray dashboard of the current attempt.")
     attempt: int = Field(default=0, ge=0, description="Index of the current attempt (0 is the first).")
     restarts: int = Field(default=0, ge=0, description="Retries after infrastructure failures.")
-    start_time: datetime | None = Field(default=None, description="When the job first started.")
+    start_time: datetime | None = Field(
+        default=None,
+        description="When the job started running, reset on resume after suspend (like a batch/v1 Job): "
+        "the clock of activeDeadlineSeconds.",
+    )
     attempt_start_time: datetime | None = Field(default=None, description="When this attempt started.")
     completion_time: datetime | None = Field(default=None, description="When the job finished.")
     reason: ShortText | None = Field(default=None, description="Reason of the current phase.")
