@@ -361,6 +361,7 @@ class SingleController:
 
     async def _train_step(self) -> dict[str, Any]:
         t_step = time.perf_counter()
+        generated_before = self.counters["tokens_generated"]
         step: dict[str, float] = collections.defaultdict(float)
         rewards: list[float] = []
         staleness: list[int] = []
@@ -406,7 +407,9 @@ class SingleController:
             "max_staleness": max(staleness),
             "chunks": chunks,
             "tokens": tokens,
-            "tokens_per_second": tokens / wall,
+            # Generated (not only trained) tokens: over-sampled modes generate more than they train.
+            "tokens_per_second": (self.counters["tokens_generated"] - generated_before) / wall,
+            "trained_tokens_per_second": tokens / wall,
             "step_seconds": wall,
             "evicted_groups": evicted,
             **{k: round(v, 6) for k, v in step.items()},
