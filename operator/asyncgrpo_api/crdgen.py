@@ -103,8 +103,8 @@ VOLUME_RULES: list[Schema] = [
 ROOT_RULES: list[Schema] = [
     {
         "rule": "size(self.metadata.name) + size(string(self.spec.backoffLimit)) <= 52",
-        "message": "metadata.name is too long: the RayCluster of the last retry (<name>-<backoffLimit>) must fit "
-        "KubeRay's 53-character limit; shorten the name",
+        "message": "metadata.name is too long: the RayCluster of the last retry (<name>-<backoffLimit>) "
+        "must fit KubeRay's 53-character limit; shorten the name",
     },
 ]
 

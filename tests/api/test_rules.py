@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from asyncgrpo_api.rules import locked_changes, validate_manifest
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 
 from .conftest import job_with
 
@@ -344,8 +345,6 @@ def test_a_job_as_the_api_server_stores_it_earns_no_ignored_setting_warnings(
     base_job: dict[str, Any],
 ) -> None:
     """The API server fills in every default; defaults must not read as settings the user chose."""
-    from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
-
     stored = AsyncGRPOJob.model_validate(base_job).to_manifest()
     paths = {w.path for w in validate_manifest(stored).warnings}
     assert paths <= {"spec.storage.checkpoints"}, paths

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from asyncgrpo_api.apidoc import render_api_doc
 from asyncgrpo_api.crdgen import CRD_FILE, PRINTER_COLUMNS, build_crd, render_crd
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobSpec, AsyncGRPOJobStatus
@@ -167,6 +168,4 @@ def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 
 
 def test_the_committed_api_reference_is_what_the_models_generate() -> None:
-    from asyncgrpo_api.apidoc import render_api_doc
-
     assert (REPO / "docs" / "api.md").read_text() == render_api_doc(), "run `python -m asyncgrpo_api.apidoc`"

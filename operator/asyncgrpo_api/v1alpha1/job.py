@@ -57,7 +57,8 @@ class AsyncGRPOJobSpec(ApiModel):
         default=None,
         ge=1,
         le=31_536_000,
-        description="Fail the job (DeadlineExceeded) this long after status.startTime; suspended time does not count.",
+        description="Fail the job (DeadlineExceeded) this long after status.startTime; "
+        "suspended time does not count.",
     )
     startup_deadline_seconds: int | None = Field(
         default=1800,
