@@ -2,19 +2,27 @@
 
 The installation is the webhook e2e harness (tests/webhook/cluster_harness.py): the chart installed
 into the local control plane, the operator run locally as the chart's ServiceAccount, serving the
-webhook on 127.0.0.1 in URL mode. Sharing one per session keeps the suite inside the CI budget
-(an install plus operator start costs ~15 s on the 2-core CI machine).
+webhook on 127.0.0.1 in URL mode. Two changes: the operator's kubeconfig points at a recording
+proxy in front of the API server (tests/reliability/apiproxy.py), so the permissions test sees
+every call it made since it started; and one installation is shared by the whole session, which
+keeps the suite inside the CI budget (an install plus operator start costs ~15 s on 2 cores).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.chart.helm import NO_HELM, find_helm
+from tests.cluster import pki
 from tests.cluster.cluster import LocalCluster
+from tests.reliability.apiproxy import RecordingProxy
 from tests.webhook.cluster_harness import Installation
 
 
@@ -23,13 +31,34 @@ def count(name: str, default: int) -> int:
     return int(os.environ.get(f"ASYNCGRPO_RELIABILITY_{name.upper()}", default))
 
 
+@dataclass
+class ProxiedInstallation(Installation):
+    """The harness's installation, with the operator talking to the API server through `proxy`."""
+
+    proxy: RecordingProxy | None = None
+
+    def service_account_kubeconfig(self) -> Path:
+        path = super().service_account_kubeconfig()
+        if self.proxy is not None:
+            config = yaml.safe_load(path.read_text())
+            config["clusters"][0]["cluster"]["server"] = self.proxy.url
+            path.write_text(yaml.safe_dump(config))
+        return path
+
+
 @pytest.fixture(scope="session")
-def chart(local_cluster: LocalCluster) -> Iterator[Installation]:
+def chart(local_cluster: LocalCluster) -> Iterator[ProxiedInstallation]:
     """The chart installed, the operator serving its webhook and reconciling `chart.jobs_ns`."""
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
-    installation = Installation(local_cluster, helm_bin)
+    cluster_pki = local_cluster.paths.pki
+    cert, key = pki.issue(
+        cluster_pki, f"reliability-proxy-{secrets.token_hex(3)}", cn="reliability-proxy", sans=("127.0.0.1",)
+    )
+    proxy = RecordingProxy(local_cluster.api.base_url, cluster_pki.ca_crt, cert, key)
+    proxy.start()
+    installation = ProxiedInstallation(local_cluster, helm_bin, proxy=proxy)
     installation.install()
     try:
         installation.start_operator()
@@ -37,3 +66,6 @@ def chart(local_cluster: LocalCluster) -> Iterator[Installation]:
     finally:
         print(f"operator log {installation.log}:\n{installation.log_tail(20)}")
         installation.uninstall()
+        proxy.stop()
+        cert.unlink(missing_ok=True)
+        key.unlink(missing_ok=True)

@@ -1,0 +1,267 @@
+"""Permissions: least-privilege RBAC, no API tokens in trainer pods, TLS >= 1.2, non-root pods,
+and namespaces that stay closed to users without rights on asyncgrpojobs.
+
+The RBAC test is the convincing one: the operator runs as the chart's ServiceAccount behind a
+recording proxy (conftest.py), goes through a job's whole life (create, suspend, resume, a retry,
+success, TTL deletion, a stale spec ConfigMap to overwrite), and the set of (group, resource, verb)
+it used must equal the chart's rules exactly: a missing rule would have shown up as a 403, an extra
+one is privilege nobody uses.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncgrpo_api.rules import validate_manifest
+from asyncgrpo_operator.manifests import ray_cluster
+from tests.chart.helm import NO_HELM, find_helm, template
+from tests.cluster import faults
+from tests.cluster.rest import JSON, Api, ApiError
+from tests.cluster.samples import pods, wait_until
+from tests.e2e.test_operator import ProgressServer, end_driver, head_pod, job_manifest
+from tests.reliability.apiproxy import Permission, implied_permissions, permission
+from tests.reliability.conftest import ProxiedInstallation
+from tests.webhook.cluster_harness import JOBS_PATH
+
+
+def chart_rules(values: dict[str, Any] | None = None) -> set[Permission]:
+    """(group, resource, verb) of every rule in the chart's ClusterRole and Roles, via helm template."""
+    helm_bin = find_helm()
+    if helm_bin is None:
+        pytest.skip(NO_HELM)
+    objects = template(helm_bin, {"leaderElection.enabled": True, **(values or {})})
+    out: set[Permission] = set()
+    for obj in objects:
+        if obj.get("kind") not in ("ClusterRole", "Role"):
+            continue
+        for rule in obj.get("rules") or []:
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    for verb in rule["verbs"]:
+                        out.add(Permission(group, resource, verb))
+    return out
+
+
+def _status(api: Api, ns: str, name: str) -> JSON:
+    return api.get(f"{JOBS_PATH.format(ns=ns)}/{name}").get("status") or {}
+
+
+def _wait_status(api: Api, ns: str, name: str, ok: Any, what: str) -> JSON:
+    return wait_until(lambda: s if ok(s := _status(api, ns, name)) else None, what, timeout=90)
+
+
+@pytest.fixture
+def progress() -> Iterator[ProgressServer]:
+    server = ProgressServer()
+    server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
+    yield server
+    server.close()
+
+
+@pytest.mark.cluster
+def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
+    chart: ProxiedInstallation, progress: ProgressServer
+) -> None:
+    api, ns, name = chart.api, chart.jobs_ns, "rbac-probe"
+    proxy = chart.proxy
+    assert proxy is not None
+    # A stale spec ConfigMap (as a crashed earlier job would leave): the operator must overwrite it.
+    api.create(
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {"metadata": {"name": f"{name}-spec"}, "data": {"job.json": "{}"}},
+    )
+    manifest = job_manifest(name, progress.url, cleanupPolicy={"ttlSecondsAfterFinished": 2})
+    api.create(JOBS_PATH.format(ns=ns), manifest)
+    path = f"{JOBS_PATH.format(ns=ns)}/{name}"
+
+    _wait_status(api, ns, name, lambda s: s.get("phase") == "Running", "Running")
+    api.merge_patch(path, {"spec": {"suspend": True}})
+    _wait_status(api, ns, name, lambda s: s.get("phase") == "Suspended", "Suspended")
+    api.merge_patch(path, {"spec": {"suspend": False}})
+    _wait_status(api, ns, name, lambda s: s.get("phase") == "Running", "Running after resume")
+    head = head_pod(api, ns, f"{name}-0")
+    assert not [v for v in head["spec"].get("volumes", []) if v["name"].startswith("kube-api-access")], (
+        "a trainer pod without a named ServiceAccount got an API token volume"
+    )
+    assert head["spec"].get("automountServiceAccountToken") is False
+    faults.fail_pod(api, ns, head["metadata"]["name"], exit_code=137)
+    _wait_status(
+        api,
+        ns,
+        name,
+        lambda s: s.get("restarts") == 1 and s.get("phase") == "Running",
+        "Running after a retry",
+    )
+    end_driver(api, ns, head_pod(api, ns, f"{name}-1"), 0)
+
+    def deleted() -> bool | None:
+        try:
+            api.get(path)
+        except ApiError as err:
+            return True if err.status == 404 else None
+        return None
+
+    wait_until(deleted, "job deleted by its TTL", timeout=60)
+    time.sleep(1)
+
+    calls = list(proxy.calls)
+    forbidden = [f"{c.method} {c.path}" for c in calls if c.status == 403]
+    assert not forbidden, forbidden
+    used: set[Permission] = set()
+    for call in calls:
+        perm = permission(call)
+        if perm is not None:
+            used.add(Permission(perm.group, perm.resource, perm.verb))
+        used.update(implied_permissions(call))
+    granted = chart_rules()
+    print("operator used:", sorted((p.group, p.resource, p.verb) for p in used))
+    assert used - granted == set(), f"used but not granted: {used - granted}"
+    assert granted - used == set(), f"granted but never used: {granted - used}"
+    leases = {p.name for c in calls if (p := permission(c)) is not None and p.resource == "leases" and p.name}
+    assert leases <= {"asyncgrpo-operator"}, leases
+
+
+def test_trainer_pods_get_no_api_token_unless_a_service_account_is_named() -> None:
+    manifest = job_manifest("tokenless", "http://127.0.0.1:1/progress")
+    for service_account, automount in ((None, False), ("trainer-sa", None)):
+        spec = dict(manifest["spec"])
+        if service_account:
+            spec["serviceAccountName"] = service_account
+
+        job = validate_manifest({**manifest, "spec": spec}).job
+        assert job is not None
+        cluster = ray_cluster(job, 0)
+        templates = [cluster["spec"]["headGroupSpec"]["template"]] + [
+            g["template"] for g in cluster["spec"].get("workerGroupSpecs", [])
+        ]
+        assert len(templates) == 3
+        for pod in templates:
+            assert pod["spec"].get("automountServiceAccountToken") is automount, pod["spec"]
+            assert pod["spec"].get("serviceAccountName") == service_account
+
+
+@pytest.mark.cluster
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")
+def test_the_webhook_refuses_tls_1_1_and_serves_1_2_and_1_3(chart: ProxiedInstallation) -> None:
+    def handshake(version: ssl.TLSVersion, port: int, cafile: str | None = None) -> str | None:
+        """The negotiated protocol, or None when the handshake fails."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")  # let the *client* offer old protocols
+        ctx.minimum_version = ctx.maximum_version = version
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=5) as sock,
+                ctx.wrap_socket(sock) as tls,
+            ):
+                return tls.version()
+        except (ssl.SSLError, OSError):
+            return None
+
+    # Control: this client can speak TLS 1.1 at all (else a refusal would prove nothing).
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(str(chart.tls_dir / "tls.crt"), str(chart.tls_dir / "tls.key"))
+    server_ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+    server_ctx.minimum_version = ssl.TLSVersion.TLSv1
+    listener = socket.create_server(("127.0.0.1", 0))
+    control_port = listener.getsockname()[1]
+
+    def serve_once() -> None:
+        conn, _ = listener.accept()
+        try:
+            with server_ctx.wrap_socket(conn, server_side=True):
+                pass
+        except (ssl.SSLError, OSError):
+            pass
+
+    thread = threading.Thread(target=serve_once, daemon=True)
+    thread.start()
+    control = handshake(ssl.TLSVersion.TLSv1_1, control_port)
+    listener.close()
+    if control != "TLSv1.1":
+        pytest.skip(
+            "this OpenSSL cannot speak TLS 1.1 even to a permissive server; the check would be vacuous"
+        )
+
+    assert handshake(ssl.TLSVersion.TLSv1, chart.port) is None
+    assert handshake(ssl.TLSVersion.TLSv1_1, chart.port) is None
+    assert handshake(ssl.TLSVersion.TLSv1_2, chart.port) == "TLSv1.2"
+    assert handshake(ssl.TLSVersion.TLSv1_3, chart.port) == "TLSv1.3"
+
+
+def test_the_operator_pod_runs_non_root_with_a_read_only_root_filesystem() -> None:
+    helm_bin = find_helm()
+    if helm_bin is None:
+        pytest.skip(NO_HELM)
+    (deployment,) = [o for o in template(helm_bin) if o.get("kind") == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    for container in pod["containers"] + pod.get("initContainers", []):
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True, container["name"]
+        assert sc["allowPrivilegeEscalation"] is False, container["name"]
+        assert sc["capabilities"]["drop"] == ["ALL"], container["name"]
+        assert sc.get("runAsUser", pod["securityContext"]["runAsUser"]) != 0
+
+
+def _as_user(api: Api, user: str, method: str, path: str, body: JSON | None = None) -> int:
+    """The HTTP status of one request made as `user` (impersonated by the admin)."""
+    request = urllib.request.Request(
+        api.base_url + path, data=json.dumps(body).encode() if body else None, method=method
+    )
+    request.add_header("Impersonate-User", user)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, context=api.ctx, timeout=20) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+@pytest.mark.cluster
+def test_a_user_without_rights_on_jobs_can_neither_create_nor_read_them(
+    chart: ProxiedInstallation, progress: ProgressServer
+) -> None:
+    """`mallory` may read ConfigMaps and pods in the namespace (a common `view`-like grant) but has
+    no rule on asyncgrpojobs: she can create no job and read no job, its spec included."""
+    api, ns = chart.api, chart.jobs_ns
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+    api.create(
+        f"{rbac}/roles",
+        {
+            "metadata": {"name": "pods-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        },
+    )
+    api.create(
+        f"{rbac}/rolebindings",
+        {
+            "metadata": {"name": "mallory-pods-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods-reader"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}],
+        },
+    )
+    manifest = job_manifest("secretive", progress.url)
+    api.create(JOBS_PATH.format(ns=ns), manifest)
+    jobs = JOBS_PATH.format(ns=ns)
+    attempt = {**manifest, "metadata": {"name": "intruder"}}
+    assert _as_user(api, "mallory", "POST", jobs, attempt) == 403
+    assert _as_user(api, "mallory", "GET", f"{jobs}/secretive") == 403
+    assert _as_user(api, "mallory", "GET", jobs) == 403
+    assert _as_user(api, "mallory", "GET", "/apis/asyncgrpo.dev/v1alpha1/asyncgrpojobs") == 403
+    assert _as_user(api, "mallory", "GET", f"/api/v1/namespaces/{ns}/configmaps/secretive-spec") == 403
+    assert _as_user(api, "mallory", "GET", f"/apis/ray.io/v1/namespaces/{ns}/rayclusters") == 403
+    assert _as_user(api, "mallory", "GET", f"/api/v1/namespaces/{ns}/pods") == 200  # the grant works
+    assert pods(api, ns) is not None
