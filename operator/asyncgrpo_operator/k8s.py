@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
 REQUEST_TIMEOUT_SECONDS: Final = 30.0
+USER_AGENT: Final = f"{naming.MANAGER}/k8s"
+"""Sent on every call, so the API server's audit log and metrics tell this client apart from
+kopf's watches (user agent kopf/...) and from other controllers using the same credentials."""
 
 
 class ApiError(Exception):
@@ -52,7 +55,9 @@ class Api:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except ConfigException:
             await config.load_kube_config(client_configuration=configuration)
-        return cls(client.ApiClient(configuration=configuration))
+        api_client = client.ApiClient(configuration=configuration)
+        api_client.user_agent = USER_AGENT
+        return cls(api_client)
 
     async def close(self) -> None:
         await self._client.close()

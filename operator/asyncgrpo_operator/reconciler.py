@@ -14,9 +14,10 @@ KubeRay has deleted since, when the step last advanced (for Stalled), and the la
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -113,9 +114,14 @@ class Reconciler:
         now: datetime,
     ) -> Observation:
         namespace, name = key
-        clusters = tuple(ClusterView.from_dict(c) for c in await self.api.list_rayclusters(namespace, name))
-        pods = tuple(PodView.from_dict(p) for p in await self.api.list_pods(namespace, name))
-        configmap = await self.api.get_configmap(namespace, naming.spec_configmap_name(name))
+        # Three independent reads, sent together: one round trip of latency instead of three.
+        raw_clusters, raw_pods, configmap = await asyncio.gather(
+            self.api.list_rayclusters(namespace, name),
+            self.api.list_pods(namespace, name),
+            self.api.get_configmap(namespace, naming.spec_configmap_name(name)),
+        )
+        clusters = tuple(ClusterView.from_dict(c) for c in raw_clusters)
+        pods = tuple(PodView.from_dict(p) for p in raw_pods)
         attempt = status.attempt if status is not None else 0
         current = next((c for c in clusters if c.name == naming.raycluster_name(name, attempt)), None)
         head = None
@@ -179,21 +185,11 @@ class Reconciler:
                     self.memory.forget(key)
                     return
                 raise
-        for action in outcome.actions:
-            if isinstance(action, decision.ApplyConfigMap):
-                await self.api.apply_configmap(action.manifest)
-            elif isinstance(action, decision.CreateRayCluster):
-                created = await self.api.create_raycluster(action.manifest)
-                log.info(
-                    "created RayCluster",
-                    extra=_fields(key, cluster=action.manifest["metadata"]["name"], new=created),
-                )
-            elif isinstance(action, decision.DeleteRayCluster):
-                await self.api.delete_raycluster(namespace, action.name, action.uid)
-                log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
-            elif isinstance(action, decision.DeleteJob):
-                await self.api.delete_job(namespace, name, str(meta["uid"]))
-                log.info("deleted job", extra=_fields(key, why=action.why))
+        for group in _groups(outcome.actions):
+            # Creates that follow each other (the ConfigMap and the RayCluster of an attempt) go
+            # out together; deletes stay in order. Pods wait for a missing ConfigMap volume, so
+            # the two creates need no order between them.
+            await asyncio.gather(*(self._act(key, meta, action) for action in group))
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
         if outcome.progress_mark is not None:
             self.memory.marks[key] = outcome.progress_mark
@@ -212,11 +208,45 @@ class Reconciler:
                     actions=[type(a).__name__ for a in outcome.actions],
                 ),
             )
-        for event in outcome.events:
-            try:
-                await self.api.post_event(body, event.type, event.reason, event.message)
-            except k8s.ApiError as err:  # events are best effort; the status is the record
-                log.warning("could not post event", extra=_fields(key, reason=event.reason, error=str(err)))
+        # Events are independent of each other: post them together (one round trip, not one each).
+        await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
+
+    async def _act(self, key: Key, meta: Mapping[str, Any], action: decision.Action) -> None:
+        namespace, name = key
+        if isinstance(action, decision.ApplyConfigMap):
+            await self.api.apply_configmap(action.manifest)
+        elif isinstance(action, decision.CreateRayCluster):
+            created = await self.api.create_raycluster(action.manifest)
+            log.info(
+                "created RayCluster",
+                extra=_fields(key, cluster=action.manifest["metadata"]["name"], new=created),
+            )
+        elif isinstance(action, decision.DeleteRayCluster):
+            await self.api.delete_raycluster(namespace, action.name, action.uid)
+            log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
+        elif isinstance(action, decision.DeleteJob):
+            await self.api.delete_job(namespace, name, str(meta["uid"]))
+            log.info("deleted job", extra=_fields(key, why=action.why))
+
+    async def _post_event(self, key: Key, body: Mapping[str, Any], event: decision.Event) -> None:
+        try:
+            await self.api.post_event(body, event.type, event.reason, event.message)
+        except k8s.ApiError as err:  # events are best effort; the status is the record
+            log.warning("could not post event", extra=_fields(key, reason=event.reason, error=str(err)))
+
+
+_CREATES = (decision.ApplyConfigMap, decision.CreateRayCluster)
+
+
+def _groups(actions: Sequence[decision.Action]) -> list[list[decision.Action]]:
+    """Consecutive creates form one group (run concurrently); every other action is alone."""
+    groups: list[list[decision.Action]] = []
+    for action in actions:
+        if groups and isinstance(action, _CREATES) and all(isinstance(a, _CREATES) for a in groups[-1]):
+            groups[-1].append(action)
+        else:
+            groups.append([action])
+    return groups
 
 
 def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ stay on), and KCM with the garbage collector and a short node grace period.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,15 @@ class StatePaths:
         return self.root / "kwok.yaml"
 
     @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (JSON lines), written only with ASYNCGRPO_CLUSTER_AUDIT=1."""
+        return self.root / "logs" / "audit.jsonl"
+
+    @property
     def info(self) -> Path:
         """JSON with the binaries folder, timings and ports of the running cluster."""
         return self.root / "cluster.json"
@@ -114,6 +124,41 @@ def etcd(b: Layout, s: StatePaths) -> Spec:
     return Spec("etcd", argv, f"{client}/health")
 
 
+AUDIT_ENV = "ASYNCGRPO_CLUSTER_AUDIT"
+"""1: the API server writes an audit log (one Metadata-level line per request) to logs/audit.jsonl.
+
+Off by default: it costs CPU on every request. The operator benchmark (bench/operator) turns it on
+in its own cluster to count the API requests each controller makes, by user and user agent."""
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    nonResourceURLs: ["/healthz*", "/readyz*", "/livez*", "/version", "/openapi*"]
+  - level: Metadata
+"""
+
+
+def audit_enabled() -> bool:
+    return os.environ.get(AUDIT_ENV, "") in {"1", "true", "yes"}
+
+
+def _audit_flags(s: StatePaths) -> list[str]:
+    """Flags for the audit log; writes the policy file (the API server reads it at start)."""
+    if not audit_enabled():
+        return []
+    s.audit_policy.write_text(AUDIT_POLICY)
+    return [
+        f"--audit-policy-file={s.audit_policy}",
+        f"--audit-log-path={s.audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-mode=batch",  # buffered: requests never wait for the log write
+        "--audit-log-maxsize=0",  # never rotate: a benchmark reads the whole file
+    ]
+
+
 def kube_apiserver(b: Layout, s: StatePaths) -> Spec:
     p = s.pki
     argv = [
@@ -135,6 +180,7 @@ def kube_apiserver(b: Layout, s: StatePaths) -> Spec:
         "--endpoint-reconciler-type=none",  # a loopback endpoint for `kubernetes` would be rejected
         "--enable-priority-and-fairness=false",
         "--profiling=false",
+        *_audit_flags(s),
     ]
     return Spec("kube-apiserver", argv, _https("kube-apiserver", "/readyz"))
 

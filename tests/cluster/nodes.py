@@ -94,3 +94,23 @@ def default_nodes() -> list[dict[str, Any]]:
     """kwok-cpu-0 and kwok-gpu-0..3 (8 GPUs each)."""
     cpus = [cpu_node(f"kwok-cpu-{i}") for i in range(CPU_NODE_COUNT)]
     return cpus + [gpu_node(f"kwok-gpu-{i}") for i in range(GPU_NODE_COUNT)]
+
+
+def bench_nodes(
+    cpu_nodes: int, gpu_nodes: int, *, gpus_per_node: int = 64, pods: int = 256
+) -> list[dict[str, Any]]:
+    """Extra, larger nodes of the same `cpu` and `gpu` pools (same labels and taint), for load tests
+    of hundreds of jobs (bench/operator): each holds `pods` pods and the GPU ones `gpus_per_node` GPUs,
+    so 500 small jobs fit on a couple of dozen fake nodes instead of 125 real-sized ones."""
+    out: list[dict[str, Any]] = []
+    for i in range(cpu_nodes):
+        node = cpu_node(f"kwok-bench-cpu-{i}")
+        node["status"]["capacity"].update(cpu="1024", memory="4Ti", pods=str(pods))
+        out.append(node)
+    for i in range(gpu_nodes):
+        node = gpu_node(f"kwok-bench-gpu-{i}", gpus_per_node)
+        node["status"]["capacity"].update(cpu="1024", memory="8Ti", pods=str(pods))
+        out.append(node)
+    for node in out:
+        node["status"]["allocatable"] = node["status"]["capacity"]
+    return out

@@ -1,0 +1,118 @@
+"""A reconcile pass spends as few round trips as its ordering rules allow (issue 10).
+
+The pass against a fake API whose every call takes the same time: the three reads of the world go
+out together, the status write still precedes every action (a stale decision fails before it
+changes anything), the ConfigMap and the RayCluster of a new attempt are created together, and
+the events are posted together, after the actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import aiohttp
+import kopf
+
+from asyncgrpo_operator import settings
+from asyncgrpo_operator.reconciler import Reconciler
+from tests.operator.builders import BASE_JOB
+
+CALL_SECONDS = 0.05
+
+
+class TimedApi:
+    """Records (name, start, end) of every call; each call takes CALL_SECONDS."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.calls: list[tuple[str, float, float]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def _call(self, name: str, result: Any = None) -> Any:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(CALL_SECONDS)
+        self.in_flight -= 1
+        self.calls.append((name, start, loop.time()))
+        return result
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._call("get_job", copy.deepcopy(self.job))  # type: ignore[no-any-return]
+
+    async def list_rayclusters(self, namespace: str, job_name: str) -> list[Any]:
+        return await self._call("list_rayclusters", [])  # type: ignore[no-any-return]
+
+    async def list_pods(self, namespace: str, job_name: str) -> list[Any]:
+        return await self._call("list_pods", [])  # type: ignore[no-any-return]
+
+    async def get_configmap(self, namespace: str, name: str) -> None:
+        await self._call("get_configmap")
+
+    async def patch_job_status(self, *_: Any) -> dict[str, Any]:
+        return await self._call("patch_job_status", {})  # type: ignore[no-any-return]
+
+    async def apply_configmap(self, manifest: dict[str, Any]) -> None:
+        await self._call("apply_configmap")
+
+    async def create_raycluster(self, manifest: dict[str, Any]) -> bool:
+        return await self._call("create_raycluster", True)  # type: ignore[no-any-return]
+
+    async def post_event(self, *_: Any) -> None:
+        await self._call("post_event")
+
+    def span(self, *names: str) -> tuple[float, float]:
+        picked = [(s, e) for n, s, e in self.calls if n in names]
+        assert picked, names
+        return min(s for s, _ in picked), max(e for _, e in picked)
+
+
+def new_job() -> dict[str, Any]:
+    body = copy.deepcopy(BASE_JOB)
+    body["metadata"].update(resourceVersion="7", generation=1)
+    body["spec"]["trainer"]["policy"] = {"trainMicroBatchSize": 4}  # a job the rules accept
+    return body
+
+
+async def one_pass() -> TimedApi:
+    api = TimedApi(new_job())
+    async with aiohttp.ClientSession() as session:
+        reconciler = Reconciler(api, session)  # type: ignore[arg-type]
+        await reconciler.reconcile(("team", "demo"))
+    return api
+
+
+def test_a_new_job_takes_five_round_trips_to_its_raycluster_and_events() -> None:
+    api = asyncio.run(one_pass())
+    names = [n for n, _, _ in api.calls]
+    assert names.count("create_raycluster") == 1 and names.count("apply_configmap") == 1
+    assert "post_event" in names
+
+    reads = api.span("list_rayclusters", "list_pods", "get_configmap")
+    status = api.span("patch_job_status")
+    creates = api.span("apply_configmap", "create_raycluster")
+    events = api.span("post_event")
+    # get job, then the reads together, then the status, then both creates, then the events
+    assert reads[1] - reads[0] < 2 * CALL_SECONDS
+    assert status[0] >= reads[1]
+    assert creates[0] >= status[1]
+    assert creates[1] - creates[0] < 2 * CALL_SECONDS
+    assert events[0] >= creates[1]
+    assert events[1] - events[0] < 2 * CALL_SECONDS
+    assert api.most_in_flight >= 3
+    total = max(e for _, _, e in api.calls) - min(s for _, s, _ in api.calls)
+    assert total < 6.5 * CALL_SECONDS, f"{total:.3f} s for {len(names)} calls"
+
+
+def test_kopf_builds_no_body_copy_per_event() -> None:
+    # The only handlers are on.event (test_settings_and_logs checks there are no change
+    # handlers), so the diff-base essence kopf builds per event is empty rather than a deep copy.
+    config = kopf.OperatorSettings()
+    settings.apply(config)
+    body = kopf.Body({"metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"big": list(range(1000))}})
+    assert config.persistence.diffbase_storage.build(body=body) == {}
+    assert config.persistence.diffbase_storage.fetch(body=body) is None
