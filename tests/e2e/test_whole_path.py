@@ -149,7 +149,11 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
     # The second attempt continued from the newest checkpoint, not from step 1.
     assert resumed and 8 < resumed[0] <= killed_at + 1, (first.steps(), resumed)
     assert resumed[0] % 4 == 1 and resumed[-1] == STEPS
-    assert "resuming from the checkpoint of step" in second.log.read_text()
+    assert f"resuming from the checkpoint of step {resumed[0] - 1}" in second.log.read_text()
+    # After the restart, kubectl get's STEP never went back (to 0): it kept the last step read from
+    # the first attempt, then the second reported its checkpoint's step and went on from there.
+    after = [r.step for r in watch.rows if r.restarts == 1 and r.step is not None]
+    assert after and after == sorted(after) and after[0] > 0, [r.line for r in watch.rows]
 
     status = wait_terminal(chart.api, ns, name)
     assert (status["phase"], status["restarts"], status["attempt"]) == ("Succeeded", 1, 1)

@@ -268,14 +268,11 @@ class DriverKubelet:
                 start_new_session=True,
             )
         driver = LocalDriver(job, namespace, name, cluster, argv, changes, log, port, process)
-        annotate = self.kubectl(
-            "annotate",
-            "--overwrite",
-            "-n",
-            namespace,
-            f"asyncgrpojob/{job}",
-            f"{PROGRESS_URL_ANNOTATION}={driver.progress_url}",
-        )
+        args = ["annotate", "--overwrite", "-n", namespace, f"asyncgrpojob/{job}"]
+        args.append(f"{PROGRESS_URL_ANNOTATION}={driver.progress_url}")
+        if out is not None:
+            out.write(f"$ kubectl {shlex.join(args)}\n")
+        annotate = self.kubectl(*args)
         if annotate.returncode != 0:
             driver.kill()
             raise RuntimeError(f"kubectl annotate failed: {annotate.stderr}")
