@@ -262,7 +262,16 @@ def execute(
     job = parse_job(manifest)
     t = job.spec.trainer
     if server is not None:
-        server.update(max_steps=t.grpo.max_num_steps, state="starting")
+        # A resumed attempt reports its checkpoint's step from the start, so the job's status (and
+        # `kubectl get agj`) does not show step 0 while the workers start.
+        resumed_at = checkpoint.latest(job.spec.checkpoint.path)
+        server.update(
+            max_steps=t.grpo.max_num_steps,
+            state="starting",
+            step=resumed_at or 0,
+            policy_version=resumed_at or 0,
+            last_checkpoint_step=resumed_at,
+        )
     if not ray.is_initialized():  # after validation: an invalid spec fails without a cluster
         ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
     built = build(job)
