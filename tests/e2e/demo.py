@@ -141,6 +141,10 @@ def run(job_file: Path, *, keep: bool) -> int:
         job = manifest["metadata"]["name"]
         ns = installation.jobs_ns
         shown = job_file.relative_to(REPO) if job_file.is_relative_to(REPO) else job_file
+        print(
+            "    to look around meanwhile, in another shell:\n"
+            '    eval "$(.venv/bin/python -m tests.cluster env)"; kubectl get agj,rayclusters,pods -A'
+        )
         say(f"kubectl apply -n {ns} -f {shown}")
         outcome = installation.kubectl("apply", "-n", ns, "-f", str(job_file))
         print("    " + (outcome.stdout.strip() or outcome.stderr.strip()))

@@ -513,7 +513,10 @@ def drive(
             )
         driver = kubelet.start(pod, job=job, out=out)
         if out is not None:
-            out.write(f"    log: {driver.log}\n    progress: {driver.progress_url}\n")
+            out.write(
+                f"    log: {driver.log}\n    progress: {driver.progress_url}\n"
+                "    (it starts an embedded Ray and its worker actors first: 20-60 s on 2 busy cores)\n"
+            )
         if on_start is not None:
             on_start(driver)
         wait_with_watch(watch, _exited(driver), f"driver of {cluster}", timeout=left())
