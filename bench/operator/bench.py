@@ -290,6 +290,7 @@ class Bench:
 
     def cleanup(self, timeout: float = 600) -> None:
         """Delete everything of the batch and wait until no pod is left (next batch starts clean)."""
+        slow = Api(self.api.base_url, self.api.pki, timeout=600)  # deleting 500 objects takes a while
         for path in (
             AGJ.format(ns=self.agj_ns),
             RAYJOB.format(ns=self.other_ns),
@@ -298,7 +299,7 @@ class Bench:
             f"/apis/batch/v1/namespaces/{self.other_ns}/jobs",
         ):
             with contextlib.suppress(ApiError):
-                self.api.request("DELETE", path, {"propagationPolicy": "Background"})
+                slow.request("DELETE", path, {"propagationPolicy": "Background"})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             left = sum(
@@ -435,7 +436,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--private", action="store_true", help="own audited cluster (started, then stopped)")
     parser.add_argument("--keep", action="store_true", help="with --private: leave the cluster running")
     parser.add_argument("--out", default="/tmp/opbench.json")
+    parser.add_argument("--summarize", metavar="JSON", help="only print the tables of an earlier run")
     args = parser.parse_args(argv)
+    if args.summarize:
+        done = json.loads(Path(args.summarize).read_text())
+        print(summary(done))
+        print(scale_summary(done))
+        return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
 
     if args.private:
@@ -504,6 +511,7 @@ def main(argv: list[str]) -> int:
         if args.private and not args.keep:
             subprocess.run([sys.executable, "-m", "tests.cluster", "down"], check=False, cwd=REPO)
     print(summary(result))
+    print(scale_summary(result))
     return 0
 
 
@@ -557,6 +565,32 @@ def summary(result: JSON) -> str:
                     f"| {size} | {what} | {kind} | {len(r[what])} | {_fmt(pct(r[what], 50))} | "
                     f"{_fmt(pct(r[what], 99))} | {ratio_kr} | {ratio_fl} | {loads} |"
                 )
+    return "\n".join(lines)
+
+
+def scale_summary(result: JSON) -> str:
+    """The scale rows: time until all clusters exist / all Running, peaks, requests per job."""
+    lines = [
+        "| kind | jobs | all RayClusters exist s | all Running s | cluster p50 / p99 s | "
+        "asyncgrpo peak RSS MiB, CPU s | KubeRay peak RSS MiB, CPU s | "
+        "requests/job: asyncgrpo | requests/job: KubeRay | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in result["batches"]:
+        if not b["tag"].startswith("s"):
+            continue
+        procs, reqs, n = b.get("procs", {}), b.get("requests", {}), b["size"]
+        ours, theirs = procs.get("asyncgrpo", {}), procs.get("kuberay", {})
+        per_job = [
+            f"{reqs[c].get('total', 0) / n:.1f}" if c in reqs else "-" for c in ("asyncgrpo", "kuberay")
+        ]
+        lines.append(
+            f"| {b['kind']} | {n} | {_fmt(b['all_cluster_seconds'])} | {_fmt(b['all_running_seconds'])} | "
+            f"{_fmt(pct(b['cluster'], 50))} / {_fmt(pct(b['cluster'], 99))} | "
+            f"{ours.get('peak_rss_mib', 0):.0f}, {ours.get('cpu_seconds', 0):.1f} | "
+            f"{theirs.get('peak_rss_mib', 0):.0f}, {theirs.get('cpu_seconds', 0):.1f} | "
+            f"{per_job[0]} | {per_job[1]} | {b['load']:.1f} |"
+        )
     return "\n".join(lines)
 
 
