@@ -90,11 +90,16 @@ class ProgressServer:
                 else:
                     self.send_error(404)
                     return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The client gave up (a poll timing out on a busy node). Not an error of the
+                    # run: a traceback here would land in the container's termination message.
+                    return
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
