@@ -36,9 +36,9 @@ from tests.e2e.whole_path import (
 )
 from tests.webhook.cluster_harness import Installation
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer]
 
-SCENARIO_TIMEOUT = 300.0
+SCENARIO_TIMEOUT = 600.0  # generous: the driver's Ray start-up alone takes 20-70 s on 2 busy cores
 STEPS = 40
 
 
