@@ -104,8 +104,16 @@ def implied_permissions(call: Call) -> list[Permission]:
 class RecordingProxy:
     """Serve TLS on 127.0.0.1:<port> and forward everything to `upstream`."""
 
-    def __init__(self, upstream: str, ca_file: Path, cert: Path, key: Path) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        ca_file: Path,
+        cert: Path,
+        key: Path,
+        client_cert: tuple[Path, Path] | None = None,
+    ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.client_cert = client_cert
         self.ca_file = ca_file
         self.cert = cert
         self.key = key
@@ -114,6 +122,10 @@ class RecordingProxy:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._active: set[asyncio.Transport] = set()
+        self._site: web.TCPSite | None = None
+        self._runner: web.AppRunner | None = None
+        self._server_ssl: ssl.SSLContext | None = None
         self._thread = threading.Thread(target=self._run, name="recording-proxy", daemon=True)
 
     @property
@@ -130,18 +142,54 @@ class RecordingProxy:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
 
+    def outage_begin(self) -> None:
+        """The API server vanishes for the client: open streams are cut, new connections refused."""
+        asyncio.run_coroutine_threadsafe(self._down(), self._loop).result(timeout=30)
+
+    def outage_end(self) -> None:
+        """Listen again on the same port."""
+        asyncio.run_coroutine_threadsafe(self._up(), self._loop).result(timeout=30)
+
+    async def _down(self) -> None:
+        assert self._site is not None
+        await self._site.stop()
+        # Every connection, busy or idle keep-alive: a TCP reset, as when the API server dies.
+        assert self._runner is not None and self._runner.server is not None
+        for handler in list(self._runner.server.connections):
+            if handler.transport is not None:
+                handler.transport.abort()
+        for transport in list(self._active):
+            transport.abort()
+
+    async def _up(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._server_ssl)
+        await self._site.start()
+
     def _run(self) -> None:
         self._loop.run_until_complete(self._serve())
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         upstream_ssl = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.client_cert is not None:
+            upstream_ssl.load_cert_chain(str(self.client_cert[0]), str(self.client_cert[1]))
         server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         server_ssl.load_cert_chain(str(self.cert), str(self.key))
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
 
             async def handle(request: web.Request) -> web.StreamResponse:
+                transport = request.transport
+                if transport is not None:
+                    self._active.add(transport)  # type: ignore[arg-type]
+                try:
+                    return await forward(request)
+                finally:
+                    if transport is not None:
+                        self._active.discard(transport)  # type: ignore[arg-type]
+
+            async def forward(request: web.Request) -> web.StreamResponse:
                 body = await request.read()
                 headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
                 url = self.upstream + request.path_qs
@@ -159,7 +207,7 @@ class RecordingProxy:
                         async for chunk in answer.content.iter_any():
                             await out.write(chunk)
                         await out.write_eof()
-                    except (ConnectionResetError, aiohttp.ClientError, asyncio.CancelledError):
+                    except (ConnectionResetError, aiohttp.ClientError):
                         pass
                     return out
 
@@ -169,6 +217,7 @@ class RecordingProxy:
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl)
             await site.start()
+            self._site, self._runner, self._server_ssl = site, runner, server_ssl
             server = site._server
             assert server is not None
             self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
