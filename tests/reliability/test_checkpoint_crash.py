@@ -63,3 +63,36 @@ def test_a_sigkill_during_save_never_leaves_a_loadable_torn_checkpoint(tmp_path:
             checked += 1
     print(f"checkpoint kills {kills}, checkpoints verified after kills {checked}")
     assert checked > 0
+
+
+KILLED_WHILE_REPLACING = """
+import os, shutil, sys, torch
+from pathlib import Path
+from asyncgrpo_trainer import checkpoint
+root = sys.argv[1]
+checkpoint.save(root, 1, {"step": 1, "weights": torch.zeros(8)}, keep_last=3)
+checkpoint.save(root, 2, {"step": 2, "weights": torch.zeros(8)}, keep_last=3)
+
+def rmtree(path, *args, **kwargs):
+    # rmtree's order is the directory's order, which the file system decides: take the worst
+    # legal one (the state file first), and crash right after it.
+    state = Path(path) / checkpoint.STATE_FILE
+    if state.exists():
+        os.unlink(state)
+        os.kill(os.getpid(), 9)
+
+shutil.rmtree = rmtree
+checkpoint.save(root, 2, {"step": 2, "weights": torch.ones(8)}, keep_last=3)
+"""
+
+
+def test_a_crash_while_a_step_is_saved_again_leaves_no_torn_checkpoint(tmp_path: Path) -> None:
+    """Saving a step that exists removes the old directory first; a SIGKILL inside that removal
+    (here: right after `state.pt` is unlinked, before `meta.json`, a legal order of rmtree) must
+    not leave a directory `list_steps` offers to resume but `load` cannot read."""
+    root = tmp_path / "checkpoints"
+    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_REPLACING, str(root)], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    for step in checkpoint.list_steps(root):
+        assert checkpoint.load(root, step)["step"] == step
+    assert checkpoint.latest(root) in (1, 2)

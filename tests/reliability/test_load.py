@@ -179,6 +179,5 @@ def test_many_jobs_at_once_all_run_with_bounded_memory_and_latency(
     finally:
         op.stop()
         progress.close()
-        with suppress(ApiError):  # deletecollection
-            api.request("DELETE", JOBS.format(ns=ns), {"propagationPolicy": "Background"})
-        wait_until(lambda: not api.get(JOBS.format(ns=ns)).get("items") or None, "jobs deleted", timeout=120)
+        # The jobs go with the test's namespace (deleted by its fixture, asynchronously): a
+        # synchronous deletecollection of 200 jobs outlasts the client's 30 s timeout.

@@ -40,6 +40,7 @@ _ENVELOPE_WORDS = (
     ("Go struct field ObjectMeta.name ", "metadata.name"),
     ("Go struct field ObjectMeta.", "metadata"),
 )
+_ACCESSOR = re.compile(r"\.(apiVersion|kind|metadata) accessor error")
 _UNKNOWN = re.compile(r'unknown field "([^"]+)"')
 
 
@@ -140,6 +141,7 @@ def api_paths(body: dict[str, Any]) -> list[str]:
     for words, path in _ENVELOPE_WORDS:
         if words in message:
             found.append(path)
+    found.extend(_ACCESSOR.findall(message))
     return list(dict.fromkeys(found))
 
 
