@@ -161,6 +161,23 @@ def _normal(path: str) -> str:
     return path.replace("[", ".[").replace(".[", "[").strip(".")
 
 
+OBJECT_META_FIELDS = {
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+}
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -181,6 +198,8 @@ def known_gap(manifest: Any) -> str | None:
         )
     ):
         return "metadata.name-not-dns1123"
+    if isinstance(metadata, dict) and set(metadata) - OBJECT_META_FIELDS:
+        return "metadata-unknown-field"
     if _has_null(manifest.get("spec")):
         return "null-means-unset"
     return None
