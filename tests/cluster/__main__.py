@@ -1,4 +1,4 @@
-"""CLI: python -m tests.cluster build|up|down|status|logs|env|prune.
+"""CLI: python -m tests.cluster build|up|down|status|logs|env|restart|prune.
 
 `up` builds first when the binaries are missing, so `python -m tests.cluster up` is the one command
 a developer or the demo needs. The processes outlive the CLI; `down` stops them by recorded PID.
@@ -73,6 +73,13 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     return 2
 
 
+def _cmd_restart(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    rec = cluster.restart(args.component, down_for=args.down_for)
+    print(rec.pid)
+    return 0
+
+
 def _cmd_env(args: argparse.Namespace) -> int:
     cluster = LocalCluster.from_env()
     running = cluster.info().get("binaries")  # the live cluster's build, even after a re-pin
@@ -110,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("component", nargs="?")
     p.add_argument("-n", "--lines", type=int, default=50)
     p.set_defaults(fn=_cmd_logs)
+    p = sub.add_parser("restart", help="restart one component in place (fault tests; private clusters)")
+    p.add_argument("component")
+    p.add_argument("--down-for", type=float, default=0.0, help="seconds with the component stopped")
+    p.set_defaults(fn=_cmd_restart)
     p = sub.add_parser("prune", help="delete cached builds of other pins (not the live cluster's)")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(fn=_cmd_prune)

@@ -417,6 +417,32 @@ class LocalCluster:
             shutil.rmtree(self.paths.root)
         return stopped
 
+    def restart(self, name: str, *, down_for: float = 0.0, timeout: float = UP_TIMEOUT) -> ProcRecord:
+        """Restart one component in place, as a node reboot or a rolling upgrade would.
+
+        SIGTERM (then SIGKILL after the grace period) to the recorded process, `down_for` seconds
+        with nothing listening, then the same command line again, recorded in place of the old
+        one. Returns once the component is live again (for kube-apiserver: /readyz answers).
+        Meant for fault tests on a private control plane; clients of a shared one see the outage.
+        """
+        with self.locked():
+            records = self.records()
+            old = next((r for r in records if r.name == name), None)
+            if old is None:
+                raise ClusterError(f"no component {name!r}; known: {[r.name for r in records]}")
+            stop(old)
+            time.sleep(down_for)
+            self.pidfile.clear()
+            for rec in records:
+                if rec is not old:
+                    self.pidfile.add(rec)
+            new = spawn(
+                name, old.argv, logs=self.logs, env=self._env(), cwd=self.paths.home, pids=self.pidfile
+            )
+            self._wait(self.is_live, f"{name} live again after a restart", [new], timeout=timeout)
+        _log(f"restarted {name} (pid {old.pid} -> {new.pid})")
+        return new
+
     def status(self) -> list[dict[str, Any]]:
         """One row per recorded process: pid, alive, RSS in MiB, log file."""
         return [
