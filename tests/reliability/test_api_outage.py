@@ -95,7 +95,8 @@ def test_an_api_server_outage_is_survived_and_status_catches_up(
         entry["user"] = {"token": "unused-the-proxy-authenticates-as-admin"}
     via_proxy = tmp_path / "kubeconfig"
     via_proxy.write_text(yaml.safe_dump(config))
-    op = OperatorProcess(via_proxy, ns, tmp_path / "operator.log")
+    # A 10-minute resync: only re-established watches can deliver the changes in time.
+    op = OperatorProcess(via_proxy, ns, tmp_path / "operator.log", {"ASYNCGRPO_RESYNC_SECONDS": "600"})
     op.start()
     outages = count("outages", 1)
     try:
