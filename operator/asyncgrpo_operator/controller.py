@@ -7,7 +7,10 @@ every job (kopf#833), so a job could not be deleted while the operator is down. 
 - a pass returns when to look again (progress polling, deadlines, TTL expiry) and is requeued,
 - every `resync_seconds` all jobs are enqueued, so a missed event is repaired,
 - a failing pass is retried with exponential backoff, and a status conflict right away,
-- one key is never reconciled twice at the same time (passes for different jobs run in parallel).
+- one key is never reconciled twice at the same time (passes for different jobs run in parallel),
+- a job's first pass goes ahead of the others: when many jobs are applied at once, each gets its
+  RayCluster before the status updates of the jobs already provisioning (their pod events would
+  otherwise queue in front of it; with 50 jobs that doubled the p99 to a RayCluster).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -55,7 +59,11 @@ class Controller:
     _running: set[Key] = field(default_factory=set)
     _dirty: set[Key] = field(default_factory=set)
     _failures: dict[Key, int] = field(default_factory=dict)
-    _ready: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
+    _passed: set[Key] = field(default_factory=set)
+    """Keys that have had a pass (pruned to the listed jobs at each resync)."""
+    _ready: asyncio.PriorityQueue[tuple[int, int, Key]] = field(default_factory=asyncio.PriorityQueue)
+    """(0 for a first pass else 1, arrival order, key): first passes first, FIFO within each."""
+    _order: itertools.count[int] = field(default_factory=itertools.count)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def enqueue(self, key: Key, delay: float = 0.0) -> None:
@@ -93,7 +101,8 @@ class Controller:
                     self._dirty.add(key)  # run again once the current pass ends
                 else:
                     self._running.add(key)
-                    self._ready.put_nowait(key)
+                    first = 0 if key not in self._passed else 1
+                    self._ready.put_nowait((first, next(self._order), key))
             timeout = min(self._heap[0][0] - now, 5.0) if self._heap else 5.0
             if not self.is_active():
                 timeout = 1.0  # standing by: look again soon, leadership may have changed
@@ -102,7 +111,7 @@ class Controller:
 
     async def _work(self) -> None:
         while True:
-            key = await self._ready.get()
+            _, _, key = await self._ready.get()
             delay: float | None
             try:
                 delay = await self.reconcile(key)
@@ -121,6 +130,7 @@ class Controller:
             finally:
                 self.stats.passes += 1
                 self._running.discard(key)
+                self._passed.add(key)
             if key in self._dirty:
                 self._dirty.discard(key)
                 self.enqueue(key)
@@ -131,8 +141,10 @@ class Controller:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                for key in await self.list_keys():
+                keys = await self.list_keys()
+                for key in keys:
                     self.enqueue(key)
+                self._passed &= set(keys) | self._running  # deleted jobs are forgotten
                 self.stats.last_resync = loop.time()
             except asyncio.CancelledError:
                 raise

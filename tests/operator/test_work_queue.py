@@ -152,3 +152,49 @@ def test_a_conflict_is_replanned_right_away_without_counting_a_failure() -> None
     controller = asyncio.run(scenario())
     assert len(times) == 2 and times[1] - times[0] < 0.5
     assert controller.stats.failures == 0
+
+
+def test_a_new_jobs_first_pass_goes_before_passes_of_known_jobs() -> None:
+    # 50 jobs applied at once: each should get its RayCluster before the pod-event passes of the
+    # jobs already provisioning are served (issue 10: the p99 to a RayCluster).
+    order: list[Key] = []
+    known = [("ns", f"old-{i}") for i in range(5)]
+    new = [("ns", f"new-{i}") for i in range(3)]
+
+    async def reconcile(key: Key) -> float | None:
+        order.append(key)
+        await asyncio.sleep(0.01)
+        return None
+
+    async def scenario() -> None:
+        controller = Controller(reconcile=reconcile, list_keys=no_keys, resync_seconds=3600, workers=1)
+        for key in known:
+            controller.enqueue(key)
+        await run_for(controller, 0.2)  # the known jobs have had their first pass
+        order.clear()
+        for key in known:
+            controller.enqueue(key)  # e.g. their pods became Ready
+        for key in new:
+            controller.enqueue(key)  # enqueued later, served first
+        await run_for(controller, 0.3)
+
+    asyncio.run(scenario())
+    assert order[: len(new)] == new
+    assert sorted(order[len(new) :]) == sorted(known)
+
+
+def test_the_first_pass_memory_is_pruned_to_listed_jobs_at_resync() -> None:
+    async def reconcile(key: Key) -> float | None:
+        return None
+
+    async def only_a() -> list[Key]:
+        return [A]
+
+    async def scenario() -> Controller:
+        controller = Controller(reconcile=reconcile, list_keys=only_a, resync_seconds=0.05)
+        controller.enqueue(B)
+        await run_for(controller, 0.3)
+        return controller
+
+    controller = asyncio.run(scenario())
+    assert controller._passed == {A}
