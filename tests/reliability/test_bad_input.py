@@ -37,7 +37,14 @@ from tests.reliability.specgen import (
     at_size_limit,
     mutated_manifest,
 )
-from tests.reliability.verdicts import api_verdict, as_yaml_file_reads, cli_verdict, known_gap, related
+from tests.reliability.verdicts import (
+    api_verdict,
+    as_yaml_file_reads,
+    cli_verdict,
+    coerced,
+    known_gap,
+    related,
+)
 from tests.webhook.cluster_harness import Installation
 
 STATS: Counter[str] = Counter()
@@ -101,7 +108,7 @@ def _check_both(chart: Installation, manifest: Any, stats: Counter[str]) -> None
     assert api.status < 500, f"API server answered {api.status}: {api.message}"
     if not api.ok:
         assert api.paths, f"rejection names no field path ({api.status}): {api.message}"
-    gap = known_gap(manifest)
+    gap = known_gap(manifest) or coerced(cli.ok, api.ok, api.message)
     if gap is not None:
         stats[f"known-gap:{gap}"] += 1
         return

@@ -213,3 +213,16 @@ def _has_null(node: Any) -> bool:
     if isinstance(node, list):
         return any(_has_null(v) for v in node)
     return False
+
+
+_TYPE_MISMATCH = re.compile(
+    r'must be of type (integer|number|string|boolean): "(boolean|string|integer|number)"'
+)
+
+
+def coerced(cli_ok: bool, api_ok: bool, api_message: str) -> str | None:
+    """The CLI accepted a value of the wrong JSON type that the API server refused (pydantic's lax
+    mode turns `false` into 0 and "8" into 8; the structural schema does not): an open finding."""
+    if cli_ok and not api_ok and _TYPE_MISMATCH.search(api_message):
+        return "lax-type-coercion"
+    return None
