@@ -21,3 +21,10 @@ def test_pure_modules_do_not_import_ray() -> None:
     code = f"import sys, {', '.join(PURE)}; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+
+
+def test_reward_workers_do_not_import_torch() -> None:
+    """Reward actor processes import only the environments: no torch start-up cost per job."""
+    code = "import sys, asyncgrpo_trainer.rewards; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"

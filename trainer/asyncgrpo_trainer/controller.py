@@ -42,11 +42,12 @@ from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.rewards import RewardPool
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
 from asyncgrpo_trainer.tokenizer import CharTokenizer
 from asyncgrpo_trainer.weights import WeightSynchronizer
-from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup, RewardPool
+from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 20_000

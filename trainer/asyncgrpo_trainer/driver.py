@@ -41,6 +41,7 @@ from asyncgrpo_trainer import (
     weights,
     workers,
 )
+from asyncgrpo_trainer import rewards as reward_workers
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.tokenizer import CharTokenizer
@@ -133,7 +134,7 @@ def build(job: AsyncGRPOJob) -> Built:
             cl.generation_workers.gpus_per_replica,
             max_prefix_age=t.async_rl.max_staleness_versions,
         )
-        rewards = workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
+        rewards = reward_workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
         train, val = data.load_examples(
             env,
             tokenizer,

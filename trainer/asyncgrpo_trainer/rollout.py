@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.buffer import GroupRecord
 from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.rewards import RewardPool
 from asyncgrpo_trainer.tokenizer import CharTokenizer
-from asyncgrpo_trainer.workers import GenerationGroup, RewardPool
+from asyncgrpo_trainer.workers import GenerationGroup
 
 log = logging.getLogger(__name__)
 

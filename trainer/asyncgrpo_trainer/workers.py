@@ -4,7 +4,7 @@ A group object is small and picklable (it holds actor handles), so the driver bu
 it to the controller actor. Its methods return awaitables of Ray object refs, so the controller's
 event loop never blocks on a worker. The policy group shards a chunk's rows over its
 data-parallel ranks; the generation group sends each prompt group to the engine with the fewest
-outstanding requests; the reward pool spreads scoring over `env.numWorkers` actors.
+outstanding requests. The reward workers live in `rewards` (no torch in their processes).
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-import torch
 
-from asyncgrpo_trainer import cluster, envs
+from asyncgrpo_trainer import cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
 from asyncgrpo_trainer.backends.modelspec import ModelBuild
-from asyncgrpo_trainer.envs.base import Example
 
 
 class PolicyActor(policy.TorchPolicyWorker):
@@ -154,36 +152,6 @@ class GenerationGroup:
         return list(await asyncio.gather(*(a.stats.remote() for a in self.actors)))
 
 
-class RewardActor:
-    """Scores responses with an environment (one per env worker)."""
-
-    def __init__(self, env_name: str) -> None:
-        torch.set_num_threads(1)
-        self.env = envs.build(env_name)
-
-    def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[float]:
-        return [self.env.score(example, r, finished=f) for r, f in zip(responses, finished, strict=True)]
-
-
-class RewardPool:
-    """Round-robin over the reward actors, with a per-call deadline (a timeout scores 0)."""
-
-    def __init__(self, actors: list[Any], timeout_seconds: float) -> None:
-        self.actors, self.timeout = actors, timeout_seconds
-        self._next = 0
-
-    async def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[float]:
-        actor = self.actors[self._next % len(self.actors)]
-        self._next += 1
-        ref = actor.score.remote(example, responses, finished)
-        try:
-            scores: list[float] = await asyncio.wait_for(ref, self.timeout)
-            return scores
-        except TimeoutError:
-            ray.cancel(ref)
-            return [0.0] * len(responses)
-
-
 def start_policy_group(
     pool: cluster.Pool, build: ModelBuild, optim: policy.OptimConfig, loss: losses.LossConfig, gpus: int
 ) -> tuple[PolicyGroup, list[Any]]:
@@ -213,13 +181,7 @@ def start_generation_group(
     return GenerationGroup(actors), [a.stats.remote() for a in actors]  # type: ignore[attr-defined]
 
 
-def build_reward_pool(env_name: str, num_workers: int, timeout_seconds: float) -> RewardPool:
-    cls = ray.remote(num_cpus=0)(RewardActor)
-    actors = [cls.remote(env_name) for _ in range(num_workers)]
-    return RewardPool(actors, timeout_seconds)
-
-
-def kill(*groups: PolicyGroup | GenerationGroup | RewardPool) -> None:
+def kill(*groups: PolicyGroup | GenerationGroup | rewards.RewardPool) -> None:
     for group in groups:
         for actor in group.actors:
             ray.kill(actor, no_restart=True)
