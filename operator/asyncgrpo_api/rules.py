@@ -12,6 +12,7 @@ S = maxStalenessVersions) and why they exist are documented in docs/guides/async
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,7 @@ def validate_manifest(manifest: Mapping[str, Any]) -> Report:
     if envelope:
         return Report(job=None, errors=tuple(envelope), warnings=())
     try:
-        job = AsyncGRPOJob.model_validate(dict(manifest))
+        job = AsyncGRPOJob.model_validate(without_pruned_nulls(manifest, AsyncGRPOJob))
     except ValidationError as exc:
         return Report(job=None, errors=tuple(_schema_findings(exc)), warnings=())
     errors, warnings = check_rules(job)
@@ -77,6 +78,41 @@ def check_rules(job: AsyncGRPOJob) -> tuple[tuple[Finding, ...], tuple[Finding, 
 
 
 # --- envelope and schema -------------------------------------------------------------------------
+
+
+def without_pruned_nulls(value: Any, model: type[BaseModel]) -> Any:
+    """Drop `field: null` where the API server would: it prunes nulls of non-nullable fields and
+    applies their defaults, so `cluster:` (an empty YAML value) means "use the defaults".
+
+    Optional fields with a non-None default are nullable in the CRD: there null is kept and means
+    unset-on-purpose (e.g. startupDeadlineSeconds: null waits forever).
+    """
+    if not isinstance(value, Mapping):
+        return value
+    fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+    out: dict[Any, Any] = {}
+    for key, item in value.items():
+        field = fields.get(key) if isinstance(key, str) else None
+        keeps_null = field is not None and _nullable(field.annotation) and field.default is not None
+        if item is None and not keeps_null:
+            continue
+        child = _model_of(field.annotation) if field is not None else None
+        out[key] = _prune_child(item, child)
+    return out
+
+
+def _prune_child(item: Any, child: type[BaseModel] | None) -> Any:
+    if child is None:
+        return item
+    if isinstance(item, Mapping):
+        return without_pruned_nulls(item, child)
+    if isinstance(item, list):
+        return [without_pruned_nulls(i, child) for i in item]
+    return item
+
+
+def _nullable(annotation: Any) -> bool:
+    return type(None) in getattr(annotation, "__args__", ())
 
 
 def _envelope_errors(manifest: Mapping[str, Any]) -> Iterator[Finding]:
@@ -402,24 +438,45 @@ def _gpus_not_in_resources(job: AsyncGRPOJob) -> Iterator[Finding]:
 # --- names, scheduler, env -----------------------------------------------------------------------
 
 
+DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+GENERATED_SUFFIX_LENGTH = 5
+"""Characters the API server appends to metadata.generateName."""
+MAX_ANNOTATIONS_BYTES = 262_144
+
+
 def _names_fit(job: AsyncGRPOJob) -> Iterator[Finding]:
-    name = job.metadata.name
-    if not name:
+    meta = job.metadata
+    if meta.name:
+        path, name, shown = "metadata.name", meta.name, meta.name
+    elif meta.generate_name:
+        path, name = "metadata.generateName", meta.generate_name + "a" * GENERATED_SUFFIX_LENGTH
+        shown = meta.generate_name
+    else:
+        yield Finding("metadata.name", "is required (or metadata.generateName)")
         return
-    if not name[0].isalpha():
+    if not DNS_1035_LABEL.fullmatch(name):
         yield Finding(
-            "metadata.name",
-            "must start with a letter: the derived Ray head Service name must be a DNS-1035 label; "
-            f"got {name!r}",
+            path,
+            "must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter and "
+            f"ending with a letter or digit), because the Ray head Service is named after it; got {shown!r}",
         )
     longest = raycluster_name(name, job.spec.backoff_limit)
     if len(longest) > MAX_RAYCLUSTER_NAME_LENGTH:
-        room = MAX_RAYCLUSTER_NAME_LENGTH - (len(longest) - len(name))
+        room = MAX_RAYCLUSTER_NAME_LENGTH - (len(longest) - len(shown))
         yield Finding(
-            "metadata.name",
-            f"is too long: the RayCluster of the last retry would be {longest!r} ({len(longest)} "
-            f"characters), over KubeRay's limit of {MAX_RAYCLUSTER_NAME_LENGTH}. Use at most {room} "
+            path,
+            f"is too long: the RayCluster of the last retry would be {len(longest)} characters "
+            f"({longest!r}), over KubeRay's limit of {MAX_RAYCLUSTER_NAME_LENGTH}. Use at most {room} "
             f"characters (with backoffLimit {job.spec.backoff_limit})",
+        )
+
+
+def _annotations_fit(job: AsyncGRPOJob) -> Iterator[Finding]:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in job.metadata.annotations.items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        yield Finding(
+            "metadata.annotations",
+            f"total {size} bytes, over the API server's limit of {MAX_ANNOTATIONS_BYTES}; remove some",
         )
 
 
@@ -507,6 +564,7 @@ def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
 
 _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _names_fit,
+    _annotations_fit,
     _sync_mode_without_over_sampling,
     _in_order_without_over_sampling,
     _buffer_capacity,

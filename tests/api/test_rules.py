@@ -348,3 +348,51 @@ def test_a_job_as_the_api_server_stores_it_earns_no_ignored_setting_warnings(
     stored = AsyncGRPOJob.model_validate(base_job).to_manifest()
     paths = {w.path for w in validate_manifest(stored).warnings}
     assert paths <= {"spec.storage.checkpoints"}, paths
+
+
+def test_an_empty_yaml_value_means_the_defaults_as_on_the_api_server(base_job: dict[str, Any]) -> None:
+    base_job["spec"]["cluster"] = None
+    base_job["spec"]["trainer"]["asyncRL"] = {"maxStalenessVersions": None}
+    report = validate_manifest(base_job)
+    assert report.ok, [str(e) for e in report.errors]
+    assert report.job is not None and report.job.spec.trainer.async_rl.max_staleness_versions == 1
+
+
+def test_null_on_a_nullable_field_means_unset_on_purpose(base_job: dict[str, Any]) -> None:
+    base_job["spec"]["startupDeadlineSeconds"] = None
+    job = validate_manifest(base_job).job
+    assert job is not None and job.spec.startup_deadline_seconds is None
+
+
+@pytest.mark.parametrize(
+    ("metadata", "path", "text"),
+    [
+        ({}, "metadata.name", "is required"),
+        ({"name": "名前"}, "metadata.name", "must be a DNS-1035 label"),
+        ({"name": "9lives"}, "metadata.name", "must be a DNS-1035 label"),
+        ({"name": "a.b"}, "metadata.name", "must be a DNS-1035 label"),
+        ({"name": "ok", "lables": {}}, "metadata.lables", "did you mean 'labels'"),
+        ({"name": "ok", "labels": {"a": "not ok!"}}, "metadata.labels.a", "string should match pattern"),
+        ({"generateName": "x" * 50}, "metadata.generateName", "is too long"),
+    ],
+    ids=["missing", "unicode", "digit-first", "dots", "misspelt-key", "label-value", "generate-name-length"],
+)
+def test_metadata_is_checked_as_the_api_server_does(metadata: dict[str, Any], path: str, text: str) -> None:
+    manifest = {**job_with(), "metadata": metadata}
+    errors = validate_manifest(manifest).errors
+    assert any(e.path == path and text in e.message for e in errors), [str(e) for e in errors]
+
+
+def test_a_stored_object_with_server_fields_validates_again(base_job: dict[str, Any]) -> None:
+    base_job["metadata"].update(
+        {
+            "uid": "1",
+            "resourceVersion": "5",
+            "generation": 2,
+            "creationTimestamp": "2026-11-29T00:00:00Z",
+            "managedFields": [{"manager": "kubectl"}],
+            "finalizers": [],
+            "namespace": "team",
+        }
+    )
+    assert validate_manifest(base_job).ok

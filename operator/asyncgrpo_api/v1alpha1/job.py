@@ -165,17 +165,39 @@ class AsyncGRPOJobStatus(ApiModel):
     progress: Progress | None = Field(default=None, description="Training progress.")
 
 
-class ObjectMeta(ApiModel):
-    """The subset of metav1.ObjectMeta the API reads; other keys are kept as they are."""
+LabelValueText = Annotated[
+    str, StringConstraints(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+]
 
-    model_config = ApiModel.model_config | {"extra": "allow"}
+
+class ObjectMeta(ApiModel):
+    """metav1.ObjectMeta: the fields the API server knows, so a misspelt key is an error here too.
+
+    Only name, generateName, labels and annotations are checked in detail; the server-managed
+    fields are accepted as they come (they appear when a stored object is validated again).
+    """
 
     name: Annotated[str, StringConstraints(max_length=253)] = Field(default="", description="Object name.")
+    generate_name: Annotated[str, StringConstraints(max_length=253)] = Field(
+        default="", description="Prefix of a server-generated name (5 random characters are appended)."
+    )
     namespace: Annotated[str, StringConstraints(max_length=63)] | None = Field(
         default=None, description="Namespace."
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+    labels: dict[LabelKey, LabelValueText] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[LabelKey, str] = Field(default_factory=dict, description="Annotations.")
+    uid: str | None = Field(default=None, description="Server-set unique id.")
+    resource_version: str | None = Field(default=None, description="Server-set version.")
+    generation: int | None = Field(default=None, description="Server-set spec generation.")
+    creation_timestamp: str | None = Field(default=None, description="Server-set creation time.")
+    deletion_timestamp: str | None = Field(default=None, description="Server-set deletion time.")
+    deletion_grace_period_seconds: int | None = Field(default=None, description="Server-set grace period.")
+    owner_references: list[dict[str, Any]] = Field(default_factory=list, description="Owners.")
+    finalizers: list[str] = Field(default_factory=list, description="Finalizers.")
+    managed_fields: list[dict[str, Any]] = Field(
+        default_factory=list, description="Server-side apply owners."
+    )
+    self_link: str | None = Field(default=None, description="Deprecated, server-set.")
 
 
 class AsyncGRPOJob(ApiModel):
