@@ -63,7 +63,9 @@ def list_steps(root: str | Path) -> list[int]:
         return []
     steps = []
     for child in base.iterdir():
-        if child.name.startswith(PREFIX) and (child / META_FILE).exists():
+        # Both files: saving a step that exists removes its old directory first, and a crash
+        # inside that removal can leave meta.json without state.pt (tests/reliability).
+        if child.name.startswith(PREFIX) and (child / META_FILE).exists() and (child / STATE_FILE).exists():
             try:
                 steps.append(int(child.name[len(PREFIX) :]))
             except ValueError:
