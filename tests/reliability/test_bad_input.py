@@ -108,7 +108,7 @@ def _check_both(chart: Installation, manifest: Any, stats: Counter[str]) -> None
     assert api.status < 500, f"API server answered {api.status}: {api.message}"
     if not api.ok:
         assert api.paths, f"rejection names no field path ({api.status}): {api.message}"
-    gap = known_gap(manifest) or coerced(cli.ok, api.ok, api.message)
+    gap = known_gap(manifest) or coerced(cli, api)
     if gap is not None:
         stats[f"known-gap:{gap}"] += 1
         return

@@ -220,9 +220,12 @@ _TYPE_MISMATCH = re.compile(
 )
 
 
-def coerced(cli_ok: bool, api_ok: bool, api_message: str) -> str | None:
-    """The CLI accepted a value of the wrong JSON type that the API server refused (pydantic's lax
-    mode turns `false` into 0 and "8" into 8; the structural schema does not): an open finding."""
-    if cli_ok and not api_ok and _TYPE_MISMATCH.search(api_message):
+def coerced(cli: CliVerdict, api: ApiVerdict) -> str | None:
+    """The API server refused a value of the wrong JSON type that the CLI took (pydantic's lax mode
+    turns `false` into 0 and "8" into 8; the structural schema does not): an open finding. The
+    CLI may still reject the job for another reason, so it is the field that must be missing."""
+    if api.ok or not _TYPE_MISMATCH.search(api.message):
+        return None
+    if cli.ok or not any(related(a, c) for a in api.paths for c in cli.paths):
         return "lax-type-coercion"
     return None
