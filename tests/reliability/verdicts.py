@@ -200,7 +200,7 @@ def known_gap(manifest: Any) -> str | None:
         return "metadata.name-not-dns1123"
     if isinstance(metadata, dict) and set(metadata) - OBJECT_META_FIELDS:
         return "metadata-unknown-field"
-    if _has_null(manifest.get("spec")):
+    if _has_null(manifest):
         return "null-means-unset"
     return None
 
