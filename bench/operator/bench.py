@@ -291,16 +291,21 @@ class Bench:
     def cleanup(self, timeout: float = 600) -> None:
         """Delete everything of the batch and wait until no pod is left (next batch starts clean)."""
         slow = Api(self.api.base_url, self.api.pki, timeout=600)  # deleting 500 objects takes a while
+        owners = (AGJ.format(ns=self.agj_ns), RAYJOB.format(ns=self.other_ns))
+        for path in owners:
+            with contextlib.suppress(ApiError):
+                slow.request("DELETE", path, {"propagationPolicy": "Background"})
+        # The owners first: a RayCluster deleted under a live job would be replaced (a restart).
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(self.api.get(p).get("items") for p in owners):
+            time.sleep(1)
         for path in (
-            AGJ.format(ns=self.agj_ns),
-            RAYJOB.format(ns=self.other_ns),
             RAYCLUSTER.format(ns=self.agj_ns),
             RAYCLUSTER.format(ns=self.other_ns),
             f"/apis/batch/v1/namespaces/{self.other_ns}/jobs",
         ):
             with contextlib.suppress(ApiError):
                 slow.request("DELETE", path, {"propagationPolicy": "Background"})
-        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             left = sum(
                 len(self.api.get(p).get("items", []))
