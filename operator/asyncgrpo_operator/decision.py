@@ -35,6 +35,7 @@ INVALID_SPEC = "InvalidSpec"
 DRIVER_SUCCEEDED = "DriverSucceeded"
 DRIVER_KILLED = "DriverKilled"
 RAY_HEAD_UNAVAILABLE = "RayHeadUnavailable"
+RAY_WORKER_LOST = "RayWorkerLost"
 HEAD_POD_LOST = "HeadPodLost"
 CLUSTER_LOST = "RayClusterLost"
 UNSCHEDULABLE = "Unschedulable"
@@ -63,6 +64,7 @@ _WARNING_REASONS = frozenset(
         INVALID_SPEC,
         DRIVER_KILLED,
         RAY_HEAD_UNAVAILABLE,
+        RAY_WORKER_LOST,
         HEAD_POD_LOST,
         CLUSTER_LOST,
         "NoProgress",

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, WorkerGroup
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
@@ -184,7 +185,7 @@ def driver_script() -> str:
         f"for _ in $(seq 1 {wait}); do up && break; sleep 1; done",
         "if ! up; then",
         f'  echo "the Ray head (ports {ports}) did not come up within {wait} s" >&2',
-        f"  exit {naming.RAY_START_FAILED_EXIT_CODE}",
+        f"  exit {exitcodes.RAY_HEAD_UNAVAILABLE}",
         "fi",
         f"exec python -m {naming.DRIVER_MODULE} --job-spec {naming.JOB_SPEC_PATH}",
     ]

@@ -94,10 +94,6 @@ JOB_SPEC_KEY: Final = "job.json"
 JOB_SPEC_PATH: Final = f"{JOB_SPEC_DIR}/{JOB_SPEC_KEY}"
 DRIVER_MODULE: Final = "asyncgrpo_trainer"
 
-RAY_START_FAILED_EXIT_CODE: Final = 200
-"""Exit code of the driver container when the local Ray head never came up: an infrastructure
-failure (retried), kept apart from 1-128, which the driver uses for training errors."""
-
 # --- ports (pinned so NetworkPolicies can be written) --------------------------------------------
 
 GCS_PORT: Final = 6379

@@ -26,6 +26,7 @@ import signal
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
 from asyncgrpo_operator import manifests, naming
 from asyncgrpo_operator.decision import (
@@ -43,6 +44,7 @@ from asyncgrpo_operator.decision import (
     PODS_SCHEDULED,
     PROVISIONING_RECHECK_SECONDS,
     RAY_HEAD_UNAVAILABLE,
+    RAY_WORKER_LOST,
     RESTARTING,
     RUNNING,
     STALLED,
@@ -304,9 +306,11 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
             HEAD_POD_LOST,
             f"head pod {exit_.pod_name} failed as a whole{cause}; the driver's exit code was {code}{detail}",
         )
-    elif code == naming.RAY_START_FAILED_EXIT_CODE:
+    elif code == exitcodes.RAY_HEAD_UNAVAILABLE:
         _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
-    elif code > 128:
+    elif code == exitcodes.RAY_WORKER_LOST:
+        _infra_failure(ctx, draft, cluster, RAY_WORKER_LOST, f"a Ray worker or node was lost{detail}")
+    elif code > exitcodes.SIGNAL_BASE:
         _infra_failure(
             ctx,
             draft,

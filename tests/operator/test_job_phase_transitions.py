@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_operator import plan
 from asyncgrpo_operator.observed import DriverExit, Observation, ProgressMark
@@ -338,6 +339,17 @@ def test_driver_killed_by_a_signal_restarts_with_a_fresh_cluster() -> None:
     created = actions_of(decision, plan.CreateRayCluster)
     assert [c.manifest["metadata"]["name"] for c in created] == ["demo-1"]  # type: ignore[attr-defined]
     assert decision.status.ray_cluster_name is None  # until demo-1 is seen
+
+
+def test_driver_that_lost_a_ray_worker_restarts_from_the_checkpoint() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    lost = terminated(exitcodes.RAY_WORKER_LOST)
+    decision = step(job(), before.status, observe(60, rc, pods=healthy_pods(rc, driver=lost)))
+
+    assert (decision.status.phase, decision.status.reason) == ("Restarting", "RayWorkerLost")
+    assert (decision.status.restarts, decision.status.attempt) == (1, 1)
+    assert [c.manifest["metadata"]["name"] for c in actions_of(decision, plan.CreateRayCluster)] == ["demo-1"]  # type: ignore[attr-defined]
 
 
 def test_restarting_ends_when_the_new_attempt_runs() -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import ray
 import yaml
 
-from asyncgrpo_api import rules
+from asyncgrpo_api import exitcodes, rules
 from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, AsyncGRPOJob
 from asyncgrpo_trainer import (
     checkpoint,
@@ -242,6 +242,33 @@ def supervise(
             return summary
 
 
+_INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.OwnerDiedError,
+)
+
+
+def lost_ray_worker(exc: BaseException) -> bool:
+    """Whether the run failed because a Ray worker, actor or node died, not because of the job.
+
+    Such a failure is retried by the operator from the last checkpoint; anything else is a
+    training error. Ray wraps a remote failure in RayTaskError (whose `cause` is the original),
+    possibly several levels deep, so the whole chain is searched.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _INFRASTRUCTURE_ERRORS):
+            return True
+        nested = getattr(current, "cause", None)
+        current = nested if isinstance(nested, BaseException) else current.__cause__
+    return False
+
+
 def error_text(exc: BaseException) -> str:
     """The user-facing error: the original exception of a Ray task, without Ray's wrapping."""
     if isinstance(exc, ray.exceptions.RayTaskError):
@@ -314,7 +341,8 @@ def run_job(
         if not quiet:
             print(json.dumps({"event": "summary", **{k: v for k, v in summary.items() if k != "records"}}))
     except Exception as exc:
-        code, error = 1, error_text(exc)
+        code = exitcodes.RAY_WORKER_LOST if lost_ray_worker(exc) else exitcodes.TRAINING_ERROR
+        error = error_text(exc)
         log.debug("training failed", exc_info=True)
         if server is not None:
             server.update(state="failed", error=error)

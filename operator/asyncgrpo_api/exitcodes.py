@@ -1,0 +1,25 @@
+"""The driver's exit codes: the contract between the trainer and the operator.
+
+The operator decides an attempt's outcome from the driver container's exit code alone, so the
+meaning of each code lives here, beside the API, where both sides import it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+SUCCEEDED: Final = 0
+"""Training finished: the job succeeds."""
+
+TRAINING_ERROR: Final = 1
+"""The job itself is wrong (bad data, a bug, a diverged loss): never retried."""
+
+RAY_HEAD_UNAVAILABLE: Final = 200
+"""The Ray head next to the driver never came up: an infrastructure failure, retried."""
+
+RAY_WORKER_LOST: Final = 201
+"""A Ray worker, actor or node died under the run (pod evicted, node gone, OOM-killed worker):
+an infrastructure failure, retried from the last checkpoint."""
+
+SIGNAL_BASE: Final = 128
+"""Codes above this mean the driver was killed by signal (code - 128): retried."""
