@@ -223,4 +223,9 @@ class RecordingProxy:
             self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             self._ready.set()
             await self._stop.wait()
+            assert runner.server is not None
+            for handler in list(runner.server.connections):  # open watches: end them, then clean up
+                if handler.transport is not None:
+                    handler.transport.abort()
+            await asyncio.sleep(0.1)
             await runner.cleanup()
