@@ -292,12 +292,14 @@ class Bench:
         """Delete everything of the batch and wait until no pod is left (next batch starts clean)."""
         slow = Api(self.api.base_url, self.api.pki, timeout=600)  # deleting 500 objects takes a while
         owners = (AGJ.format(ns=self.agj_ns), RAYJOB.format(ns=self.other_ns))
-        for path in owners:
-            with contextlib.suppress(ApiError):
-                slow.request("DELETE", path, {"propagationPolicy": "Background"})
         # The owners first: a RayCluster deleted under a live job would be replaced (a restart).
+        # A delete-collection of 500 objects can outlive the API server's 60 s request timeout
+        # (the connection is closed, the deletion stops part way): send it again until done.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(self.api.get(p).get("items") for p in owners):
+            for path in owners:
+                with contextlib.suppress(ApiError, OSError):
+                    slow.request("DELETE", path, {"propagationPolicy": "Background"})
             time.sleep(1)
         for path in (
             RAYCLUSTER.format(ns=self.agj_ns),
