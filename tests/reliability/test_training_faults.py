@@ -7,7 +7,8 @@ head pod Failed with exit 137; the driver container OOM-killed (exit 137, reason
 the Ray head keeps running; the head's node turned NotReady, after which the node-lifecycle
 controller taints it and the taint manager evicts the head (the job tolerates `not-ready` for 2 s
 instead of the default 300 s, so the test takes seconds). A lost worker pod is replaced by KubeRay
-inside the same attempt; the operator must not fail the job for it.
+inside the same attempt; the operator must not fail the job for it, and when the driver then exits
+with RAY_WORKER_LOST (201, the trainer's answer to a dead Ray actor) the attempt is retried.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncgrpo_api.exitcodes import RAY_WORKER_LOST
 from tests.cluster import faults
 from tests.cluster.nodes import spare_node
 from tests.cluster.rest import JSON, Api, ApiError
@@ -97,6 +99,14 @@ def _oom_driver(api: Api, ns: str, cluster: str, _: str | None) -> None:
     end_driver(api, ns, head_pod(api, ns, cluster), 137, "OOMKilled")
 
 
+def _worker_lost(api: Api, ns: str, cluster: str, _: str | None) -> None:
+    """What the driver does when a Ray worker dies under it (exitcodes.RAY_WORKER_LOST): the
+    worker pod is failed too, and the driver exits 201."""
+    worker = pods(api, ns, f"ray.io/cluster={cluster},ray.io/group=policy")[0]["metadata"]["name"]
+    faults.fail_pod(api, ns, worker, exit_code=137, reason="OOMKilled")
+    end_driver(api, ns, head_pod(api, ns, cluster), RAY_WORKER_LOST, "ActorDiedError: policy worker 0 died")
+
+
 def _node_not_ready(api: Api, ns: str, cluster: str, node: str | None) -> None:
     assert node is not None
     assert head_pod(api, ns, cluster)["spec"]["nodeName"] == node
@@ -107,6 +117,7 @@ FAULTS: dict[str, tuple[Callable[[Api, str, str, str | None], None], str]] = {
     "head-pod-lost": (_fail_head, "HeadPodLost"),
     "driver-oom-killed": (_oom_driver, "DriverKilled"),
     "node-not-ready": (_node_not_ready, "HeadPodLost"),
+    "worker-lost-driver-exits-201": (_worker_lost, "RayWorkerLost"),
 }
 
 
