@@ -38,6 +38,18 @@ KAI_QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER_NAME = "kai-scheduler"
 
 _JOB_SPEC_VOLUME = "job-spec"
+_RAY_TMP_VOLUME = "ray-tmp"
+_SHM_VOLUME = "dshm"
+RAY_TMP_DIR = "/tmp/ray"
+"""Ray's session folder: the raylet's sockets live here, so the driver container can only join
+the Ray head next to it if both containers mount the same folder."""
+SHM_DIR = "/dev/shm"
+"""Ray's object store lives in shared memory; a container runtime's default /dev/shm (64 MiB)
+would push it to disk, so every Ray pod gets a memory-backed emptyDir here."""
+_SHM: Manifest = {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory"}}
+_SHM_MOUNT: Manifest = {"name": _SHM_VOLUME, "mountPath": SHM_DIR}
+_RAY_TMP: Manifest = {"name": _RAY_TMP_VOLUME, "emptyDir": {}}
+_RAY_TMP_MOUNT: Manifest = {"name": _RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR}
 GCS_WAIT_SECONDS = 600
 """How long the driver container waits for the Ray head next to it before giving up."""
 
@@ -211,7 +223,7 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
         ],
         "resources": _resources(head, gpus=0),
         **_env_block(job, []),
-        **_mounts_block(job, []),
+        **_mounts_block(job, [_RAY_TMP_MOUNT, _SHM_MOUNT]),
     }
     driver = {
         "name": naming.DRIVER_CONTAINER,
@@ -229,7 +241,12 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
             ],
         ),
         **_mounts_block(
-            job, [{"name": _JOB_SPEC_VOLUME, "mountPath": naming.JOB_SPEC_DIR, "readOnly": True}]
+            job,
+            [
+                _RAY_TMP_MOUNT,
+                _SHM_MOUNT,
+                {"name": _JOB_SPEC_VOLUME, "mountPath": naming.JOB_SPEC_DIR, "readOnly": True},
+            ],
         ),
     }
     job_spec_volume = {
@@ -239,7 +256,7 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
             "items": [{"key": naming.JOB_SPEC_KEY, "path": naming.JOB_SPEC_KEY}],
         },
     }
-    pod_spec = _pod_spec(job, head, [ray_head, driver], [job_spec_volume])
+    pod_spec = _pod_spec(job, head, [ray_head, driver], [_RAY_TMP, _SHM, job_spec_volume])
     # Never: the kubelet must not restart a finished driver; a lost head is a new attempt.
     pod_spec["restartPolicy"] = "Never"
     return {"metadata": _pod_metadata(job, attempt, naming.COMPONENT_HEAD, head), "spec": pod_spec}
@@ -258,7 +275,7 @@ def _worker_group(
         "ports": [_port("metrics", naming.METRICS_PORT)],
         "resources": _resources(pool, gpus=pool.gpus_per_replica),
         **_env_block(job, []),
-        **_mounts_block(job, []),
+        **_mounts_block(job, [_SHM_MOUNT]),
     }
     return {
         "groupName": group,
@@ -268,7 +285,7 @@ def _worker_group(
         "rayStartParams": _node_start_params(),
         "template": {
             "metadata": _pod_metadata(job, attempt, component, pool),
-            "spec": _pod_spec(job, pool, [container], []),
+            "spec": _pod_spec(job, pool, [container], [_SHM]),
         },
     }
 
