@@ -232,14 +232,20 @@ class ProgressReading:
             step=max(_int_or_none(doc.get("step")) or 0, 0),
             max_steps=max(_int_or_none(doc.get("maxSteps")) or 0, 0),
             policy_version=max(_int_or_none(doc.get("policyVersion")) or 0, 0),
-            reward_mean=_float_or_none(doc.get("rewardMean")),
-            mean_staleness=_float_or_none(doc.get("meanStaleness")),
-            tokens_per_second=_float_or_none(doc.get("tokensPerSecond")),
+            reward_mean=_rounded(_float_or_none(doc.get("rewardMean")), 4),
+            mean_staleness=_rounded(_float_or_none(doc.get("meanStaleness")), 3),
+            tokens_per_second=_rounded(_float_or_none(doc.get("tokensPerSecond")), 1),
             last_checkpoint_step=_int_or_none(doc.get("lastCheckpointStep")),
-            validation_reward=_float_or_none(doc.get("validationReward")),
+            validation_reward=_rounded(_float_or_none(doc.get("validationReward")), 4),
             state=str(doc.get("state") or "starting"),
             error=str(doc["error"]) if doc.get("error") else None,
         )
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    """Status is read by people in `kubectl get agj`: 0.4125, not 0.4124999977648258. Rounding
+    also keeps a float's last bits from changing the status (and waking watchers) for nothing."""
+    return None if value is None else round(value, digits)
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,15 @@ def test_the_document_matches_what_the_trainer_serves() -> None:
     served = trainer_progress.Progress(step=3, max_steps=9, reward_mean=0.5, state="running").to_json()
     reading = ProgressReading.from_json(json.loads(json.dumps(served)))
     assert (reading.step, reading.max_steps, reading.reward_mean, reading.state) == (3, 9, 0.5, "running")
+
+
+def test_progress_figures_are_rounded_for_kubectl_get() -> None:
+    reading = ProgressReading.from_json(
+        {
+            "step": 3,
+            "rewardMean": 0.4124999977648258,
+            "meanStaleness": 0.66666667,
+            "tokensPerSecond": 2091.95680,
+        }
+    )
+    assert (reading.reward_mean, reading.mean_staleness, reading.tokens_per_second) == (0.4125, 0.667, 2092.0)
