@@ -77,7 +77,7 @@ async def start(memo: Any) -> Runtime:
     controller = Controller(
         reconcile=reconciler.reconcile,
         list_keys=list_keys,
-        workers=int(os.environ.get(WORKERS_ENV, "4")),
+        workers=int(os.environ.get(WORKERS_ENV, "16")),
         resync_seconds=float(os.environ.get(RESYNC_ENV, "60")),
         conflict_errors=(ConflictError,),
         is_active=(lambda: elector.is_leader) if elector is not None else (lambda: True),
