@@ -12,6 +12,7 @@ S = maxStalenessVersions) and why they exist are documented in docs/guides/async
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -59,7 +60,10 @@ def validate_manifest(manifest: Mapping[str, Any]) -> Report:
     if envelope:
         return Report(job=None, errors=tuple(envelope), warnings=())
     try:
-        job = AsyncGRPOJob.model_validate(without_pruned_nulls(manifest, AsyncGRPOJob))
+        # Strict, through JSON, as the API server decodes it: "60" is not an integer and false is
+        # not a number there, while timestamps arrive as strings.
+        document = json.dumps(without_pruned_nulls(manifest, AsyncGRPOJob), default=str)
+        job = AsyncGRPOJob.model_validate_json(document, strict=True)
     except ValidationError as exc:
         return Report(job=None, errors=tuple(_schema_findings(exc)), warnings=())
     errors, warnings = check_rules(job)
@@ -93,7 +97,8 @@ def without_pruned_nulls(value: Any, model: type[BaseModel]) -> Any:
     out: dict[Any, Any] = {}
     for key, item in value.items():
         field = fields.get(key) if isinstance(key, str) else None
-        keeps_null = field is not None and _nullable(field.annotation) and field.default is not None
+        # Unknown keys keep their null, so they are still refused as unknown, as kubectl does.
+        keeps_null = field is None or (_nullable(field.annotation) and field.default is not None)
         if item is None and not keeps_null:
             continue
         child = _model_of(field.annotation) if field is not None else None

@@ -396,3 +396,26 @@ def test_a_stored_object_with_server_fields_validates_again(base_job: dict[str, 
         }
     )
     assert validate_manifest(base_job).ok
+
+
+@pytest.mark.parametrize(
+    ("patch", "path"),
+    [
+        ({"cluster": {"policyWorkers": {"replicas": False}}}, "spec.cluster.policyWorkers.replicas"),
+        ({"trainer": {"grpo": {"maxNumSteps": "60"}}}, "spec.trainer.grpo.maxNumSteps"),
+        ({"trainer": {"asyncRL": {"overSampling": "yes"}}}, "spec.trainer.asyncRL.overSampling"),
+        ({"trainer": {"asyncRL": {"wqvq": None}}}, "spec.trainer.asyncRL.wqvq"),
+    ],
+    ids=["bool-for-int", "string-for-int", "string-for-bool", "unknown-null"],
+)
+def test_types_are_checked_strictly_as_the_api_server_does(
+    base_job: dict[str, Any], patch: dict[str, Any], path: str
+) -> None:
+    _merge(base_job["spec"], patch)
+    errors = validate_manifest(base_job).errors
+    assert any(e.path == path for e in errors), [str(e) for e in errors]
+
+
+def test_an_integer_is_accepted_for_a_number_field(base_job: dict[str, Any]) -> None:
+    _merge(base_job["spec"], {"trainer": {"policy": {"learningRate": 1}, "generation": {"temperature": 1}}})
+    assert validate_manifest(base_job).ok
