@@ -38,6 +38,10 @@ KAI_QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER_NAME = "kai-scheduler"
 
 _JOB_SPEC_VOLUME = "job-spec"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_ENV = "ASYNCGRPO_TERMINATION_MESSAGE_PATH"
+"""Tells the driver where the kubelet reads the container's termination message: the operator
+puts it into a failed job's status message, so it must be the error, not Ray's shutdown noise."""
 _RAY_TMP_VOLUME = "ray-tmp"
 _SHM_VOLUME = "dshm"
 RAY_TMP_DIR = "/tmp/ray"
@@ -230,6 +234,8 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["/bin/bash", "-c", driver_script()],
+        # The driver writes its one-line error here; the log tail is the fallback (e.g. SIGKILL).
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         **_env_block(
             job,
@@ -238,6 +244,7 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
                 {"name": "ASYNCGRPO_JOB_NAME", "value": job.metadata.name},
                 {"name": "ASYNCGRPO_ATTEMPT", "value": str(attempt)},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
+                {"name": TERMINATION_MESSAGE_ENV, "value": TERMINATION_MESSAGE_PATH},
             ],
         ),
         **_mounts_block(

@@ -30,6 +30,8 @@ without containers is translated, and only this:
    with terminationMessagePolicy FallbackToLogsOnError a failed container's message is its log tail
    (the last 80 lines, at most 2048 bytes). The driver runs in its own session, so "killing the
    container" signals every process in it (the driver and its Ray), as a runtime kills the cgroup.
+7. The termination-message file (/dev/termination-log in the pod, where the driver writes its
+   error) is a file in the pod's local folder; the reported message is its content when non-empty.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from tests.webhook.server import free_port
 DRIVER_CONTAINER = "driver"
 PROGRESS_URL_ANNOTATION = "asyncgrpo.dev/progress-url"
 TERMINATION_LOG_LINES = 80
+TERMINATION_MESSAGE_ENV = "ASYNCGRPO_TERMINATION_MESSAGE_PATH"
 TERMINATION_LOG_BYTES = 2048
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -84,6 +87,8 @@ class LocalDriver:
     port: int
     process: subprocess.Popen[bytes]
     started: float = field(default_factory=time.monotonic)
+    termination_file: Path | None = None
+    """The container's termination-message file, mapped to a local file (translation 7)."""
 
     @property
     def progress_url(self) -> str:
@@ -113,7 +118,12 @@ class LocalDriver:
         return "\n".join(text.splitlines()[-lines:])
 
     def termination_message(self) -> str:
-        """FallbackToLogsOnError: the log's last 80 lines, at most its last 2048 bytes."""
+        """The termination-message file when the driver wrote one, else (FallbackToLogsOnError) the
+        log's last 80 lines, at most its last 2048 bytes."""
+        if self.termination_file is not None and self.termination_file.exists():
+            written = self.termination_file.read_text(errors="replace").strip()
+            if written:
+                return written
         data = self.log.read_bytes() if self.log.exists() else b""
         tail = b"\n".join(data.rstrip(b"\n").split(b"\n")[-TERMINATION_LOG_LINES:])
         return tail[-TERMINATION_LOG_BYTES:].decode(errors="replace")
@@ -249,11 +259,16 @@ class DriverKubelet:
         cpus = max(os.cpu_count() or 1, self._ray_cpus(namespace, cluster))
         declared["RAY_OVERRIDE_RESOURCES"] = json.dumps({"CPU": cpus})
         declared["PATH"] = f"{self.python.parent}{os.pathsep}{env.get('PATH', '')}"
+        workdir = self.root / "pods" / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        termination_file = None
+        if TERMINATION_MESSAGE_ENV in declared:  # translation 7: the kubelet's file, here a local one
+            termination_file = workdir / "termination-log"
+            termination_file.unlink(missing_ok=True)
+            declared[TERMINATION_MESSAGE_ENV] = str(termination_file)
         env.update(declared)
         changes.update(declared)
 
-        workdir = self.root / "pods" / name
-        workdir.mkdir(parents=True, exist_ok=True)
         log = workdir / "driver.log"
         if out is not None:
             out.write(f"$ {shlex.join(argv)}\n")
@@ -267,7 +282,18 @@ class DriverKubelet:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        driver = LocalDriver(job, namespace, name, cluster, argv, changes, log, port, process)
+        driver = LocalDriver(
+            job,
+            namespace,
+            name,
+            cluster,
+            argv,
+            changes,
+            log,
+            port,
+            process,
+            termination_file=termination_file,
+        )
         args = ["annotate", "--overwrite", "-n", namespace, f"asyncgrpojob/{job}"]
         args.append(f"{PROGRESS_URL_ANNOTATION}={driver.progress_url}")
         if out is not None:

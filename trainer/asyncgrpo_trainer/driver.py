@@ -349,11 +349,28 @@ def run_job(
     if error is not None:
         sys.stderr.flush()
         print(f"asyncgrpo: training failed: {error}", file=sys.stderr, flush=True)
+        _write_termination_message(f"asyncgrpo: training failed: {error}")
     if server is not None:
         grace = float(os.environ.get(GRACE_ENV, "5")) if grace_seconds is None else grace_seconds
         time.sleep(grace)
         server.close()
     return code
+
+
+TERMINATION_MESSAGE_ENV = "ASYNCGRPO_TERMINATION_MESSAGE_PATH"
+"""Where the kubelet reads the container's termination message (set by the operator's pod spec)."""
+
+
+def _write_termination_message(text: str) -> None:
+    """Leave the error where Kubernetes reports it, so Ray's shutdown output that follows it in
+    the log cannot push it out of the failed job's status message."""
+    path = os.environ.get(TERMINATION_MESSAGE_ENV)
+    if not path:
+        return
+    try:
+        Path(path).write_text(text[-4096:])
+    except OSError:
+        log.warning("could not write the termination message to %s", path, exc_info=True)
 
 
 def _teardown(built: Built) -> None:
