@@ -5,31 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-P, N = 8, 8
+from asyncgrpo_trainer.bench import MODES as BENCH_MODES
+from asyncgrpo_trainer.bench import N, P
 
 MODES: dict[str, dict[str, Any]] = {
-    "sync": {"maxStalenessVersions": 0, "overSampling": False, "maxBufferedRollouts": P},
-    "async-in-order": {
-        "maxStalenessVersions": 1,
-        "overSampling": False,
-        "forceInOrder": True,
-        "maxBufferedRollouts": 2 * P,
-    },
-    "streaming-gated": {
-        "maxStalenessVersions": 1,
-        "overSampling": False,
-        "forceInOrder": False,
-        "maxBufferedRollouts": 2 * P,
-        "minGroupsForStreamingTrain": P // 2,
-    },
-    "streaming-oversampled": {
-        "maxStalenessVersions": 1,
-        "overSampling": True,
-        "forceInOrder": False,
-        "maxBufferedRollouts": 3 * P,
-        "minGroupsForStreamingTrain": P // 2,
-    },
+    name: BENCH_MODES[name] for name in ("sync", "async-in-order", "streaming-gated", "streaming-oversampled")
 }
+"""The four modes of the knob table, exactly as the CPU benchmark runs them."""
 
 
 def manifest(
