@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -27,7 +28,18 @@ class SamplingParams:
     top_k: int | None = None
 
 
-def filtered_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+class Distribution(Protocol):
+    """What shapes the sampled distribution; SamplingParams and static_decode.DecodeParams both are."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def top_k(self) -> int | None: ...
+
+
+def filtered_logprobs(logits: torch.Tensor, params: Distribution) -> torch.Tensor:
     """Log-probs (B, V) of the distribution actually sampled from: temperature, top-k, top-p."""
     temp = params.temperature if params.temperature > 0 else 1.0
     logits = logits.float() / temp

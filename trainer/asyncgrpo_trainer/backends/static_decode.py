@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from asyncgrpo_trainer.backends.model import Block, TinyCausalLM
+from asyncgrpo_trainer.backends.sampling import filtered_logprobs
 
 
 @dataclass(frozen=True)
@@ -65,26 +66,6 @@ class DecodeOutput:
             [lps[i, :n].tolist() for i, n in enumerate(lens)],
             [bool(f) for f in fin],
         )
-
-
-def filtered_logprobs(logits: torch.Tensor, params: DecodeParams) -> torch.Tensor:
-    """Log-probs (B, V) of the distribution sampled from; the same steps as `sampling.filtered_logprobs`.
-
-    Kept here (not imported) so the captured graph depends only on this module; a CPU test checks
-    that both agree.
-    """
-    temp = params.temperature if params.temperature > 0 else 1.0
-    logits = logits.float() / temp
-    if params.top_k is not None and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = F.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs > params.top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return F.log_softmax(logits, dim=-1)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
