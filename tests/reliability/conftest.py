@@ -22,6 +22,7 @@ import yaml
 from tests.chart.helm import NO_HELM, find_helm
 from tests.cluster import pki
 from tests.cluster.cluster import LocalCluster
+from tests.e2e.test_operator import ProgressServer
 from tests.reliability.apiproxy import RecordingProxy
 from tests.webhook.cluster_harness import Installation
 
@@ -69,3 +70,12 @@ def chart(local_cluster: LocalCluster) -> Iterator[ProxiedInstallation]:
         proxy.stop()
         cert.unlink(missing_ok=True)
         key.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def progress() -> Iterator[ProgressServer]:
+    """A driver's /progress in mid-run (step 3 of 20) that the operator under test polls."""
+    server = ProgressServer()
+    server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
+    yield server
+    server.close()

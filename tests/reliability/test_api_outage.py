@@ -42,14 +42,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @pytest.fixture
-def progress() -> Iterator[ProgressServer]:
-    server = ProgressServer()
-    server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
-    yield server
-    server.close()
-
-
-@pytest.fixture
 def proxy(local_cluster: LocalCluster) -> Iterator[RecordingProxy]:
     cluster_pki = local_cluster.paths.pki
     cert, key = pki.issue(

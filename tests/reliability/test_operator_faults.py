@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,14 +78,6 @@ class ClusterCountSampler:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-@pytest.fixture
-def progress() -> Iterator[ProgressServer]:
-    server = ProgressServer()
-    server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
-    yield server
-    server.close()
 
 
 def _status(api: Api, ns: str, name: str) -> JSON:

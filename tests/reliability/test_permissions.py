@@ -17,7 +17,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -58,14 +57,6 @@ def _status(api: Api, ns: str, name: str) -> JSON:
 
 def _wait_status(api: Api, ns: str, name: str, ok: Any, what: str) -> JSON:
     return wait_until(lambda: s if ok(s := _status(api, ns, name)) else None, what, timeout=90)
-
-
-@pytest.fixture
-def progress() -> Iterator[ProgressServer]:
-    server = ProgressServer()
-    server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
-    yield server
-    server.close()
 
 
 @pytest.mark.cluster

@@ -40,14 +40,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @pytest.fixture
-def progress() -> Iterator[ProgressServer]:
-    server = ProgressServer()
-    server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
-    yield server
-    server.close()
-
-
-@pytest.fixture
 def operator(
     kubeconfig: Path,
     namespace: str,
