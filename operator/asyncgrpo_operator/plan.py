@@ -513,9 +513,16 @@ def _startup_deadline(job: AsyncGRPOJob, draft: Draft, observed: Observation) ->
 
 
 def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, cluster: ClusterView) -> None:
-    """Copy the driver's /progress into status.progress and decide Stalled."""
+    """Copy the driver's /progress into status.progress and decide Stalled.
+
+    A driver still starting (Ray, the workers, loading its checkpoint) reports step 0; after a
+    restart that would make `kubectl get`'s STEP fall back to 0 until the resumed attempt trains,
+    so a "starting" document at step 0 leaves status.progress as it was and counts as no reading.
+    """
     now = draft.now
     reading = observed.progress
+    if reading is not None and reading.state == "starting" and reading.step == 0:
+        reading = None
     read_at = observed.progress_read_at or now
     mark = draft.mark if draft.mark is not None and draft.mark.cluster_uid == cluster.uid else None
     if reading is not None:

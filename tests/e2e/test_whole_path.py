@@ -10,6 +10,7 @@ Ray (tests/e2e/whole_path.py lists every translation). The operator polls the dr
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sys
@@ -39,7 +40,7 @@ from tests.webhook.cluster_harness import Installation
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer]
 
 SCENARIO_TIMEOUT = 600.0  # generous: the driver's Ray start-up alone takes 20-70 s on 2 busy cores
-STEPS = 40
+STEPS = 120  # long enough that a 1 s progress poll sees several steps even on an idle machine
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_a_job_trains_to_succeeded_with_step_and_reward_in_kubectl_get(
     ns, name = chart.jobs_ns, "whole-path"
     started = time.monotonic()
     apply(chart, tiny_job(name, max_steps=STEPS))
-    watch = AgjWatch(chart.kubectl, ns, name, every=1.5)
+    watch = AgjWatch(chart.kubectl, ns, name, every=0.5)
 
     runs = list(drive(kubelet, watch, timeout=SCENARIO_TIMEOUT))
     for driver, _ in runs:
@@ -122,7 +123,7 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
     ns, name = chart.jobs_ns, "whole-path-retry"
     started = time.monotonic()
     apply(chart, tiny_job(name, max_steps=STEPS))
-    watch = AgjWatch(chart.kubectl, ns, name, every=1.5)
+    watch = AgjWatch(chart.kubectl, ns, name, every=0.5)
 
     def kill_after_a_checkpoint(driver: LocalDriver) -> None:
         """SIGKILL the first attempt's container once its /progress reports the step-8 checkpoint
@@ -150,10 +151,14 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
     assert resumed and 8 < resumed[0] <= killed_at + 1, (first.steps(), resumed)
     assert resumed[0] % 4 == 1 and resumed[-1] == STEPS
     assert f"resuming from the checkpoint of step {resumed[0] - 1}" in second.log.read_text()
-    # After the restart, kubectl get's STEP never went back (to 0): it kept the last step read from
-    # the first attempt, then the second reported its checkpoint's step and went on from there.
+    # After the restart, kubectl get's STEP never fell back to 0 while the new driver started: it
+    # kept the last step read from the first attempt (if any), then went on from the checkpoint.
     after = [r.step for r in watch.rows if r.restarts == 1 and r.step is not None]
-    assert after and after == sorted(after) and after[0] > 0, [r.line for r in watch.rows]
+    # It may step back once, to where the second attempt resumed (steps past the checkpoint are
+    # trained again), and only forward after that.
+    assert after and 0 not in after, [r.line for r in watch.rows]
+    drops = [(a, b) for a, b in itertools.pairwise(after) if b < a]
+    assert len(drops) <= 1 and all(b >= resumed[0] for _, b in drops), [r.line for r in watch.rows]
 
     status = wait_terminal(chart.api, ns, name)
     assert (status["phase"], status["restarts"], status["attempt"]) == ("Succeeded", 1, 1)
@@ -170,7 +175,7 @@ def test_a_training_error_fails_the_job_with_the_error_and_is_not_retried(
     started = time.monotonic()
     manifest = tiny_job(name, data={"trainPath": "/checkpoints/prompts/missing.jsonl"})
     apply(chart, manifest)
-    watch = AgjWatch(chart.kubectl, ns, name, every=1.5)
+    watch = AgjWatch(chart.kubectl, ns, name, every=0.5)
 
     runs = list(drive(kubelet, watch, timeout=SCENARIO_TIMEOUT))
     for driver, _ in runs:

@@ -203,6 +203,30 @@ def test_progress_is_copied_from_the_driver() -> None:
     assert decision.progress_mark == ProgressMark("rc-uid-0", 7, at(40))
 
 
+def test_a_driver_still_starting_does_not_reset_the_step_shown_after_a_restart() -> None:
+    """A resumed attempt's driver reports step 0 until it has loaded its checkpoint; kubectl get's
+    STEP keeps the last step read instead of falling back to 0."""
+    before = running()
+    rc = cluster(0, provisioned=True)
+    trained = step(
+        job(),
+        before.status,
+        observe(40, rc, pods=healthy_pods(rc), progress={"step": 12, "state": "running"}),
+    )
+    starting = step(
+        job(),
+        trained.status,
+        observe(45, rc, pods=healthy_pods(rc), progress={"step": 0, "state": "starting"}),
+    )
+    assert starting.status.progress is not None and starting.status.progress.step == 12
+    resumed = step(
+        job(),
+        starting.status,
+        observe(50, rc, pods=healthy_pods(rc), progress={"step": 9, "state": "running"}),
+    )
+    assert resumed.status.progress is not None and resumed.status.progress.step == 9
+
+
 def test_a_step_that_stops_advancing_while_pods_look_healthy_is_stalled_with_step_and_time() -> None:
     before = running()
     rc = cluster(0, provisioned=True)
