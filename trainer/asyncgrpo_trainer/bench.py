@@ -1,6 +1,7 @@
-"""CPU benchmark: the same task, model and samples in sync and in each async mode.
+"""Trainer benchmark: the same task, model and samples in sync and in each async mode.
 
     python -m asyncgrpo_trainer.bench --steps 40 [--repeat 3] [--kl 0.01] [--markdown]
+    python -m asyncgrpo_trainer.bench --gpus 1 --layers 24 --hidden 896 ...   (see bench/gpu/trainer.sh)
 
 With --repeat R each mode runs R times and the run with the median wall time is reported (the
 machine this was written on is shared, and single runs vary by tens of percent). Each mode runs
@@ -11,7 +12,11 @@ sync, time per phase summed over the run (exposed generation = the trainer waiti
 logprobs = reference log-probs, only with --kl; training = forward/backward/optimizer; refit =
 weight sync incl. cache reset and abort/drain), the idle fraction of the policy and generation
 workers (1 - busy / wall), mean staleness, generated samples that were never trained on, and
-the final reward. Not part of the test suite.
+the final reward. With --gpus G, the policy and the generation worker get G GPUs each (one pool
+each, not colocated), the GPUs' utilization is sampled with nvidia-smi while each mode runs, and
+the refit is reported per step against the link bound (policy bytes in the engines' dtype / the
+broadcast bandwidth given by --link-bytes-per-s, measured by bench/gpu/refit.py). Not part of the
+test suite.
 """
 
 from __future__ import annotations
@@ -20,50 +25,100 @@ import argparse
 import datetime
 import json
 import logging
+import shutil
+import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import ray
+import torch
 
-from asyncgrpo_trainer import driver
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_trainer import driver, envs, specmap
+from asyncgrpo_trainer.tokenizer import CharTokenizer
 
 P, N = 8, 8
-MODES: dict[str, dict[str, Any]] = {
-    "sync": {"maxStalenessVersions": 0, "overSampling": False, "maxBufferedRollouts": P},
-    "async-in-order": {
-        "maxStalenessVersions": 1,
-        "overSampling": False,
-        "forceInOrder": True,
-        "maxBufferedRollouts": 2 * P,
-    },
-    "streaming-gated": {
-        "maxStalenessVersions": 1,
-        "overSampling": False,
-        "forceInOrder": False,
-        "maxBufferedRollouts": 2 * P,
-        "minGroupsForStreamingTrain": P // 2,
-    },
-    "streaming-oversampled": {
-        "maxStalenessVersions": 1,
-        "overSampling": True,
-        "forceInOrder": False,
-        "maxBufferedRollouts": 3 * P,
-        "minGroupsForStreamingTrain": P // 2,
-    },
-    # The same with at most P groups generating at once: fewer groups age out while generating.
-    "streaming-oversampled-inflight-P": {
-        "maxStalenessVersions": 1,
-        "overSampling": True,
-        "forceInOrder": False,
-        "maxBufferedRollouts": 3 * P,
-        "maxInflightPrompts": P,
-        "minGroupsForStreamingTrain": P // 2,
-    },
-}
 
 
-def job(mode: str, *, steps: int, kl: float, max_new_tokens: int, hidden: int, ckpt: str) -> dict[str, Any]:
+def modes(p: int) -> dict[str, dict[str, Any]]:
+    """The asyncRL settings of each mode for p prompts per step."""
+    return {
+        "sync": {"maxStalenessVersions": 0, "overSampling": False, "maxBufferedRollouts": p},
+        "async-in-order": {
+            "maxStalenessVersions": 1,
+            "overSampling": False,
+            "forceInOrder": True,
+            "maxBufferedRollouts": 2 * p,
+        },
+        "streaming-gated": {
+            "maxStalenessVersions": 1,
+            "overSampling": False,
+            "forceInOrder": False,
+            "maxBufferedRollouts": 2 * p,
+            "minGroupsForStreamingTrain": p // 2,
+        },
+        "streaming-oversampled": {
+            "maxStalenessVersions": 1,
+            "overSampling": True,
+            "forceInOrder": False,
+            "maxBufferedRollouts": 3 * p,
+            "minGroupsForStreamingTrain": p // 2,
+        },
+        # The same with at most P groups generating at once: fewer groups age out while generating.
+        "streaming-oversampled-inflight-P": {
+            "maxStalenessVersions": 1,
+            "overSampling": True,
+            "forceInOrder": False,
+            "maxBufferedRollouts": 3 * p,
+            "maxInflightPrompts": p,
+            "minGroupsForStreamingTrain": p // 2,
+        },
+    }
+
+
+MODES = modes(P)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What stays the same across the modes of one benchmark: model, batch, devices."""
+
+    prompts: int = P
+    generations: int = N
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int | None = None
+    max_new_tokens: int = 4
+    max_prompt_length: int = 8
+    micro_batch: int = 64
+    learning_rate: float = 2e-3
+    dtype: str = "float32"
+    gpus: int = 0
+    transport: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts * self.generations
+
+
+def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[str, Any]:
+    tiny: dict[str, Any] = {
+        "hiddenSize": shape.hidden,
+        "numLayers": shape.layers,
+        "numHeads": shape.heads,
+        "numKvHeads": shape.kv_heads,
+    }
+    if shape.intermediate is not None:
+        tiny["intermediateSize"] = shape.intermediate
+    pool = {"replicas": 1, "gpusPerReplica": shape.gpus}
     return {
         "apiVersion": "asyncgrpo.dev/v1alpha1",
         "kind": "AsyncGRPOJob",
@@ -71,42 +126,99 @@ def job(mode: str, *, steps: int, kl: float, max_new_tokens: int, hidden: int, c
         "spec": {
             "image": "asyncgrpo/trainer:bench",
             "checkpoint": {"path": ckpt, "everySteps": 1_000_000},
-            "cluster": {"policyWorkers": {"replicas": 1}, "generationWorkers": {"replicas": 1}},
+            "cluster": {"policyWorkers": pool, "generationWorkers": pool},
             "trainer": {
                 "model": {
-                    "tiny": {"hiddenSize": hidden, "numLayers": 2, "numHeads": 4, "numKvHeads": 2},
-                    "maxSequenceLength": 8 + max_new_tokens,
+                    "tiny": tiny,
+                    "maxSequenceLength": shape.max_prompt_length + shape.max_new_tokens,
+                    "dtype": shape.dtype,
                 },
                 "grpo": {
-                    "numPromptsPerStep": P,
-                    "numGenerationsPerPrompt": N,
+                    "numPromptsPerStep": shape.prompts,
+                    "numGenerationsPerPrompt": shape.generations,
                     "maxNumSteps": steps,
                     "seed": 1,
                     "valAtEnd": False,
                 },
-                "asyncRL": MODES[mode],
+                "asyncRL": modes(shape.prompts)[mode],
                 "loss": {"referencePolicyKlPenalty": kl},
-                "policy": {"trainMicroBatchSize": 64, "learningRate": 2e-3},
-                "generation": {"maxNewTokens": max_new_tokens},
-                "data": {"maxPromptLength": 8},
+                "policy": {"trainMicroBatchSize": shape.micro_batch, "learningRate": shape.learning_rate},
+                "generation": {"maxNewTokens": shape.max_new_tokens},
+                "weightSync": {"transport": shape.transport},
+                "data": {"maxPromptLength": shape.max_prompt_length},
+                **shape.extra,
             },
         },
     }
 
 
-def measure(summary: dict[str, Any]) -> dict[str, Any]:
+class GpuUtilization:
+    """Samples each GPU's utilization with `nvidia-smi -lms` while the block runs (no-op without it).
+
+    nvidia-smi's utilization.gpu is the fraction of the sample period in which any kernel ran: an
+    upper bound on how busy the SMs were, but the right measure of "the GPU sat idle".
+    """
+
+    def __init__(self, period_ms: int = 200) -> None:
+        self.period_ms = period_ms
+        self.samples: dict[int, list[float]] = {}
+
+    @contextmanager
+    def sampling(self) -> Iterator[GpuUtilization]:
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            yield self
+            return
+        proc = subprocess.Popen(
+            [
+                exe,
+                "--query-gpu=index,utilization.gpu",
+                "--format=csv,noheader,nounits",
+                f"-lms={self.period_ms}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        reader.start()
+        try:
+            yield self
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            reader.join(timeout=10)
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            index, _, busy = line.partition(",")
+            try:
+                self.samples.setdefault(int(index), []).append(float(busy))
+            except ValueError:
+                continue
+
+    def mean(self) -> dict[str, float]:
+        """Mean utilization (0-1) per GPU index."""
+        return {f"gpu{i}": sum(v) / len(v) / 100 for i, v in sorted(self.samples.items()) if v}
+
+
+def measure(summary: dict[str, Any], shape: Shape) -> dict[str, Any]:
     steps = [r for r in summary["records"] if "reward_mean" in r]
     phases = summary["phases"]
     c = summary["counters"]
-    generated = c.get("groups_committed", 0.0) * N
+    generated = c.get("groups_committed", 0.0) * shape.generations
+    refits = sorted(r.get("refit", 0.0) for r in steps)
     return {
         "wall_s": summary["wall_seconds"],
         "samples_per_s": summary["samples_per_second"],
+        "generated_tokens_per_s": c.get("tokens_generated", 0.0)
+        / max(summary["generation_busy_seconds"], 1e-9),
         "exposed_generation_s": phases.get("exposed_generation", 0.0),
         "generation_busy_s": summary["generation_busy_seconds"],
         "logprobs_s": phases.get("logprobs", 0.0),
         "training_s": phases.get("training", 0.0),
         "refit_s": phases.get("refit", 0.0),
+        "refit_median_s": refits[len(refits) // 2] if refits else 0.0,
         "policy_idle": summary["policy_idle_fraction"],
         "generation_idle": summary["generation_idle_fraction"],
         "mean_staleness": sum(r["mean_staleness"] for r in steps) / len(steps),
@@ -118,14 +230,15 @@ def measure(summary: dict[str, Any]) -> dict[str, Any]:
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:
     base = results["sync"]["wall_s"]
+    gpu = any(m.get("gpu_utilization") for m in results.values())
     head = (
         "| mode | wall (s), median [all runs] | samples/s | vs sync | exposed gen (s) | gen busy (s) | "
         "logprobs (s) | training (s) | refit (s) | policy idle | gen idle | staleness | wasted | "
-        "reward first5 -> last10 |"
+        "reward first5 -> last10 |" + (" GPU util (policy, gen) | refit median (ms) |" if gpu else "")
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * (16 if gpu else 14)]
     for mode, m in results.items():
-        lines.append(
+        line = (
             f"| {mode} | {m['wall_s']:.2f} {m['wall_runs']} | {m['samples_per_s']:.0f} | "
             f"{base / m['wall_s']:.2f}x | "
             f"{m['exposed_generation_s']:.2f} | {m['generation_busy_s']:.2f} | {m['logprobs_s']:.2f} | "
@@ -134,7 +247,20 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
             f"{m['mean_staleness']:.2f} | {m['wasted_samples']:.0f} | "
             f"{m['reward_first5']:.3f} -> {m['reward_last10']:.3f} |"
         )
+        if gpu:
+            util = ", ".join(f"{v:.0%}" for v in m.get("gpu_utilization", {}).values())
+            line += f" {util} | {m['refit_median_s'] * 1e3:.1f} |"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def policy_bytes(manifest: dict[str, Any]) -> int:
+    """Bytes of the job's policy weights in the engines' dtype (what one refit moves)."""
+    t = AsyncGRPOJob.model_validate(manifest).spec.trainer
+    recipe = specmap.model_recipe(t, CharTokenizer(envs.build(t.env.name).alphabet))
+    with torch.device("meta"):
+        model = recipe.instantiate()
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,34 +270,82 @@ def main(argv: list[str] | None = None) -> int:
         "--kl", type=float, default=0.0, help="KL penalty (adds the reference log-prob phase)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--max-prompt-length", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, default=None)
+    parser.add_argument("--prompts", type=int, default=P, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=N, help="samples per prompt")
+    parser.add_argument("--micro-batch", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--dtype", default="float32", help="model dtype (float32, bfloat16)")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs per worker pool (policy, generation)")
+    parser.add_argument("--transport", default="auto", help="weightSync.transport")
+    parser.add_argument("--link-bytes-per-s", type=float, default=None, help="for the refit bound")
     parser.add_argument("--modes", nargs="*", default=list(MODES))
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode; the median-wall run is shown")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="steps of the untimed first run")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    parser.add_argument("--out", default=None, help="also write the results as JSON here")
     ns = parser.parse_args(argv)
-    ray.init(num_cpus=4, include_dashboard=False, logging_level=logging.WARNING)
+    shape = Shape(
+        prompts=ns.prompts,
+        generations=ns.generations,
+        hidden=ns.hidden,
+        layers=ns.layers,
+        heads=ns.heads,
+        kv_heads=ns.kv_heads,
+        intermediate=ns.intermediate,
+        max_new_tokens=ns.max_new_tokens,
+        max_prompt_length=ns.max_prompt_length,
+        micro_batch=ns.micro_batch,
+        learning_rate=ns.learning_rate,
+        dtype=ns.dtype,
+        gpus=ns.gpus,
+        transport=ns.transport,
+    )
+    ray.init(num_cpus=4, num_gpus=2 * ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        kw = {"kl": ns.kl, "max_new_tokens": ns.max_new_tokens, "hidden": ns.hidden}
-        driver.execute(job("sync", steps=3, ckpt=f"{tmp}/warm", **kw))  # pays process start-up once
+        # Pays process start-up (and on CUDA compilation and graph capture) once, untimed.
+        driver.execute(job("sync", shape, steps=ns.warmup_steps, kl=ns.kl, ckpt=f"{tmp}/warm"))
         for mode in ["sync", *[m for m in ns.modes if m != "sync"]]:
             runs = []
             for r in range(ns.repeat):
-                runs.append(
-                    measure(driver.execute(job(mode, steps=ns.steps, ckpt=f"{tmp}/{mode}-{r}", **kw)))
-                )
+                util = GpuUtilization()
+                with util.sampling():
+                    summary = driver.execute(
+                        job(mode, shape, steps=ns.steps, kl=ns.kl, ckpt=f"{tmp}/{mode}-{r}")
+                    )
+                runs.append({**measure(summary, shape), "gpu_utilization": util.mean()})
                 print(json.dumps({"mode": mode, "run": r, **runs[-1]}), file=sys.stderr, flush=True)
             runs.sort(key=lambda m: m["wall_s"])
             results[mode] = {**runs[len(runs) // 2], "wall_runs": [round(m["wall_s"], 2) for m in runs]}
+    ray.shutdown()
+    refit_bound = None
+    if ns.link_bytes_per_s:
+        moved = policy_bytes(job("sync", shape, steps=1, kl=0.0, ckpt="/unused"))
+        refit_bound = {"policy_bytes": moved, "bound_s": moved / ns.link_bytes_per_s}
+    if ns.out:
+        with open(ns.out, "w") as f:
+            json.dump(
+                {"shape": asdict(shape), "steps": ns.steps, "refit_bound": refit_bound, "modes": results},
+                f,
+                indent=2,
+            )
     if ns.markdown:
         print(
             f"Measured {datetime.date.today()} with `python -m asyncgrpo_trainer.bench "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n"
         )
         print(markdown(results))
+        if refit_bound is not None:
+            moved_mb, bound_ms = refit_bound["policy_bytes"] / 1e6, refit_bound["bound_s"] * 1e3
+            print(f"\nrefit bound: {moved_mb:.0f} MB / link = {bound_ms:.2f} ms")
     else:
         print(json.dumps(results, indent=2))
-    ray.shutdown()
     return 0
 
 
