@@ -1,11 +1,12 @@
-"""Policy training step throughput and MFU: cuda_train.TrainStep variants vs the plain eager step.
+"""Policy training step throughput and MFU: the trainer's own policy step under several recipes.
 
 MFU = 6 x N x tokens / step time / 989e12, N = matmul parameters (all but the input embedding
 table, 387M for the issue's shape; the 27% baseline of issue 8 used the same N), tokens = batch x
 seq positions trained per step, 989 TFLOP/s = the H100/H200 SXM dense bf16 datasheet peak.
-Attention FLOPs are not counted (they would add ~5% at 1K tokens). The step is a full optimizer
-step: forward, GRPO surrogate loss over a 32k-vocabulary log-softmax, backward, grad clipping,
-fused AdamW.
+Attention FLOPs are not counted (they would add ~5% at 1K tokens). The step is the trainer's
+`TorchPolicyWorker` step (`train_chunk` + `finish_step`): forward, the clipped GRPO loss with IS
+correction over a 32k-vocabulary log-softmax, backward, grad clipping, AdamW; each variant is a
+`cuda_train.Recipe` (the CUDA default is `compiled_amp_fp32_master_fused_adamw`).
 
     PYTHONPATH=trainer python3 bench/gpu/train_step.py --out train_step.json   # H200
     PYTHONPATH=trainer python3 bench/gpu/train_step.py --tiny                  # CPU smoke run
@@ -14,6 +15,7 @@ fused AdamW.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import time
 import traceback
@@ -22,15 +24,32 @@ from typing import Any
 import _common as c
 import torch
 
-from asyncgrpo_trainer.backends.cuda_train import TrainOptions, TrainStep, matmul_params
+from asyncgrpo_trainer.algorithms.losses import LossConfig
+from asyncgrpo_trainer.backends.cuda_train import Recipe, matmul_params
+from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.backends.policy import OptimConfig, TorchPolicyWorker, TrainRow
 
-VARIANTS = {
-    # name: (options, parameter dtype the model is built in)
-    "eager_bf16_fused_adamw (baseline)": (TrainOptions(compile=False, master_fp32=False), torch.bfloat16),
-    "compiled_bf16_fused_adamw": (TrainOptions(compile=True, master_fp32=False), torch.bfloat16),
-    "compiled_amp_fp32_master_fused_adamw": (TrainOptions(compile=True, master_fp32=True), torch.float32),
-    "eager_amp_fp32_master_fused_adamw": (TrainOptions(compile=False, master_fp32=True), torch.float32),
+_AMP = Recipe(master_fp32=True, autocast=torch.bfloat16, fused_adamw=True)
+VARIANTS = {  # the model's dtype is bfloat16 in all of them
+    "eager_bf16_fused_adamw (baseline)": Recipe(fused_adamw=True),
+    "compiled_bf16_fused_adamw": Recipe(compile=True, fused_adamw=True),
+    "compiled_amp_fp32_master_fused_adamw": dataclasses.replace(_AMP, compile=True),
+    "eager_amp_fp32_master_fused_adamw": _AMP,
 }
+
+
+def policy_worker(cfg: Any, dev: torch.device, recipe: Recipe, batch: int) -> TorchPolicyWorker:
+    optim = OptimConfig(
+        learning_rate=1e-6,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        warmup_steps=0,
+        micro_batch_size=batch,
+        logprob_batch_size=batch,
+        temperature=1.0,
+    )
+    build = ModelBuild(cfg, seed=0, dtype="bfloat16", pad_id=0, eos_id=1)
+    return TorchPolicyWorker(build, optim, LossConfig(), rank=0, world_size=1, device=str(dev), recipe=recipe)
 
 
 def main() -> None:
@@ -58,27 +77,38 @@ def main() -> None:
         mfu={"formula": "6 * N_matmul * tokens / step_seconds / peak", "peak_flops": c.PEAK_BF16_FLOPS},
     )
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, cfg.vocab_size, (batch, seq + 1), generator=g).to(dev)
-    mask = torch.zeros(batch, seq, device=dev)
-    mask[:, seq // 8 :] = 1.0  # a prompt then a response, as in GRPO rows
-    adv = torch.randn(batch, generator=g).to(dev)
+    ids = torch.randint(1, cfg.vocab_size, (batch, seq + 1), generator=g)
+    adv = torch.randn(batch, generator=g)
+    prompt = seq // 8 + 1  # a prompt then a response, as in GRPO rows
+    rows = [
+        TrainRow(
+            ids[i, :prompt].tolist(), ids[i, prompt:].tolist(), [-1.0] * (seq + 1 - prompt), float(adv[i])
+        )
+        for i in range(batch)
+    ]
     out: dict[str, Any] = {}
     for name in names:
-        opts, dtype = VARIANTS[name]
-        step: TrainStep | None = None
+        recipe = VARIANTS[name]
+        if dev.type != "cuda":
+            recipe = dataclasses.replace(recipe, fused_adamw=False)
+        worker: TorchPolicyWorker | None = None
         try:
-            model = c.build_model(cfg, dev, dtype)
-            n_mm = matmul_params(model)
-            step = TrainStep(model, opts)
+            worker = policy_worker(cfg, dev, recipe, batch)
+            n_mm = matmul_params(worker.model)
+
+            def step(w: TorchPolicyWorker = worker) -> float:
+                w.train_chunk(rows)
+                return w.finish_step()["loss"]
+
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
             t0 = time.perf_counter()
             for _ in range(3):
-                loss = step(ids, mask, adv)
+                step()
             c.sync(dev)
             warm = time.perf_counter() - t0
-            losses: list[torch.Tensor] = []
-            ts = c.timed(lambda s=step, ls=losses: ls.append(s(ids, mask, adv)), dev, iters)
+            losses: list[float] = []
+            ts = c.timed(lambda s=step, ls=losses: ls.append(s()), dev, iters)
             t = c.median(ts)
             tokens = batch * seq
             out[name] = {
@@ -88,20 +118,18 @@ def main() -> None:
                 "matmul_params": n_mm,
                 "warmup_s_incl_compile": warm,
                 "loss_first_last": [float(losses[0]), float(losses[-1])],
-                "finite": bool(torch.isfinite(torch.stack(losses)).all()),
+                "finite": bool(torch.isfinite(torch.tensor(losses)).all()),
                 "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
                 "all_steps_s": ts,
             }
-            del loss
             res.put(name, out[name])
         except Exception:
             res.put(name, {"error": traceback.format_exc()[-3000:]})
-        del step
-        model = None
+        worker = None
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        if opts.compile:
+        if recipe.compile:
             torch._dynamo.reset()
     base = out.get("eager_bf16_fused_adamw (baseline)", {}).get("mfu")
     best_name = max(out, key=lambda k: out[k]["mfu"]) if out else None

@@ -7,6 +7,12 @@ by 1/count, clips, and steps the optimizer. So chunking and sharding give exactl
 one big batch, and grad_norm is the norm of that global gradient before clipping (the reference
 system read the gradient before its reduce had finished and reported about half of it).
 
+On CUDA the worker trains with `cuda_train.Recipe.for_device`: fp32 master parameters with the
+forward under autocast to the model's dtype, compiled decoder blocks and output head, fused AdamW;
+on CPU the plain eager recipe in the model's dtype. Both run the same step below; only the recipe
+differs. `weights()` are in the model's dtype (what the generation engines hold), `state()` keeps
+the master weights.
+
 prev_logprobs (pi_old) are the detached log-probs of the same forward pass: the weights do not
 change within a step, so a separate "old policy" pass would compute the same numbers. Reference
 log-probs come from a frozen copy of the initial weights, built only when the KL penalty is on.
@@ -26,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import sampling
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
+from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,10 @@ class PolicyWorker(abc.ABC):
 
 
 class TorchPolicyWorker(PolicyWorker):
-    """Plain torch training on CPU or CUDA, data parallel over gloo/nccl; see the module docstring."""
+    """Torch training on CPU or CUDA, data parallel over gloo/nccl; see the module docstring.
+
+    `recipe` overrides the device's default (tests and the GPU benchmark use it).
+    """
 
     def __init__(
         self,
@@ -88,6 +97,7 @@ class TorchPolicyWorker(PolicyWorker):
         device: str,
         rendezvous: str | None = None,
         num_threads: int = 1,
+        recipe: Recipe | None = None,
     ) -> None:
         torch.set_num_threads(num_threads)
         self.rank, self.world_size = rank, world_size
@@ -98,11 +108,18 @@ class TorchPolicyWorker(PolicyWorker):
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world_size)
         self.build, self.optim_cfg, self.loss_cfg = build, optim, loss
-        self.model = build.instantiate().to(self.device).train()
+        self.dtype = DTYPES[build.dtype]
+        self.recipe = recipe if recipe is not None else Recipe.for_device(self.device, self.dtype)
+        self.model = self.recipe.prepare(build.instantiate()).to(self.device).train()
         self.reference = None
         if loss.reference_policy_kl_penalty > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(
+        if self.recipe.compile:
+            for m in (self.model, self.reference):
+                if m is not None:
+                    compile_blocks(m)
+        self.logprobs = ResponseLogprobs(self.recipe, pad_id=build.pad_id, temperature=optim.temperature)
+        self.optimizer = self.recipe.optimizer(
             self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
         )
         self.steps_taken = 0
@@ -127,13 +144,8 @@ class TorchPolicyWorker(PolicyWorker):
         size = self.optim_cfg.logprob_batch_size
         for i in range(0, len(rows), size):
             part = rows[i : i + size]
-            lp, _ = sampling.token_logprobs(
-                self.reference,
-                part,
-                pad_id=self.build.pad_id,
-                temperature=self.optim_cfg.temperature,
-                device=self.device,
-            )
+            with torch.no_grad():
+                lp, _ = self.logprobs(self.reference, part, self.device)
             out.extend(lp[j, : len(r)].tolist() for j, (_, r) in enumerate(part))
         self.busy_seconds += time.perf_counter() - t0
         return out
@@ -148,14 +160,7 @@ class TorchPolicyWorker(PolicyWorker):
 
     def _train_micro(self, rows: list[TrainRow]) -> None:
         pairs = [(r.prompt_ids, r.response_ids) for r in rows]
-        logp, mask = sampling.token_logprobs(
-            self.model,
-            pairs,
-            pad_id=self.build.pad_id,
-            temperature=self.optim_cfg.temperature,
-            device=self.device,
-            grad=True,
-        )
+        logp, mask = self.logprobs(self.model, pairs, self.device)
         gen = _padded([r.generation_logprobs for r in rows], mask)
         ref = None
         if self.reference is not None:
@@ -229,11 +234,12 @@ class TorchPolicyWorker(PolicyWorker):
         return out
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """CPU copies in the model's dtype: what the generation engines hold."""
+        return {k: v.detach().to("cpu", self.dtype, copy=True) for k, v in self.model.state_dict().items()}
 
     def state(self) -> dict[str, Any]:
         return {
-            "model": self.weights(),
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "steps_taken": self.steps_taken,
             "reference": None
