@@ -413,6 +413,7 @@ class SingleController:
             "trained_tokens_per_second": tokens / wall,
             "step_seconds": wall,
             "evicted_groups": evicted,
+            "refit_transport": self.a.weights.transport,
             **{k: round(v, 6) for k, v in step.items()},
             **metrics,
         }

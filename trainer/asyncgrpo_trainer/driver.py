@@ -2,8 +2,9 @@
 
 Setup order (nothing heavy is built inside the controller actor, which only receives built
 objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> Ray -> tokenizer and
-model recipe -> placement groups -> policy and generation worker groups (in parallel) and reward
-workers -> data loader -> replay buffer and sampler -> rollout manager -> weight synchronizer ->
+model recipe -> placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in
+parallel) and reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
+weight synchronizer (its transport per `weights.transport_of`) ->
 restore the latest checkpoint if there is one -> SingleControllerActor.
 
 Exit codes are the operator's contract: 0 when training finished; 1 for a training error (an
@@ -42,6 +43,7 @@ from asyncgrpo_trainer import (
     workers,
 )
 from asyncgrpo_trainer import rewards as reward_workers
+from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.tokenizer import CharTokenizer
@@ -92,13 +94,37 @@ def check_supported(job: AsyncGRPOJob) -> None:
             "spec.trainer.model.source: pretrained checkpoints load through the vLLM/Megatron backends; "
             "the torch backends build the tiny model (source: tiny)"
         )
-    if t.policy.backend != "torch" or t.generation.backend != "torch":
+    if t.policy.backend not in POLICY_BACKENDS or t.generation.backend != "torch":
         raise SpecError("spec.trainer: this trainer build ships the torch policy and generation backends")
-    if t.weight_sync.transport not in weights.TORCH_TRANSPORTS:
+    if t.weight_sync.transport == "nccl" and t.generation.colocated and _on_gpus(job):
         raise SpecError(
-            f"spec.trainer.weightSync.transport: {t.weight_sync.transport!r} needs the vLLM/Megatron "
-            "backends; the torch backends use the object store (auto or object-store)"
+            "spec.trainer.weightSync.transport: nccl cannot connect a colocated engine to the policy "
+            "rank on its own GPU (generation.colocated: true); use auto or object-store"
         )
+
+
+def _on_gpus(job: AsyncGRPOJob) -> bool:
+    cl = job.spec.cluster
+    return cl.policy_workers.gpus_per_replica > 0 and (
+        job.spec.trainer.generation.colocated or cl.generation_workers.gpus_per_replica > 0
+    )
+
+
+def _start_torch_policy(
+    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+) -> tuple[workers.PolicyGroup, list[Any]]:
+    t = job.spec.trainer
+    return workers.start_policy_group(
+        pool,
+        recipe,
+        specmap.optim_config(t),
+        specmap.loss_config(t),
+        job.spec.cluster.policy_workers.gpus_per_replica,
+    )
+
+
+POLICY_BACKENDS = {"torch": _start_torch_policy}
+"""spec.trainer.policy.backend -> (job, pool, model recipe) -> (policy group, readiness refs)."""
 
 
 def build(job: AsyncGRPOJob) -> Built:
@@ -121,13 +147,7 @@ def build(job: AsyncGRPOJob) -> Built:
         name=job.metadata.name or "asyncgrpo",
     )
     try:
-        policy_group, policy_ready = workers.start_policy_group(
-            pools[0],
-            recipe,
-            specmap.optim_config(t),
-            specmap.loss_config(t),
-            cl.policy_workers.gpus_per_replica,
-        )
+        policy_group, policy_ready = POLICY_BACKENDS[t.policy.backend](job, pools[0], recipe)
         generation_group, generation_ready = workers.start_generation_group(
             pools[1],
             recipe,
@@ -160,8 +180,12 @@ def build(job: AsyncGRPOJob) -> Built:
             generation=generation_group,
             rewards=rewards,
             rollout=rollout,
-            weights=weights.ObjectStoreSynchronizer(
-                policy_group, generation_group, t.weight_sync.timeout_seconds
+            weights=weights.build(
+                t.weight_sync,
+                policy_group,
+                generation_group,
+                on_gpus=_on_gpus(job),
+                colocated=t.generation.colocated,
             ),
             loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),
             validation=val,

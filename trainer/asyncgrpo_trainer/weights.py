@@ -2,10 +2,17 @@
 
 The synchronizer assumes global updates (all engines load the same version atomically from the
 controller's point of view); mixed ages are handled per group by the buffer's start versions.
-The object-store transport is the torch backends' path on CPU and GPU: rank 0 publishes its
-weights once into Ray's object store and every engine pulls them; a dict of CPU tensors moves
-zero-copy between processes on one node. The NCCL broadcast transport ships with the vLLM and
-Megatron backends, behind the same `sync` call.
+Two transports sit behind the same `sync` call, chosen by `spec.trainer.weightSync.transport`
+(`transport_of`):
+
+- broadcast: policy rank 0 broadcasts its parameters to every engine in packed buckets
+  (`nccl_sync.BucketedBroadcast`) over a process group of its own that spans rank 0 and the
+  engines, never the policy's data-parallel group; NCCL when they are on CUDA, gloo on CPU (the
+  same code, which is how CI tests it). The sender casts its fp32 master weights to the model's
+  dtype while packing; each engine writes the buckets into its model in place.
+- object-store: rank 0 publishes its weights once into Ray's object store and every engine pulls
+  them; a dict of CPU tensors moves zero-copy between processes on one node. The path for
+  colocated pools (two processes on one GPU cannot form an NCCL group) and for CPU by default.
 """
 
 from __future__ import annotations
@@ -13,12 +20,23 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
+from typing import Literal
 
+from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
+from asyncgrpo_trainer.backends.nccl_sync import RefitSpec
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
+
+MiB = 1 << 20
+Transport = Literal["broadcast", "object-store"]
 
 
 class WeightSynchronizer(abc.ABC):
     """Moves policy weights of a version to the generation engines."""
+
+    @property
+    @abc.abstractmethod
+    def transport(self) -> str:
+        """What carries the weights, for the step records: object-store, nccl or gloo."""
 
     @abc.abstractmethod
     async def sync(self, version: int) -> float:
@@ -31,11 +49,89 @@ class ObjectStoreSynchronizer(WeightSynchronizer):
     def __init__(self, policy: PolicyGroup, generation: GenerationGroup, timeout_seconds: float) -> None:
         self.policy, self.generation, self.timeout = policy, generation, timeout_seconds
 
+    @property
+    def transport(self) -> str:
+        return "object-store"
+
     async def sync(self, version: int) -> float:
         t0 = time.perf_counter()
         await asyncio.wait_for(self.generation.load_weights(self.policy.weights_ref(), version), self.timeout)
         return time.perf_counter() - t0
 
 
-TORCH_TRANSPORTS = frozenset({"auto", "object-store"})
-"""weightSync.transport values the torch backends serve (both mean the object store)."""
+class BroadcastSynchronizer(WeightSynchronizer):
+    """Policy rank 0 -> every engine by a bucketed broadcast; see the module docstring.
+
+    The refit group is formed at the first `sync`: rank 0 serves a TCPStore on a free port, then
+    rank 0 and every engine join at once (a gloo group forms only when all members are there).
+    Each `sync` launches the send and every receive together and waits for all of them, so each
+    member enters the same broadcasts in the same order, one refit at a time; an engine waits for
+    its buckets in a thread, so its event loop keeps serving generation meanwhile.
+    """
+
+    def __init__(
+        self, policy: PolicyGroup, generation: GenerationGroup, *, bucket_bytes: int, timeout_seconds: float
+    ) -> None:
+        self.policy, self.generation = policy, generation
+        self.bucket_bytes, self.timeout = bucket_bytes, timeout_seconds
+        self._backend: str | None = None
+
+    @property
+    def transport(self) -> str:
+        return self._backend or "broadcast (not joined yet)"
+
+    async def sync(self, version: int) -> float:
+        t0 = time.perf_counter()
+        await asyncio.wait_for(self._sync(version), self.timeout)
+        return time.perf_counter() - t0
+
+    async def _sync(self, version: int) -> None:
+        if self._backend is None:
+            self._backend = await self._join()
+        await asyncio.gather(
+            self.policy.actors[0].refit_send.remote(),
+            *(a.refit_receive.remote(version) for a in self.generation.actors),
+        )
+
+    async def _join(self) -> str:
+        sender, engines = self.policy.actors[0], self.generation.actors
+        kinds = set(
+            await asyncio.gather(sender.device_type.remote(), *(a.device_type.remote() for a in engines))
+        )
+        if len(kinds) != 1:
+            raise RuntimeError(
+                f"spec.trainer.weightSync.transport: the broadcast needs the policy and the generation "
+                f"engines on one kind of device, they are on {sorted(kinds)}; use object-store"
+            )
+        backend = "nccl" if kinds == {"cuda"} else "gloo"
+        world = 1 + len(engines)
+        host, port = await sender.refit_address.remote(world, self.timeout)
+        spec = RefitSpec(host, port, world, backend, self.bucket_bytes, self.timeout)
+        plans = await asyncio.gather(
+            *(member.refit_join.remote(spec, rank) for rank, member in enumerate([sender, *engines]))
+        )
+        if any(p != plans[0] for p in plans):  # the same recipe gives the same plan; say so if not
+            raise RuntimeError("the refit plans of the policy and the generation engines differ")
+        return backend
+
+
+def transport_of(spec: WeightSyncSpec, *, on_gpus: bool, colocated: bool) -> Transport:
+    """auto: the broadcast between separate GPU pools, else the object store; nccl: the broadcast
+    (over gloo on CPU); object-store: the object store. nccl with colocated GPU pools is rejected
+    by the driver before anything starts."""
+    if spec.transport == "object-store":
+        return "object-store"
+    if spec.transport == "nccl":
+        return "broadcast"
+    return "broadcast" if on_gpus and not colocated else "object-store"
+
+
+def build(
+    spec: WeightSyncSpec, policy: PolicyGroup, generation: GenerationGroup, *, on_gpus: bool, colocated: bool
+) -> WeightSynchronizer:
+    """The synchronizer `spec` asks for; see `transport_of`."""
+    if transport_of(spec, on_gpus=on_gpus, colocated=colocated) == "object-store":
+        return ObjectStoreSynchronizer(policy, generation, spec.timeout_seconds)
+    return BroadcastSynchronizer(
+        policy, generation, bucket_bytes=spec.bucket_size_mb * MiB, timeout_seconds=spec.timeout_seconds
+    )

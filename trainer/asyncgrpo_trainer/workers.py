@@ -5,6 +5,12 @@ it to the controller actor. Its methods return awaitables of Ray object refs, so
 event loop never blocks on a worker. The policy group shards a chunk's rows over its
 data-parallel ranks; the generation group sends each prompt group to the engine with the fewest
 outstanding requests. The reward workers live in `rewards` (no torch in their processes).
+
+The `refit_*` methods are the actors' halves of `weights.BroadcastSynchronizer`: policy rank 0
+serves the refit group's store and sends; each engine joins and receives. An engine is an async
+actor, so it runs the blocking parts (joining a gloo group, waiting for the buckets) in a thread
+and keeps decoding meanwhile; it writes the received weights into its model on its event loop,
+between two decode steps, so no forward ever sees half of an update.
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ from asyncgrpo_trainer import cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
 from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
+
+
+def _node_ip() -> str:
+    host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return host
 
 
 class PolicyActor(policy.TorchPolicyWorker):
@@ -39,11 +51,10 @@ class PolicyActor(policy.TorchPolicyWorker):
         self._ready = False
 
     def rendezvous_address(self) -> str:
-        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return f"tcp://{host}:{port}"
+        return f"tcp://{_node_ip()}:{port}"
 
     def setup(self, rendezvous: str | None) -> bool:
         build, optim, loss, rank, world, gpus = self._init_args
@@ -58,6 +69,30 @@ class PolicyActor(policy.TorchPolicyWorker):
         )
         self._ready = True
         return True
+
+    def device_type(self) -> str:
+        return self.device.type
+
+    def refit_address(self, world: int, timeout_seconds: float) -> tuple[str, int]:
+        """Serve the refit group's store (this rank is its rank 0); where the engines find it."""
+        host = _node_ip()
+        self._refit_store = serve_store(host, world, timeout_seconds)
+        return host, self._refit_store.port
+
+    def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        self._refit = RefitGroup(
+            spec,
+            rank=rank,
+            build=self.build,
+            named=self.model.named_parameters(),
+            device=self.device,
+            store=self._refit_store,
+        )
+        return self._refit.plan
+
+    def refit_send(self) -> None:
+        """Pack (casting the master weights to the engines' dtype) and broadcast."""
+        self._refit.broadcast.sync(dict(self.model.named_parameters()))
 
 
 class PolicyGroup:
@@ -117,7 +152,28 @@ class PolicyGroup:
 
 
 class GenerationActor(generation.TorchGenerationWorker):
-    """The torch generation engine as an async Ray actor."""
+    """The torch generation engine as an async Ray actor (see the module docstring for refit)."""
+
+    async def device_type(self) -> str:
+        return self.device.type
+
+    async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        # A gloo group's constructor returns once every member has joined: not on the event loop.
+        self._refit = await asyncio.to_thread(
+            RefitGroup,
+            spec,
+            rank=rank,
+            build=self.build,
+            named=list(self.model.named_parameters()),
+            device=self.device,
+        )
+        return self._refit.plan
+
+    async def refit_receive(self, version: int) -> None:
+        await asyncio.to_thread(self._refit.broadcast.receive)  # into staging buffers only
+        async with self.weights_lock:  # decode steps see the old or the new weights, whole
+            self._refit.broadcast.unpack(dict(self.model.named_parameters()))
+            await self.adopt_weights(version)
 
 
 class GenerationGroup:

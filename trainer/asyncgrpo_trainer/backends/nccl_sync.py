@@ -14,16 +14,30 @@ anything holding those tensors (a captured CUDA graph) sees the new values; pack
 `StaticDecoder`'s must be refreshed after.
 
 Works with any torch.distributed backend that implements broadcast: NCCL between GPUs, gloo on
-CPU (what the tests use).
+CPU (what the tests use), over the default group, a registered group, or a directly constructed
+backend such as `RefitGroup`'s.
+
+`RefitGroup` is the trainer's use: policy rank 0 and every generation engine join a process group
+of their own (a TCPStore served by rank 0 plus a directly constructed ProcessGroupNCCL or
+ProcessGroupGloo), so the refit never touches the policy's data-parallel default group and the
+engines, which are not in that group, need no torch.distributed state at all. A receiver that
+must keep serving while the bytes move (an async generation actor) calls `receive` in a thread and
+`unpack` on its own thread, so its model is never half-updated while it decodes.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as C10dBackend
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from asyncgrpo_trainer.backends.model import TinyCausalLM
+from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
@@ -102,6 +116,24 @@ class BucketPlan:
     def bucket_slots(self, bucket: int) -> list[Slot]:
         return [s for s in self.slots if s.bucket == bucket]
 
+    def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Raise unless `named` has exactly the planned names and shapes (a model built from
+        another recipe would otherwise receive bytes meant for other tensors)."""
+        have = {n: tuple(t.shape) for n, t in named}
+        want = {s.name: s.shape for s in self.slots}
+        if have != want:
+            diff = sorted(set(have.items()) ^ set(want.items()))[:4]
+            raise ValueError(f"the model does not match the refit plan (first differences: {diff})")
+
+
+def refit_plan(build: ModelBuild, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketPlan:
+    """The plan both sides of a refit derive from the model recipe alone: its parameters in
+    `named_parameters` order, in the model's dtype (what the generation engines hold)."""
+    with torch.device("meta"):  # shapes only, no memory and no init work
+        model = TinyCausalLM(build.config)
+    shapes = ((n, tuple(p.shape)) for n, p in model.named_parameters())
+    return BucketPlan.build(shapes, dtype=DTYPES[build.dtype], bucket_bytes=bucket_bytes)
+
 
 class BucketedBroadcast:
     """Sender packs and broadcasts; receivers receive and unpack. Every rank of `group` calls
@@ -113,13 +145,16 @@ class BucketedBroadcast:
         self,
         plan: BucketPlan,
         *,
-        src: int,  # global rank of the sender
+        src: int,
         device: torch.device | str,
-        group: dist.ProcessGroup | None = None,
+        group: dist.ProcessGroup | C10dBackend | None = None,
     ) -> None:
+        """src is the sender's global rank for the default or a registered group, and its rank in
+        `group` for a directly constructed backend (which torch.distributed does not know)."""
         self.plan = plan
         self.src = src
         self.group = group
+        self.rank = group.rank() if isinstance(group, C10dBackend) else dist.get_rank()
         self.device = torch.device(device)
         self._buffers = [torch.empty(n, dtype=plan.dtype, device=self.device) for n in plan.bucket_numels]
         # Slots and buffer views per bucket, computed once: a refit does no planning work.
@@ -141,6 +176,17 @@ class BucketedBroadcast:
             out.append(t)
         return out
 
+    def _broadcast(self, bucket: int) -> dist.Work:
+        buf = self._buffers[bucket]
+        if isinstance(self.group, C10dBackend):
+            opts = dist.BroadcastOptions()
+            opts.rootRank = self.src
+            direct: dist.Work = self.group.broadcast([buf], opts)  # type: ignore[attr-defined]
+            return direct
+        work = dist.broadcast(buf, self.src, group=self.group, async_op=True)
+        assert work is not None
+        return work
+
     @torch.no_grad()
     def sync(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Broadcast `tensors` from src into every other rank's `tensors` (same names and shapes).
@@ -148,17 +194,33 @@ class BucketedBroadcast:
         Returns once this rank's part is done (on CUDA: queued on the current stream; the
         received values are visible to work queued after this call).
         """
-        sender = dist.get_rank() == self.src
+        sender = self.rank == self.src
         works = []
         for b in range(self.plan.num_buckets):
             if sender:
                 _copy(self._views(b), self._tensors(b, tensors))
-            works.append(dist.broadcast(self._buffers[b], self.src, group=self.group, async_op=True))
+            works.append(self._broadcast(b))
         for b, work in enumerate(works):
-            assert work is not None
             work.wait()
             if not sender:
                 _copy(self._tensors(b, tensors), self._views(b))
+
+    def receive(self) -> None:
+        """A receiver's half of `sync` without the unpack: every bucket lands in this object's
+        buffers and the call blocks until they are complete (on CUDA too), so it may run in a
+        thread while the caller's model stays in use; `unpack` then writes the model."""
+        if self.rank == self.src:
+            raise RuntimeError("the sender calls sync, not receive")
+        for work in [self._broadcast(b) for b in range(self.plan.num_buckets)]:
+            work.wait()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    @torch.no_grad()
+    def unpack(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy the last received buckets into `tensors`, in place."""
+        for b in range(self.plan.num_buckets):
+            _copy(self._tensors(b, tensors), self._views(b))
 
 
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -176,3 +238,66 @@ def naive_broadcast(
     """One broadcast per tensor, in name order: the baseline the buckets are measured against."""
     for name in sorted(tensors):
         dist.broadcast(tensors[name], src, group=group)
+
+
+REFIT_STORE_PREFIX = "asyncgrpo-refit"
+
+
+@dataclass(frozen=True)
+class RefitSpec:
+    """What every member of a refit group needs to join it (a picklable message)."""
+
+    host: str
+    port: int
+    world: int
+    backend: str  # nccl or gloo
+    bucket_bytes: int
+    timeout_seconds: float
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_seconds)
+
+
+def serve_store(host: str, world: int, timeout_seconds: float) -> TCPStore:
+    """The refit group's rendezvous, served by its rank 0 on a free port (`store.port`): no port
+    is picked and then bound separately, so two jobs on one node cannot race for it."""
+    timeout = datetime.timedelta(seconds=timeout_seconds)
+    return TCPStore(host, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+class RefitGroup:
+    """One member of the refit group (see the module docstring); rank 0 sends.
+
+    Joining checks `named` (the member's parameters) against the plan of the model recipe, which
+    every member derives alone. Constructing it joins the group: with gloo the constructor returns
+    once every member has connected, so the members must construct concurrently; NCCL connects
+    at the first broadcast. Rank 0 passes the store it serves.
+    """
+
+    def __init__(
+        self,
+        spec: RefitSpec,
+        *,
+        rank: int,
+        build: ModelBuild,
+        named: Iterable[tuple[str, torch.Tensor]],
+        device: torch.device,
+        store: TCPStore | None = None,
+    ) -> None:
+        self.plan = refit_plan(build, spec.bucket_bytes)
+        self.plan.check(named)
+        if store is None:
+            store = TCPStore(spec.host, spec.port, spec.world, is_master=False, timeout=spec.timeout)
+        prefixed = PrefixStore(REFIT_STORE_PREFIX, store)
+        pg: C10dBackend
+        if spec.backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = spec.timeout
+            pg = dist.ProcessGroupNCCL(prefixed, rank, spec.world, opts)
+        elif spec.backend == "gloo":
+            pg = dist.ProcessGroupGloo(prefixed, rank, spec.world, spec.timeout)
+        else:
+            raise ValueError(f"refit backend {spec.backend!r}: expected nccl or gloo")
+        self.store, self.pg = store, pg  # the store must outlive the group
+        self.broadcast = BucketedBroadcast(self.plan, src=0, device=device, group=pg)
