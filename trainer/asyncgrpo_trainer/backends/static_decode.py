@@ -406,26 +406,40 @@ class StaticDecoder:
         # decode masks every slot it has not written yet.
 
     # ------------------------------------------------------------------ public
+    def graph_batch(self, rows: int) -> int:
+        """The batch size `rows` prompts decode at: with CUDA graphs the next power of two (capped
+        at max_batch), so a few captured graphs serve every batch; without graphs `rows` itself."""
+        if not self.use_cuda_graph:
+            return rows
+        return min(1 << max(rows - 1, 0).bit_length(), self.max_batch)
+
     @torch.no_grad()
-    def generate(
+    def start(
         self,
         prompts: Sequence[Sequence[int]] | torch.Tensor,
         *,
         seed: int | None = None,
         max_new_tokens: int | None = None,
-    ) -> DecodeOutput:
-        """Decode up to max_new_tokens for each prompt (ragged lists, or an unpadded (B, P) tensor).
+    ) -> Decoding:
+        """Prefill the prompts (ragged lists, or an unpadded (B, P) tensor) and return the decoding.
 
         `seed` reseeds the device's default generator (CUDA graphs draw from it); greedy decoding
-        ignores it. Stops early, checked every `sync_every` steps, when every row has hit EOS.
+        ignores it. The batch is padded to `graph_batch(B)` rows that are ended from the start (they
+        neither stop the early exit nor appear in the output). One decoding at a time: a second
+        `start` overwrites the cache the first one reads.
         """
         ids, pad = self._pack(prompts)
-        b = ids.shape[0]
-        if b > self.max_batch:
-            raise ValueError(f"batch {b} exceeds max_batch {self.max_batch}")
+        rows = ids.shape[0]
+        if rows > self.max_batch:
+            raise ValueError(f"batch {rows} exceeds max_batch {self.max_batch}")
         n_new = self.max_new_tokens if max_new_tokens is None else min(max_new_tokens, self.max_new_tokens)
         if n_new < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        b = self.graph_batch(rows)
+        if b > rows:
+            fill = torch.full((b - rows, ids.shape[1]), self.pad_id, dtype=torch.long, device=self.device)
+            ids = torch.cat([ids, fill])
+            pad = torch.cat([pad, torch.full((b - rows,), ids.shape[1] - 1, device=self.device)])
         st = self._state(b)
         if self.use_cuda_graph and st.graph is None:
             self._capture(st)
@@ -435,22 +449,21 @@ class StaticDecoder:
             else:
                 torch.manual_seed(seed)
         self._prefill(st, ids, pad)
-        for i in range(n_new - 1):
-            if st.graph is not None:
-                st.graph.replay()
-            else:
-                self._step(st)
-            if self.eos_id is not None and (i + 1) % self.sync_every == 0 and bool(st.done.all()):
-                break
-        else:
-            self._sample_record(st)  # the last token needs no forward
-        used = int(st.step.item())
-        return DecodeOutput(
-            tokens=st.out_tok[:, :used].clone(),
-            logprobs=st.out_lp[:, :used].clone(),
-            lengths=st.lengths.clone(),
-            finished=st.done.clone(),
-        )
+        st.done[rows:] = True
+        return Decoding(self, st, rows, n_new)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]] | torch.Tensor,
+        *,
+        seed: int | None = None,
+        max_new_tokens: int | None = None,
+    ) -> DecodeOutput:
+        """Decode up to max_new_tokens for each prompt in one go (`start`, then every chunk)."""
+        decoding = self.start(prompts, seed=seed, max_new_tokens=max_new_tokens)
+        while not decoding.advance():
+            pass
+        return decoding.output()
 
     def _pack(self, prompts: Sequence[Sequence[int]] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(prompts, torch.Tensor):
@@ -469,3 +482,52 @@ class StaticDecoder:
         if ids.shape[1] > self.max_prompt_len:
             raise ValueError(f"prompt of {ids.shape[1]} tokens exceeds max_prompt_len {self.max_prompt_len}")
         return ids, pad
+
+
+class Decoding:
+    """One batch being decoded by a `StaticDecoder`, in chunks of `sync_every` steps.
+
+    Why chunks: between two `advance()` calls the device is idle and the host knows it (each chunk
+    ends with the one device->host read, "has every row ended?"), so a caller can do other work
+    there, e.g. overwrite the model's parameters in place and `refresh_weights()`; the following
+    steps then use the new weights with the KV already cached.
+    """
+
+    def __init__(self, decoder: StaticDecoder, st: _BatchState, rows: int, n_new: int) -> None:
+        self._dec, self._st, self._rows = decoder, st, rows
+        self._last = n_new - 1  # steps with a forward; the last token needs none
+        self._steps = 0
+        self.finished = False
+
+    @torch.no_grad()
+    def advance(self) -> bool:
+        """Run up to `sync_every` decode steps; True once every row has ended or the budget is spent."""
+        if self.finished:
+            return True
+        dec, st = self._dec, self._st
+        end = min(self._steps + dec.sync_every, self._last)
+        while self._steps < end:
+            if st.graph is not None:
+                st.graph.replay()
+            else:
+                dec._step(st)
+            self._steps += 1
+        if self._steps % dec.sync_every == 0 and bool(st.done.all()):
+            self.finished = True
+        elif self._steps == self._last:
+            dec._sample_record(st)
+            self.finished = True
+        return self.finished
+
+    def output(self) -> DecodeOutput:
+        """Tokens and log-probs of the real rows (the padding rows are dropped); call once finished."""
+        if not self.finished:
+            raise RuntimeError("the decoding has not finished")
+        st, rows = self._st, self._rows
+        used = int(st.step.item())
+        return DecodeOutput(
+            tokens=st.out_tok[:rows, :used].clone(),
+            logprobs=st.out_lp[:rows, :used].clone(),
+            lengths=st.lengths[:rows].clone(),
+            finished=st.done[:rows].clone(),
+        )

@@ -1,0 +1,226 @@
+"""The torch generation worker's batched engine (StaticDecoder) on CPU, against the model itself.
+
+Concurrent `generate` calls share one decode batch; each caller gets its own rows back. The
+references are the plain model: `TinyCausalLM.forward` with its own KV cache for greedy tokens,
+`sampling.token_logprobs` / `sampling.filtered_logprobs` by teacher forcing for the recorded
+log-probs. Weights are scaled up (as in test_static_decode) so logits are far apart and greedy
+argmax has no near-ties that float rounding could flip. `engine="batched"` runs the path CUDA
+workers take by default (eagerly: no CUDA graph on CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import torch
+
+from asyncgrpo_trainer.backends import generation, sampling, static_decode
+from asyncgrpo_trainer.backends.model import KVCache, TinyCausalLM, TinyConfig
+from asyncgrpo_trainer.backends.modelspec import ModelBuild
+
+CFG = TinyConfig(
+    vocab_size=61,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=96,
+    max_positions=40,
+)
+EOS = 60
+BUILD = ModelBuild(CFG, seed=3, dtype="float32", pad_id=0, eos_id=EOS)
+GREEDY = sampling.SamplingParams(max_new_tokens=12, temperature=0.0)
+PROMPTS = [[5, 9, 2], [7, 1, 8, 3, 3, 4, 11], [13], [2, 4, 6, 8, 10]]
+
+
+def _worker(engine: generation.Engine = "batched", **kw: Any) -> generation.TorchGenerationWorker:
+    return generation.TorchGenerationWorker(
+        BUILD, device="cpu", engine=engine, collect_seconds=0.0, sync_every=2, **kw
+    )
+
+
+def _scaled(model: TinyCausalLM, seed: int) -> None:
+    """Different, larger weights in place (far-apart logits)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
+
+
+def _run(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    return asyncio.run(make())
+
+
+def _greedy_ref(models: list[TinyCausalLM], switch_after: int, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens from the plain forward, models[0] for the first `switch_after` forwards
+    (prefill included) and models[-1] after, on the KV cache the earlier forwards left."""
+    toks: list[int] = []
+    cache: KVCache | None = None
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for i in range(n):
+            model = models[0] if i < switch_after else models[-1]
+            logits, cache = model(ids, cache)
+            tok = int(logits[0, -1].argmax())
+            toks.append(tok)
+            if tok == EOS:
+                break
+            ids = torch.tensor([[tok]])
+    return toks
+
+
+def test_concurrent_groups_share_one_batch_and_each_gets_its_own_rows() -> None:
+    worker = _worker()
+    _scaled(worker.model, 1)
+    params = sampling.SamplingParams(max_new_tokens=9, temperature=0.8, top_k=20, top_p=0.9)
+    ns = [3, 1, 4, 2]
+
+    async def scenario() -> list[generation.Generated]:
+        await worker.adopt_weights(0)
+        return list(
+            await asyncio.gather(
+                *(
+                    worker.generate(p, n, params, seed=i)
+                    for i, (p, n) in enumerate(zip(PROMPTS, ns, strict=True))
+                )
+            )
+        )
+
+    outs = _run(scenario)
+    stats = _run(worker.stats)
+    assert stats["batches"] == 1  # all four groups decoded together
+    assert stats["tokens_generated"] == sum(len(r) for o in outs for r in o.response_ids)
+    # The batch's busy time is split by rows: the same per row for every group.
+    per_row = [o.busy_seconds / n for o, n in zip(outs, ns, strict=True)]
+    assert per_row == pytest.approx([per_row[0]] * 4) and per_row[0] > 0
+    assert stats["busy_seconds"] >= sum(o.busy_seconds for o in outs)
+    for out, prompt, n in zip(outs, PROMPTS, ns, strict=True):
+        assert len(out.response_ids) == len(out.logprobs) == len(out.finished) == n
+        assert (out.first_version, out.last_version) == (0, 0)
+        for toks, lps, fin in zip(out.response_ids, out.logprobs, out.finished, strict=True):
+            assert 1 <= len(toks) == len(lps) <= 9
+            assert fin == (toks[-1] == EOS) and EOS not in toks[:-1]
+            # Recorded log-probs are those of the filtered distribution given THIS group's prompt.
+            with torch.no_grad():
+                logits, _ = worker.model(torch.tensor([prompt + toks]), None)
+            logp = sampling.filtered_logprobs(logits[0, len(prompt) - 1 : -1], params)
+            ref = logp.gather(-1, torch.tensor(toks).unsqueeze(-1)).squeeze(-1)
+            assert lps == pytest.approx(ref.tolist(), abs=1e-4)
+
+
+def test_logprobs_equal_what_the_policy_recomputes_for_the_sampled_tokens() -> None:
+    worker = _worker()
+    _scaled(worker.model, 2)
+    params = sampling.SamplingParams(max_new_tokens=10, temperature=0.7)
+
+    async def scenario() -> list[generation.Generated]:
+        await worker.adopt_weights(0)
+        return list(await asyncio.gather(*(worker.generate(p, 3, params, seed=5) for p in PROMPTS)))
+
+    outs = _run(scenario)
+    rows = [(p, r) for p, o in zip(PROMPTS, outs, strict=True) for r in o.response_ids]
+    ref, mask = sampling.token_logprobs(
+        worker._forward, rows, pad_id=0, temperature=0.7, device=torch.device("cpu")
+    )
+    got = [lp for o in outs for lp in o.logprobs]
+    for i, lps in enumerate(got):
+        assert int(mask[i].sum()) == len(lps)
+        assert lps == pytest.approx(ref[i, : len(lps)].tolist(), abs=1e-4)
+
+
+def test_batched_greedy_equals_the_per_group_loop() -> None:
+    batched, loop = _worker("batched"), _worker("per-group")
+    for w in (batched, loop):
+        _scaled(w.model, 3)
+
+    async def scenario(w: generation.TorchGenerationWorker) -> list[generation.Generated]:
+        await w.adopt_weights(4)
+        return list(await asyncio.gather(*(w.generate(p, 2, GREEDY, seed=i) for i, p in enumerate(PROMPTS))))
+
+    fast, slow = _run(lambda: scenario(batched)), _run(lambda: scenario(loop))
+    assert _run(batched.stats)["batches"] == 1 and _run(loop.stats)["batches"] == 0
+    for f, s in zip(fast, slow, strict=True):
+        assert f.response_ids == s.response_ids
+        assert f.finished == s.finished
+        for a, b in zip(f.logprobs, s.logprobs, strict=True):
+            assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_a_weight_update_lands_between_chunks_and_later_tokens_follow_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = _worker()
+    _scaled(worker.model, 4)
+    old = BUILD.instantiate()
+    old.load_state_dict(worker.model.state_dict())
+    new = BUILD.instantiate()
+    _scaled(new, 5)
+    chunk_done = asyncio.Event()
+    advance = static_decode.Decoding.advance
+
+    def advance_and_signal(self: static_decode.Decoding) -> bool:
+        finished = advance(self)
+        chunk_done.set()
+        return finished
+
+    monkeypatch.setattr(static_decode.Decoding, "advance", advance_and_signal)
+
+    async def scenario() -> list[generation.Generated]:
+        await worker.adopt_weights(0)
+        groups = [asyncio.create_task(worker.generate(p, 1, GREEDY, seed=0)) for p in PROMPTS]
+        await chunk_done.wait()  # the first chunk (2 decode steps) has run
+        await worker.load_weights(new.state_dict(), 1)
+        return list(await asyncio.gather(*groups))
+
+    outs = _run(scenario)
+    changed = 0
+    for out, prompt in zip(outs, PROMPTS, strict=True):
+        assert (out.first_version, out.last_version) == (0, 1)
+        # Prefill + 2 decode forwards ran on the old weights; every forward after on the new ones.
+        expect = _greedy_ref([old, new], 3, prompt, GREEDY.max_new_tokens)
+        assert out.response_ids[0] == expect
+        changed += expect != _greedy_ref([old], 0, prompt, GREEDY.max_new_tokens)
+    assert changed  # the update made a difference the test can see
+
+
+def test_adopt_weights_after_an_in_place_write_is_seen_by_the_decoder() -> None:
+    worker = _worker()
+    _scaled(worker.model, 6)
+    target = BUILD.instantiate()
+    _scaled(target, 7)
+
+    async def scenario() -> tuple[generation.Generated, generation.Generated]:
+        await worker.adopt_weights(0)
+        before = await worker.generate(PROMPTS[1], 1, GREEDY, seed=0)  # builds the decoder
+        with torch.no_grad():  # what an NCCL receive does: write into the live parameters
+            for p, q in zip(worker.model.parameters(), target.parameters(), strict=True):
+                p.copy_(q)
+        await worker.adopt_weights(7)
+        return before, await worker.generate(PROMPTS[1], 1, GREEDY, seed=0)
+
+    before, after = _run(scenario)
+    assert (after.first_version, after.last_version) == (7, 7)
+    expect = _greedy_ref([target], 0, PROMPTS[1], GREEDY.max_new_tokens)
+    assert after.response_ids[0] == expect
+    assert before.response_ids[0] != expect
+
+
+def test_a_group_larger_than_the_row_limit_is_split_over_batches_and_resets_count() -> None:
+    worker = _worker(max_batch_rows=4)
+    _scaled(worker.model, 8)
+
+    async def scenario() -> list[generation.Generated]:
+        await worker.adopt_weights(2)
+        outs = list(await asyncio.gather(*(worker.generate(p, 3, GREEDY, seed=0) for p in PROMPTS[:3])))
+        await worker.reset_cache()
+        return outs
+
+    outs = _run(scenario)
+    stats = _run(worker.stats)
+    assert stats["batches"] == 3 and stats["cache_resets"] == 1  # 9 rows, at most 4 a batch
+    for out, prompt in zip(outs, PROMPTS[:3], strict=True):
+        expect = _greedy_ref([worker.model], 0, prompt, GREEDY.max_new_tokens)
+        assert out.response_ids == [expect] * 3
