@@ -1,0 +1,489 @@
+"""The Megatron-core policy backend: `PolicyWorker` on a tensor-parallel `GPTModel`.
+
+Same contract as `policy.TorchPolicyWorker` (read its module docstring first): `train_chunk`
+accumulates unnormalized gradient sums of `losses.policy_loss_sum`; `finish_step` does one reduce
+over the data-parallel group, scales by the global token (or sequence) count, clips the global
+gradient norm and steps AdamW. What Megatron adds is tensor parallelism (TP): every layer's weight
+matrices are split over the TP ranks of one data-parallel replica, which all see the same rows.
+
+- The model is a `GPTModel` with the local (non-TransformerEngine) layer spec and no fused kernels
+  (no TE, no apex on the GPU image), shaped exactly like `TinyCausalLM`, and initialised from the
+  same seeded `ModelBuild.instantiate()` weights through `megatron_mapping`, so policy and
+  generation engines start identical, and `weights()` hands the engines TinyCausalLM's names.
+- Log-probs are computed on the vocab-parallel logits with Megatron's vocab-parallel cross entropy
+  (no rank ever materialises the full vocabulary), at the same temperature and with the same
+  response masking as `sampling.token_logprobs`.
+- The gradient norm is the norm of the whole model's gradient: TP-split parameters contribute
+  their shards from every rank, replicated ones (norm weights) once.
+- Global ranks are laid out TP-fastest (Megatron's order): rank r is TP rank r % TP of data-parallel
+  replica r // TP. `megatron_workers.MegatronPolicyGroup` hands rows out accordingly.
+
+Not supported: pipeline parallelism (it needs Megatron's pipeline schedules, which this worker
+does not drive) and context parallelism (the local layer spec has no context-parallel attention;
+Megatron implements it only in TransformerEngine's attention). Both are rejected with the spec
+field named.
+
+CPU: megatron-core is a GPU library, but with gloo process groups and CPU initialisation the
+local spec runs on CPU except for a few unconditional `torch.cuda.current_device()` calls
+(RotaryEmbedding.get_emb moves its frequency table there; the global memory buffer and the
+tensor-parallel gathers allocate there). `_cuda_calls_on_cpu` points those at the CPU while a
+CPU worker computes, which is what lets the tests compare this backend with the torch one on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812
+
+from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import megatron_mapping as mapping
+from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
+from asyncgrpo_trainer.backends.policy import OptimConfig, PolicyWorker, TrainRow, _padded
+
+MEGATRON = "spec.trainer.policy.megatron"
+
+
+@dataclass(frozen=True)
+class MegatronLayout:
+    """The parallel layout of `spec.trainer.policy.megatron`."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    context_parallel_size: int = 1
+
+    def check(self, build: ModelBuild, world_size: int) -> None:
+        """Reject what this backend cannot run, naming the spec field (before any process group forms)."""
+        if self.pipeline_parallel_size != 1:
+            raise ValueError(
+                f"{MEGATRON}.pipelineParallelSize must be 1: the Megatron policy backend does not run "
+                f"pipeline parallelism yet; got {self.pipeline_parallel_size}"
+            )
+        if self.context_parallel_size != 1:
+            raise ValueError(
+                f"{MEGATRON}.contextParallelSize must be 1: context parallelism needs TransformerEngine's "
+                f"attention, which the trainer image does not ship; got {self.context_parallel_size}"
+            )
+        tp, cfg = self.tensor_parallel_size, build.config
+        if world_size % tp:
+            raise ValueError(f"{MEGATRON}.tensorParallelSize {tp} must divide the {world_size} policy ranks")
+        if cfg.num_heads % tp or (cfg.num_kv_heads % tp and tp % cfg.num_kv_heads):
+            raise ValueError(
+                f"{MEGATRON}.tensorParallelSize {tp} must divide the model's numHeads ({cfg.num_heads}) and "
+                f"divide or be a multiple of its numKvHeads ({cfg.num_kv_heads})"
+            )
+
+
+@contextlib.contextmanager
+def _cuda_calls_on_cpu(device: torch.device) -> Iterator[None]:
+    """On a CPU worker, answer megatron-core's unconditional torch.cuda.current_device() with the CPU."""
+    if device.type != "cpu":
+        yield
+        return
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original
+
+
+def _import_megatron() -> Any:
+    """megatron.core, imported on first use (the package never imports it otherwise); its warnings
+    about missing TransformerEngine/apex are expected with the local spec and silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import megatron.core.models.gpt.gpt_layer_specs  # noqa: PLC0415
+        import megatron.core.models.gpt.gpt_model  # noqa: PLC0415
+        import megatron.core.parallel_state  # noqa: PLC0415
+        import megatron.core.tensor_parallel  # noqa: PLC0415
+        import megatron.core.transformer.transformer_config  # noqa: PLC0415
+
+    return megatron.core
+
+
+def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.device) -> torch.nn.Module:
+    """A GPTModel shaped like `build`'s TinyCausalLM (parameters uninitialised; see `load_full`).
+
+    Needs `parallel_state.initialize_model_parallel` to have run.
+    """
+    core = _import_megatron()
+    cfg = build.config
+    dtype = DTYPES[build.dtype]
+    with warnings.catch_warnings():
+        # Deprecation notes ("GPTModel is deprecated": HybridModel needs TE for this shape; cuda
+        # graph scopes this model does not use).
+        warnings.simplefilter("ignore")
+        config = core.transformer.transformer_config.TransformerConfig(
+            num_layers=cfg.num_layers,
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_heads,
+            num_query_groups=cfg.num_kv_heads,
+            kv_channels=cfg.hidden_size // cfg.num_heads,
+            ffn_hidden_size=cfg.intermediate_size,
+            normalization="RMSNorm",
+            layernorm_epsilon=1e-6,
+            add_bias_linear=False,
+            add_qkv_bias=True,
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            tensor_model_parallel_size=tensor_parallel_size,
+            params_dtype=dtype,
+            bf16=dtype == torch.bfloat16,
+            fp16=dtype == torch.float16,
+            attention_softmax_in_fp32=True,
+            use_cpu_initialization=device.type == "cpu",
+            perform_initialization=False,
+            # No apex / TransformerEngine / compiled Megatron kernels on the image: plain torch paths.
+            masked_softmax_fusion=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+        )
+        model: torch.nn.Module = core.models.gpt.gpt_model.GPTModel(
+            config,
+            transformer_layer_spec=core.models.gpt.gpt_layer_specs.get_gpt_layer_local_spec(
+                normalization="RMSNorm"
+            ),
+            vocab_size=mapping.padded_vocab_size(cfg.vocab_size, tensor_parallel_size),
+            max_sequence_length=cfg.max_positions,
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="rope",
+            rotary_percent=1.0,
+            rotary_base=cfg.rope_theta,
+        )
+    return model.to(device)
+
+
+class MegatronPolicyWorker(PolicyWorker):
+    """One rank of the Megatron policy; see the module docstring."""
+
+    def __init__(
+        self,
+        build: ModelBuild,
+        optim: OptimConfig,
+        loss: losses.LossConfig,
+        *,
+        rank: int,
+        world_size: int,
+        device: str,
+        rendezvous: str | None = None,
+        layout: MegatronLayout | None = None,
+        num_threads: int = 1,
+    ) -> None:
+        layout = layout or MegatronLayout()
+        layout.check(build, world_size)
+        torch.set_num_threads(num_threads)
+        self.build, self.optim_cfg, self.loss_cfg = build, optim, loss
+        self.rank, self.world_size = rank, world_size
+        self.tp = layout.tensor_parallel_size
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device.index or 0)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            init = rendezvous or _local_rendezvous(world_size)
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size)
+        self.core = _import_megatron()
+        ps = self.core.parallel_state
+        with _cuda_calls_on_cpu(self.device):
+            # Dropout is 0 everywhere, so the model-parallel CUDA RNG is never drawn from; the
+            # inference tracker's no-op fork keeps CPU workers off torch.cuda's RNG.
+            self.core.tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
+            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp)
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.tp_rank = int(ps.get_tensor_model_parallel_rank())
+        self.dp_group = ps.get_data_parallel_group()
+        self.dp_size = int(ps.get_data_parallel_world_size())
+        self.vocab_size = build.config.vocab_size
+        self.reference: torch.nn.Module | None = None
+        with _cuda_calls_on_cpu(self.device):
+            self.model = self._initial_model().train()
+            if loss.reference_policy_kl_penalty > 0:
+                self.reference = self._initial_model().eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
+        )
+        self.steps_taken = 0
+        self.busy_seconds = 0.0
+        self._reset_step()
+
+    def _initial_model(self) -> torch.nn.Module:
+        """The GPTModel holding this rank's shards of the recipe's seeded TinyCausalLM weights."""
+        model = build_gpt_model(self.build, self.tp, self.device)
+        cfg = self.build.config
+        full = mapping.tiny_to_megatron(
+            self.build.instantiate().state_dict(),
+            cfg,
+            padded_vocab=mapping.padded_vocab_size(cfg.vocab_size, self.tp),
+        )
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(mapping.shard(name, full[name], rank=self.tp_rank, size=self.tp))
+        return model
+
+    def _reset_step(self) -> None:
+        self._count = 0.0
+        self._sums: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _lr(self) -> float:
+        warm = self.optim_cfg.warmup_steps
+        scale = min(1.0, (self.steps_taken + 1) / warm) if warm else 1.0
+        return self.optim_cfg.learning_rate * scale
+
+    # --- log-probs ------------------------------------------------------------------------------
+
+    def token_logprobs(
+        self, model: torch.nn.Module, rows: Sequence[tuple[Sequence[int], Sequence[int]]], *, grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs (B, R) of each row's response tokens and the response mask (B, R); the same
+        quantity as `sampling.token_logprobs`, from vocab-parallel logits."""
+        full = [list(p) + list(r) for p, r in rows]
+        length = max(*(len(x) for x in full), 2)
+        if length > self.build.max_positions:
+            raise ValueError(
+                f"sequence of {length} tokens exceeds maxSequenceLength {self.build.max_positions}"
+            )
+        ids = torch.full((len(rows), length), self.build.pad_id, dtype=torch.long)
+        for i, seq in enumerate(full):
+            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        ids = ids.to(self.device)
+        r_max = max(*(len(r) for _, r in rows), 1)
+        index = torch.zeros((len(rows), r_max), dtype=torch.long)
+        mask = torch.zeros((len(rows), r_max))
+        for i, (p, r) in enumerate(rows):
+            if r:
+                index[i, : len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
+                mask[i, : len(r)] = 1.0
+        index, mask = index.to(self.device), mask.to(self.device)
+        with torch.set_grad_enabled(grad):
+            # next_logp[b, t] = log p(ids[b, t + 1] | ids[b, : t + 1])
+            next_logp = self._next_token_logprobs(model, ids)
+            out = next_logp.gather(1, index.clamp(max=length - 2)) * mask
+        return out, mask
+
+    def forward_logits(self, model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary shard of the logits (B, T, V_padded / TP) of token ids (B, T)."""
+        b, t = ids.shape
+        positions = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, -1)
+        # An explicit mask: Megatron builds its default causal mask on "cuda" unconditionally.
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), diagonal=1)
+        with _cuda_calls_on_cpu(self.device):
+            logits: torch.Tensor = model(ids, positions, causal.view(1, 1, t, t))
+        return logits
+
+    def _next_token_logprobs(self, model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.forward_logits(model, ids)
+        temp = self.optim_cfg.temperature if self.optim_cfg.temperature > 0 else 1.0
+        logits = logits[:, :-1].float() / temp
+        width = logits.shape[-1]
+        vocab_ids = torch.arange(self.tp_rank * width, (self.tp_rank + 1) * width, device=ids.device)
+        if int(vocab_ids[-1]) >= self.vocab_size:  # padding rows of the last shard: no probability
+            logits = logits.masked_fill(vocab_ids >= self.vocab_size, float("-inf"))
+        nll: torch.Tensor = self.core.tensor_parallel.vocab_parallel_cross_entropy(
+            logits.contiguous(), ids[:, 1:].contiguous()
+        )
+        return -nll
+
+    def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        if self.reference is None:
+            raise RuntimeError("reference log-probs requested but the KL penalty is off")
+        t0 = time.perf_counter()
+        out: list[list[float]] = []
+        size = self.optim_cfg.logprob_batch_size
+        with _cuda_calls_on_cpu(self.device):
+            for i in range(0, len(rows), size):
+                part = rows[i : i + size]
+                lp, _ = self.token_logprobs(self.reference, part, grad=False)
+                out.extend(lp[j, : len(r)].tolist() for j, (_, r) in enumerate(part))
+        self.busy_seconds += time.perf_counter() - t0
+        return out
+
+    # --- training -------------------------------------------------------------------------------
+
+    def train_chunk(self, rows: list[TrainRow]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        size = self.optim_cfg.micro_batch_size
+        with _cuda_calls_on_cpu(self.device):
+            for i in range(0, len(rows), size):
+                self._train_micro(rows[i : i + size])
+        self.busy_seconds += time.perf_counter() - t0
+        return dict(self._sums)
+
+    def _train_micro(self, rows: list[TrainRow]) -> None:
+        logp, mask = self.token_logprobs(
+            self.model, [(r.prompt_ids, r.response_ids) for r in rows], grad=True
+        )
+        gen = _padded([r.generation_logprobs for r in rows], mask)
+        ref = None
+        if self.reference is not None:
+            ref = _padded([r.reference_logprobs or [] for r in rows], mask)
+        adv = torch.tensor([r.advantage for r in rows], dtype=logp.dtype, device=self.device)
+        total, metrics = losses.policy_loss_sum(
+            logprobs=logp,
+            prev_logprobs=logp.detach(),
+            generation_logprobs=gen,
+            advantages=adv,
+            mask=mask,
+            cfg=self.loss_cfg,
+            reference_logprobs=ref,
+        )
+        total.backward()  # type: ignore[no-untyped-call]
+        self._count += float(mask.sum()) if self.loss_cfg.token_level_loss else float(len(rows))
+        metrics["loss_sum"] = float(total.detach())
+        metrics["sequences"] = float(len(rows))
+        for key, value in metrics.items():
+            if key.endswith("_max"):
+                self._sums[key] = max(self._sums.get(key, 0.0), value)
+            elif key != "ratio_mean":
+                self._sums[key] = self._sums.get(key, 0.0) + value
+
+    def finish_step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        keys = sorted(k for k in self._sums if not k.endswith("_max"))
+        stats = torch.tensor([self._count, *(self._sums[k] for k in keys)], dtype=torch.float64)
+        if self.dp_size > 1:
+            # One reduce per step over the replicas (TP peers of a replica saw the same rows).
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.dp_group)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+            stats = stats.to(self.device)
+            dist.all_reduce(stats, group=self.dp_group)
+            stats = stats.cpu()
+        count = max(float(stats[0]), 1.0)
+        for g in grads:
+            g.div_(count)
+        grad_norm = self._clip(params)
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.steps_taken += 1
+        sums = dict(zip(keys, stats[1:].tolist(), strict=True))
+        tokens = max(sums.get("tokens", 0.0), 1.0)
+        out = {
+            "loss": sums.get("loss_sum", 0.0) / count,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "train_tokens": sums.get("tokens", 0.0),
+            "is_weight_mean": sums.get("is_weight_sum", 0.0) / tokens,
+            "clip_fraction": sums.get("clip_fraction_sum", 0.0) / tokens,
+            "kl": sums.get("kl_sum", 0.0) / tokens,
+            "gen_kl_error": sums.get("gen_kl_sum", 0.0) / tokens,
+        }
+        self._reset_step()
+        self.busy_seconds += time.perf_counter() - t0
+        return out
+
+    def _clip(self, params: list[torch.nn.Parameter]) -> float:
+        """Norm of the whole model's gradient over the TP group, and clip to max_grad_norm the way
+        torch.nn.utils.clip_grad_norm_ does (scale by min(1, max / (norm + 1e-6))).
+
+        Split parameters count on every TP rank, replicated ones on TP rank 0 only. Which is which
+        comes from the mapping's names: Megatron tags its split parameters only when it initialises
+        them itself, which this worker skips (the weights come from the recipe).
+        """
+        square = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, p in self.model.named_parameters():
+            if p.grad is not None and p.requires_grad and (self.tp_rank == 0 or mapping.is_split(name)):
+                square += p.grad.double().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(square, group=self.tp_group)
+        norm = float(square.sqrt())
+        max_norm = self.optim_cfg.max_grad_norm
+        if max_norm is not None:
+            coef = min(max_norm / (norm + 1e-6), 1.0)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return norm
+
+    # --- weights and checkpoints -----------------------------------------------------------------
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """TinyCausalLM-named CPU weights on TP rank 0 ({} on the others). A collective over the TP
+        group: every TP rank of the replica must call it."""
+        full: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                local = param.detach().contiguous()
+                if self.tp > 1:
+                    shards = [torch.empty_like(local) for _ in range(self.tp)]
+                    dist.all_gather(shards, local, group=self.tp_group)
+                    local = mapping.unshard(name, shards)
+                if self.tp_rank == 0:
+                    full[name] = local.to("cpu", copy=True)
+        return mapping.megatron_to_tiny(full, self.build.config) if self.tp_rank == 0 else {}
+
+    def state(self) -> dict[str, Any]:
+        """This rank's shard: parameters (Megatron names), optimizer, step count, reference shard."""
+        return {
+            "tensor_parallel": (self.tp_rank, self.tp),
+            "model": _cpu_params(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "steps_taken": self.steps_taken,
+            "reference": None if self.reference is None else _cpu_params(self.reference),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if tuple(state["tensor_parallel"]) != (self.tp_rank, self.tp):
+            raise ValueError(
+                f"checkpoint shard is tensor-parallel rank/size {tuple(state['tensor_parallel'])}, this "
+                f"worker is {(self.tp_rank, self.tp)}: resume with the same {MEGATRON}.tensorParallelSize"
+            )
+        _load_params(self.model, state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_taken = int(state["steps_taken"])
+        if self.reference is not None and state.get("reference") is not None:
+            _load_params(self.reference, state["reference"])
+        self._reset_step()
+
+    def busy(self) -> float:
+        return self.busy_seconds
+
+    def shutdown(self) -> None:
+        self.core.parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _cpu_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.named_parameters()}
+
+
+def _load_params(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(params[name])
+
+
+def _local_rendezvous(world_size: int) -> str:
+    """A free local port for a single-process group (Megatron's parallel state needs one)."""
+    if world_size != 1:
+        raise ValueError("Megatron policy ranks need a rendezvous address when there is more than one")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"tcp://127.0.0.1:{port}"
