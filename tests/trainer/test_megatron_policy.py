@@ -15,6 +15,7 @@ inherits torch's threads.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -252,3 +253,45 @@ def test_two_processes_match_one(tp: int, tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     _rank_main(*json.loads(sys.argv[1]))
+
+
+@pytest.mark.trainer
+def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(ray_address: str) -> None:
+    """Two CPU actors as one TP=2 replica: the group hands both the same rows, returns log-probs
+    once, gathers TinyCausalLM weights from both, and checkpoints per TP rank."""
+    pytest.importorskip("megatron.core")
+    import ray  # noqa: PLC0415
+
+    from asyncgrpo_trainer import cluster, megatron_workers, workers  # noqa: PLC0415
+
+    pools = cluster.build_pools(
+        policy_ranks=2, policy_gpus=0, generation_ranks=1, generation_gpus=0, colocated=False, name="mg-test"
+    )
+    group, ready = megatron_workers.start_megatron_policy_group(
+        pools[0], BUILD, OPTIM, LOSS, 0, tensor_parallel_size=2
+    )
+    try:
+        ray.get(ready)
+        assert group.world_size == 1
+        rows = _training_rows()
+        expected_metrics, expected_weights = _torch_step(rows)
+        ref = asyncio.run(group.reference_logprobs([(r.prompt_ids, r.response_ids) for r in rows]))
+        assert len(ref) == len(rows)
+        for ours, theirs in zip(ref, [r.reference_logprobs for r in rows], strict=True):
+            assert ours == pytest.approx(theirs, abs=1e-5)
+        state = asyncio.run(group.state())
+        asyncio.run(group.train_chunk(rows[:5]))
+        asyncio.run(group.train_chunk(rows[5:]))
+        metrics = asyncio.run(group.finish_step())
+        assert metrics["grad_norm"] == pytest.approx(expected_metrics["grad_norm"], rel=1e-4)
+        weights = ray.get(group.weights_ref())
+        for key, value in expected_weights.items():
+            torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-5)
+        asyncio.run(group.load_state(state))
+        initial = BUILD.instantiate().state_dict()
+        restored = ray.get(group.weights_ref())
+        assert all(torch.equal(restored[k], initial[k]) for k in initial)
+    finally:
+        ray.get([a.shutdown.remote() for a in group.actors])
+        workers.kill(group)
+        cluster.release(*pools)

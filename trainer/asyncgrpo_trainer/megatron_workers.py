@@ -1,0 +1,148 @@
+"""The Megatron policy backend as Ray actors, and the group the controller calls (like `workers`).
+
+One actor per GPU; global rank r is tensor-parallel rank r % TP of data-parallel replica r // TP
+(see `backends.megatron_policy`). `MegatronPolicyGroup` is a `workers.PolicyGroup` whose calls
+respect that layout: the TP peers of a replica get the same rows (they split the model, not the
+batch), log-probs come back once per replica, and the weight gather and the checkpoint are
+collectives of replica 0's TP group, so every one of its actors is called, in the same order.
+
+This module, not `backends.megatron_policy`, imports Ray, so the GPU check script can run the
+worker on a machine without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from asyncgrpo_trainer import cluster, workers
+from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import policy
+from asyncgrpo_trainer.backends.megatron_policy import MegatronLayout, MegatronPolicyWorker
+from asyncgrpo_trainer.backends.modelspec import ModelBuild
+
+SHARDS = "megatron_tensor_parallel_shards"
+"""Key of the group's checkpoint payload: one worker state per TP rank of replica 0."""
+
+
+class MegatronPolicyActor(MegatronPolicyWorker):
+    """A Megatron policy rank as a Ray actor; `setup` joins the process group once all exist."""
+
+    def __init__(
+        self,
+        build: ModelBuild,
+        optim: policy.OptimConfig,
+        loss: losses.LossConfig,
+        *,
+        rank: int,
+        world_size: int,
+        gpus: int,
+        layout: MegatronLayout,
+    ) -> None:
+        self._init_args = (build, optim, loss, rank, world_size, gpus, layout)
+
+    def rendezvous_address(self) -> str:
+        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{host}:{port}"
+
+    def setup(self, rendezvous: str | None) -> bool:
+        build, optim, loss, rank, world, gpus, layout = self._init_args
+        super().__init__(
+            build,
+            optim,
+            loss,
+            rank=rank,
+            world_size=world,
+            device=policy.default_device(gpus),
+            rendezvous=rendezvous,
+            layout=layout,
+        )
+        return True
+
+    def refit_address(self, world: int, timeout_seconds: float) -> tuple[str, int]:
+        raise RuntimeError(
+            "spec.trainer.weightSync.transport: the Megatron policy backend sends weights through the "
+            "object store (its parameters are tensor-parallel shards under Megatron's names); use "
+            "object-store"
+        )
+
+
+class MegatronPolicyGroup(workers.PolicyGroup):
+    """`workers.PolicyGroup` over TP x DP Megatron ranks; see the module docstring."""
+
+    def __init__(self, actors: list[Any], tensor_parallel_size: int) -> None:
+        super().__init__(actors)
+        self.tp = tensor_parallel_size
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel replicas (each TP actors)."""
+        return len(self.actors) // self.tp
+
+    def _shards(self, rows: Sequence[Any]) -> list[list[Any]]:
+        replicas = workers.PolicyGroup(self.actors[:: self.tp])._shards(rows)
+        return [replicas[i // self.tp] for i in range(len(self.actors))]
+
+    async def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        calls = [
+            (i, a.reference_logprobs.remote(s))
+            for i, (a, s) in enumerate(zip(self.actors, self._shards(rows), strict=True))
+            if s
+        ]
+        parts = await asyncio.gather(*(ref for _, ref in calls))
+        # Every TP peer of a replica returns the same log-probs: keep TP rank 0's.
+        return [lp for (i, _), part in zip(calls, parts, strict=True) if i % self.tp == 0 for lp in part]
+
+    def weights_ref(self) -> Any:
+        """Object ref of the full TinyCausalLM-named weights (TP rank 0 of replica 0 assembles
+        them; its TP peers must join the gather, so they are called too)."""
+        refs = [a.weights.remote() for a in self.actors[: self.tp]]
+        return refs[0]
+
+    async def state(self) -> dict[str, Any]:
+        shards = await asyncio.gather(*(a.state.remote() for a in self.actors[: self.tp]))
+        return {SHARDS: list(shards)}
+
+    async def load_state(self, state: dict[str, Any]) -> None:
+        shards = state[SHARDS]
+        if len(shards) != self.tp:
+            raise ValueError(
+                f"the checkpoint holds {len(shards)} tensor-parallel shards, this job runs {self.tp}: "
+                f"resume with the same spec.trainer.policy.megatron.tensorParallelSize"
+            )
+        refs = [ray.put(s) for s in shards]
+        await asyncio.gather(*(a.load_state.remote(refs[i % self.tp]) for i, a in enumerate(self.actors)))
+
+
+def start_megatron_policy_group(
+    pool: cluster.Pool,
+    build: ModelBuild,
+    optim: policy.OptimConfig,
+    loss: losses.LossConfig,
+    gpus: int,
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    context_parallel_size: int = 1,
+) -> tuple[MegatronPolicyGroup, list[Any]]:
+    """Like `workers.start_policy_group`; `pool` holds every rank (data parallel x model parallel),
+    one GPU each. An unsupported layout fails here, before any actor starts."""
+    layout = MegatronLayout(tensor_parallel_size, pipeline_parallel_size, context_parallel_size)
+    layout.check(build, pool.ranks)
+    cls = ray.remote(MegatronPolicyActor)
+    actors = [
+        cls.options(**pool.options(rank)).remote(
+            build, optim, loss, rank=rank, world_size=pool.ranks, gpus=gpus, layout=layout
+        )
+        for rank in range(pool.ranks)
+    ]
+    address = ray.get(actors[0].rendezvous_address.remote()) if pool.ranks > 1 else None  # type: ignore[attr-defined]
+    group = MegatronPolicyGroup(actors, tensor_parallel_size)
+    return group, [a.setup.remote(address) for a in actors]  # type: ignore[attr-defined]
