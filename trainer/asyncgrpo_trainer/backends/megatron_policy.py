@@ -203,7 +203,8 @@ class MegatronPolicyWorker(PolicyWorker):
             # Dropout is 0 everywhere, so the model-parallel CUDA RNG is never drawn from; the
             # inference tracker's no-op fork keeps CPU workers off torch.cuda's RNG.
             self.core.tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
-            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp)
+            # Extra gloo groups only serve Megatron's distributed optimizer, which is not used here.
+            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, create_gloo_process_groups=False)
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.tp_rank = int(ps.get_tensor_model_parallel_rank())
         self.dp_group = ps.get_data_parallel_group()
