@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
-from asyncgrpo_api.v1alpha1.trainer import MegatronSpec, TinyModelSpec
+from asyncgrpo_api.v1alpha1.trainer import MegatronSpec, TinyModelSpec, TrainerSpec
 
 TRAINER = "spec.trainer"
 ASYNC_RL = f"{TRAINER}.asyncRL"
@@ -381,6 +381,7 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
                 f"must divide gpusPerReplica ({policy_pool.gpus_per_replica}) so a tensor-parallel group "
                 f"stays inside one pod; got {mp.tensor_parallel_size}",
             )
+        yield from _megatron_supported(trainer)
     generation = trainer.generation
     serving_pool, serving_path = (policy_pool, policy_path) if generation.colocated else (gen_pool, gen_path)
     if generation.backend == "vllm":
@@ -411,6 +412,37 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
         yield Finding(
             f"{TRAINER}.weightSync.transport",
             "nccl needs GPUs on both the policy and the generation pool; use auto or object-store on CPU",
+        )
+
+
+def _megatron_supported(trainer: TrainerSpec) -> Iterator[Finding]:
+    """What the Megatron-core backend of this release can run: tensor and data parallelism, with
+    attention heads that split evenly over the tensor-parallel ranks, refit through the object store."""
+    mp, path = trainer.policy.megatron, f"{TRAINER}.policy.megatron"
+    for field, size in (
+        ("pipelineParallelSize", mp.pipeline_parallel_size),
+        ("contextParallelSize", mp.context_parallel_size),
+    ):
+        if size > 1:
+            yield Finding(
+                f"{path}.{field}",
+                f"must be 1: the Megatron-core backend runs tensor and data parallelism only (got {size}); "
+                "use tensorParallelSize or more policy GPUs for data parallelism",
+            )
+    tp = mp.tensor_parallel_size
+    if trainer.model.source == "tiny":
+        heads, kv = trainer.model.tiny.num_heads, trainer.model.tiny.num_kv_heads
+        if heads % tp or (kv % tp and tp % kv):
+            yield Finding(
+                f"{path}.tensorParallelSize",
+                f"must divide model.tiny.numHeads ({heads}) and divide or be a multiple of numKvHeads ({kv}) "
+                f"so each tensor-parallel rank holds whole heads; got {tp}",
+            )
+    if trainer.weight_sync.transport == "nccl":
+        yield Finding(
+            f"{TRAINER}.weightSync.transport",
+            "nccl is not available with policy.backend megatron (its refit goes through the object "
+            "store); use auto or object-store",
         )
 
 

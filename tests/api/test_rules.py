@@ -205,6 +205,41 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
             "spec.cluster.generationWorkers.replicas",
             "must be 0 when generation.colocated is true",
         ),
+        (
+            {
+                "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 4}},
+                "trainer": {"policy": {"backend": "megatron", "megatron": {"pipelineParallelSize": 2}}},
+            },
+            "spec.trainer.policy.megatron.pipelineParallelSize",
+            "tensor and data parallelism only",
+        ),
+        (
+            {
+                "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 4}},
+                "trainer": {"policy": {"backend": "megatron", "megatron": {"contextParallelSize": 2}}},
+            },
+            "spec.trainer.policy.megatron.contextParallelSize",
+            "tensor and data parallelism only",
+        ),
+        (
+            {
+                "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 8}},
+                "trainer": {
+                    "model": {"tiny": {"hiddenSize": 48, "numHeads": 6, "numKvHeads": 3}},
+                    "policy": {"backend": "megatron", "megatron": {"tensorParallelSize": 4}},
+                },
+            },
+            "spec.trainer.policy.megatron.tensorParallelSize",
+            "must divide model.tiny.numHeads (6)",
+        ),
+        (
+            {
+                "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 2}},
+                "trainer": {"policy": {"backend": "megatron"}, "weightSync": {"transport": "nccl"}},
+            },
+            "spec.trainer.weightSync.transport",
+            "not available with policy.backend megatron",
+        ),
     ],
     ids=[
         "megatron-without-gpus",
@@ -213,6 +248,10 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
         "vllm-tp-not-dividing-pod",
         "gpu-in-resources",
         "colocated-with-pool",
+        "megatron-pipeline-parallel",
+        "megatron-context-parallel",
+        "megatron-tp-splitting-heads",
+        "megatron-nccl-refit",
     ],
 )
 def test_gpu_layouts_that_cannot_be_placed_are_rejected(
