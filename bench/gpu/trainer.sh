@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The async trainer on 2 GPUs (policy on one, generation on the other, refit over NCCL), sync vs
-# each async mode, with the 24-layer Qwen2-shaped model; then the Megatron-core check. One device
+# each async mode, with the 24-layer Qwen2-shaped model; then the same with the Megatron-core policy. One device
 # call. Results (JSON + log) go to $OUT. Needs Ray (and megatron-core for the check) importable:
 # on the H200 machine they travel as wheels (docs/guides/gpu.md, "Reproduce").
 #   set -o pipefail; OUT=/tmp/out bash bench/gpu/trainer.sh 2>&1 | tee $OUT/trainer-log.txt
@@ -12,7 +12,7 @@ PY=${PYTHON:-python3}
 # NVLink multicast stays off on the shared hosts (device KINDS.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=trainer:operator${PYTHONPATH:+:$PYTHONPATH}
-STEPS=${STEPS:-20}
+STEPS=${STEPS:-10}
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 date -u +"start %FT%TZ"
@@ -26,14 +26,16 @@ run() {  # name, timeout seconds, command...
 # The Qwen2 shape of issue 8 (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864) with
 # the arithmetic task's character vocabulary; 16 prompts x 16 samples a step, up to 128 new tokens.
 # Link bandwidth: bench/gpu/results/2026-11-29-h200x2/refit.json (4 GiB broadcast GPU 0 -> 1).
-run trainer-modes ${TRAINER_LIMIT:-420} "$PY" -m asyncgrpo_trainer.bench --gpus 1 \
-  --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 \
-  --prompts 16 --generations 16 --max-new-tokens 128 --max-prompt-length 16 \
-  --micro-batch 64 --learning-rate 1e-5 --dtype bfloat16 --steps "$STEPS" --warmup-steps 2 \
-  --modes sync async-in-order streaming-gated streaming-oversampled \
-  --link-bytes-per-s 364565499635 --markdown --out "$OUT/trainer_modes.json"
-if [ -f bench/gpu/megatron_check.py ]; then
-  run megatron-check ${MEGATRON_LIMIT:-170} "$PY" bench/gpu/megatron_check.py --out "$OUT/megatron_check.json"
-fi
+SHAPE="--gpus 1 --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 \
+  --prompts 16 --generations 16 --max-new-tokens 128 --max-prompt-length 16 --micro-batch 64 \
+  --learning-rate 1e-5 --link-bytes-per-s 364565499635 --markdown"
+run trainer-modes "${TRAINER_LIMIT:-300}" "$PY" -m asyncgrpo_trainer.bench $SHAPE --dtype bfloat16 \
+  --steps "$STEPS" --warmup-steps 2 --modes sync async-in-order streaming-gated streaming-oversampled \
+  --out "$OUT/trainer_modes.json"
+# The same trainer with the Megatron-core policy (TP=1; fp32, as bench/gpu/megatron_check.py checked
+# it), a few steps in sync and async: that the backend trains inside the driver on GPUs.
+run trainer-megatron "${MEGATRON_LIMIT:-140}" "$PY" -m asyncgrpo_trainer.bench $SHAPE --dtype float32 \
+  --policy-backend megatron --steps 4 --warmup-steps 1 --modes sync async-in-order \
+  --out "$OUT/trainer_megatron.json"
 date -u +"end %FT%TZ"
 exit $status

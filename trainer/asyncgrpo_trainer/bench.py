@@ -32,7 +32,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import ray
@@ -102,7 +102,7 @@ class Shape:
     dtype: str = "float32"
     gpus: int = 0
     transport: str = "auto"
-    extra: dict[str, Any] = field(default_factory=dict)
+    policy_backend: str = "torch"
 
     @property
     def samples_per_step(self) -> int:
@@ -142,11 +142,14 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                 },
                 "asyncRL": modes(shape.prompts)[mode],
                 "loss": {"referencePolicyKlPenalty": kl},
-                "policy": {"trainMicroBatchSize": shape.micro_batch, "learningRate": shape.learning_rate},
+                "policy": {
+                    "backend": shape.policy_backend,
+                    "trainMicroBatchSize": shape.micro_batch,
+                    "learningRate": shape.learning_rate,
+                },
                 "generation": {"maxNewTokens": shape.max_new_tokens},
                 "weightSync": {"transport": shape.transport},
                 "data": {"maxPromptLength": shape.max_prompt_length},
-                **shape.extra,
             },
         },
     }
@@ -208,9 +211,14 @@ def measure(summary: dict[str, Any], shape: Shape) -> dict[str, Any]:
     c = summary["counters"]
     generated = c.get("groups_committed", 0.0) * shape.generations
     refits = sorted(r.get("refit", 0.0) for r in steps)
+    # The first step also pays one-time work inside the workers (CUDA: compilation, graph capture).
+    steady = sum(r["step_seconds"] for r in steps[1:])
     return {
         "wall_s": summary["wall_seconds"],
         "samples_per_s": summary["samples_per_second"],
+        "steady_samples_per_s": (len(steps) - 1) * shape.samples_per_step / steady if steady else 0.0,
+        "first_step_s": steps[0]["step_seconds"],
+        "response_tokens_per_sample": sum(r["tokens"] for r in steps) / (len(steps) * shape.samples_per_step),
         "generated_tokens_per_s": c.get("tokens_generated", 0.0)
         / max(summary["generation_busy_seconds"], 1e-9),
         "exposed_generation_s": phases.get("exposed_generation", 0.0),
@@ -234,9 +242,11 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
     head = (
         "| mode | wall (s), median [all runs] | samples/s | vs sync | exposed gen (s) | gen busy (s) | "
         "logprobs (s) | training (s) | refit (s) | policy idle | gen idle | staleness | wasted | "
-        "reward first5 -> last10 |" + (" GPU util (policy, gen) | refit median (ms) |" if gpu else "")
+        "reward first5 -> last10 | steady samples/s (steps 2..) | steady vs sync | first step (s) |"
+        + (" GPU util (policy, gen) | refit median (ms) |" if gpu else "")
     )
-    lines = [head, "|" + "---|" * (16 if gpu else 14)]
+    lines = [head, "|" + "---|" * (19 if gpu else 17)]
+    steady_base = results["sync"]["steady_samples_per_s"]
     for mode, m in results.items():
         line = (
             f"| {mode} | {m['wall_s']:.2f} {m['wall_runs']} | {m['samples_per_s']:.0f} | "
@@ -245,7 +255,9 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
             f"{m['training_s']:.2f} | {m['refit_s']:.2f} | "
             f"{m['policy_idle']:.0%} | {m['generation_idle']:.0%} | "
             f"{m['mean_staleness']:.2f} | {m['wasted_samples']:.0f} | "
-            f"{m['reward_first5']:.3f} -> {m['reward_last10']:.3f} |"
+            f"{m['reward_first5']:.3f} -> {m['reward_last10']:.3f} | "
+            f"{m['steady_samples_per_s']:.0f} | {m['steady_samples_per_s'] / max(steady_base, 1e-9):.2f}x | "
+            f"{m['first_step_s']:.1f} |"
         )
         if gpu:
             util = ", ".join(f"{v:.0%}" for v in m.get("gpu_utilization", {}).values())
@@ -283,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", help="model dtype (float32, bfloat16)")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs per worker pool (policy, generation)")
     parser.add_argument("--transport", default="auto", help="weightSync.transport")
+    parser.add_argument("--policy-backend", default="torch", help="policy.backend (torch, megatron)")
     parser.add_argument("--link-bytes-per-s", type=float, default=None, help="for the refit bound")
     parser.add_argument("--modes", nargs="*", default=list(MODES))
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode; the median-wall run is shown")
@@ -305,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=ns.dtype,
         gpus=ns.gpus,
         transport=ns.transport,
+        policy_backend=ns.policy_backend,
     )
     ray.init(num_cpus=4, num_gpus=2 * ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
     results: dict[str, dict[str, Any]] = {}

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from asyncgrpo_trainer import (
     controller,
     data,
     envs,
+    megatron_workers,
     progress,
     specmap,
     weights,
@@ -94,8 +96,11 @@ def check_supported(job: AsyncGRPOJob) -> None:
             "spec.trainer.model.source: pretrained checkpoints load through the vLLM/Megatron backends; "
             "the torch backends build the tiny model (source: tiny)"
         )
-    if t.policy.backend not in POLICY_BACKENDS or t.generation.backend != "torch":
-        raise SpecError("spec.trainer: this trainer build ships the torch policy and generation backends")
+    if t.generation.backend != "torch":
+        raise SpecError(
+            "spec.trainer.generation.backend: this trainer build ships the torch generation engine "
+            "(vLLM is not in it yet, docs/guides/gpu.md); use backend: torch"
+        )
     if t.weight_sync.transport == "nccl" and t.generation.colocated and _on_gpus(job):
         raise SpecError(
             "spec.trainer.weightSync.transport: nccl cannot connect a colocated engine to the policy "
@@ -123,8 +128,44 @@ def _start_torch_policy(
     )
 
 
-POLICY_BACKENDS = {"torch": _start_torch_policy}
-"""spec.trainer.policy.backend -> (job, pool, model recipe) -> (policy group, readiness refs)."""
+def _start_megatron_policy(
+    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+) -> tuple[workers.PolicyGroup, list[Any]]:
+    t = job.spec.trainer
+    mp = t.policy.megatron
+    return megatron_workers.start_megatron_policy_group(
+        pool,
+        recipe,
+        specmap.optim_config(t),
+        specmap.loss_config(t),
+        job.spec.cluster.policy_workers.gpus_per_replica,
+        tensor_parallel_size=mp.tensor_parallel_size,
+        pipeline_parallel_size=mp.pipeline_parallel_size,
+        context_parallel_size=mp.context_parallel_size,
+    )
+
+
+@dataclass(frozen=True)
+class PolicyBackend:
+    """How the driver starts one policy backend, and what its group can do."""
+
+    start: Callable[[AsyncGRPOJob, cluster.Pool, ModelBuild], tuple[workers.PolicyGroup, list[Any]]]
+    ranks_per_replica: Callable[[AsyncGRPOJob], int]
+    """Actors per data-parallel replica (the model-parallel size; one GPU each)."""
+    broadcast_refit: bool
+    """Whether rank 0 can serve the broadcast refit (else `auto` refits through the object store)."""
+
+
+def _megatron_model_parallel(job: AsyncGRPOJob) -> int:
+    mp = job.spec.trainer.policy.megatron
+    return mp.tensor_parallel_size * mp.pipeline_parallel_size * mp.context_parallel_size
+
+
+POLICY_BACKENDS = {
+    "torch": PolicyBackend(_start_torch_policy, lambda _: 1, broadcast_refit=True),
+    "megatron": PolicyBackend(_start_megatron_policy, _megatron_model_parallel, broadcast_refit=False),
+}
+"""spec.trainer.policy.backend -> how to start it."""
 
 
 def build(job: AsyncGRPOJob) -> Built:
@@ -134,7 +175,8 @@ def build(job: AsyncGRPOJob) -> Built:
     env = envs.build(t.env.name)
     tokenizer = CharTokenizer(env.alphabet)
     recipe = specmap.model_recipe(t, tokenizer)
-    policy_ranks = rules.policy_data_parallel_size(job)
+    backend = POLICY_BACKENDS[t.policy.backend]
+    policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
     # Colocated generation runs one engine next to each policy rank (the rules require
     # generationWorkers.replicas 0 then).
     gen_ranks = policy_ranks if t.generation.colocated else max(cl.generation_workers.replicas, 1)
@@ -147,7 +189,7 @@ def build(job: AsyncGRPOJob) -> Built:
         name=job.metadata.name or "asyncgrpo",
     )
     try:
-        policy_group, policy_ready = POLICY_BACKENDS[t.policy.backend](job, pools[0], recipe)
+        policy_group, policy_ready = backend.start(job, pools[0], recipe)
         generation_group, generation_ready = workers.start_generation_group(
             pools[1],
             recipe,
@@ -184,7 +226,7 @@ def build(job: AsyncGRPOJob) -> Built:
                 t.weight_sync,
                 policy_group,
                 generation_group,
-                on_gpus=_on_gpus(job),
+                on_gpus=_on_gpus(job) and backend.broadcast_refit,
                 colocated=t.generation.colocated,
             ),
             loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),
