@@ -347,15 +347,17 @@ def _head_lost(draft: Draft, cluster: ClusterView, head: PodView | None) -> str 
         return None
     cause = head.disrupted or head.reason or head.message
     suffix = f" ({cause})" if cause else ""
+    # The node is named so a user can look at it (NotReady, drained, preempted) without digging.
+    pod = f"head pod {head.name}" + (f" on node {head.node_name}" if head.node_name else "")
     if head.deleting:
-        return f"head pod {head.name} is being deleted{suffix}"
+        return f"{pod} is being deleted{suffix}"
     if head.phase in ("Failed", "Succeeded"):
-        return f"head pod {head.name} is {head.phase}{suffix}"
+        return f"{pod} is {head.phase}{suffix}"
     ray = head.container(naming.RAY_HEAD_CONTAINER)
     if ray is not None and ray.state == "terminated":
-        return f"the Ray head container of pod {head.name} exited with code {ray.exit_code}{suffix}"
+        return f"the Ray head container of {pod} exited with code {ray.exit_code}{suffix}"
     if head.disrupted:
-        return f"head pod {head.name} is being disrupted: {head.disrupted}"
+        return f"{pod} is being disrupted: {head.disrupted}"
     return None
 
 

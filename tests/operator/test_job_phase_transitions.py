@@ -402,6 +402,7 @@ def test_a_failed_head_pod_is_an_infrastructure_failure() -> None:
     head = pod(rc, head=True, phase="Failed", ready=False)
     decision = step(job(), before.status, observe(60, rc, pods=(head, *healthy_pods(rc)[1:])))
     assert decision.status.reason == "HeadPodLost"
+    assert "on node node-1" in (decision.status.message or "")  # where to look
 
 
 def test_a_head_pod_that_fails_as_a_whole_is_retried_whatever_the_exit_code() -> None:
