@@ -23,6 +23,7 @@ from typing import Any
 
 import _common as c
 import torch
+from torch._dynamo.utils import counters
 
 from asyncgrpo_trainer.algorithms.losses import LossConfig
 from asyncgrpo_trainer.backends.cuda_train import Recipe, matmul_params
@@ -102,6 +103,7 @@ def main() -> None:
 
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
+            counters.clear()
             t0 = time.perf_counter()
             for _ in range(3):
                 step()
@@ -117,6 +119,7 @@ def main() -> None:
                 "mfu": 6 * n_mm * tokens / t / c.PEAK_BF16_FLOPS,
                 "matmul_params": n_mm,
                 "warmup_s_incl_compile": warm,
+                "compiled_graphs": counters["stats"]["unique_graphs"],  # one block + one head per shape
                 "loss_first_last": [float(losses[0]), float(losses[-1])],
                 "finite": bool(torch.isfinite(torch.tensor(losses)).all()),
                 "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,

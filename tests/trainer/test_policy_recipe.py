@@ -16,6 +16,10 @@ from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs
 from tests.trainer.test_grpo_math import BUILD, TOK, _direct_grad_norm, _rows
 
 BF16 = dataclasses.replace(BUILD, dtype="bfloat16")
+ADAM_ATOL = 1e-5
+"""Weights after one AdamW step (lr 1e-3) agree to 1% of lr: the first update is lr * g / (|g| +
+1e-8), so for the rare gradient element near 1e-8 a different summation order (compiled kernels,
+padded shapes) moves the update by a visible fraction of lr while the gradients agree to 1e-4."""
 
 
 def _worker(recipe: Recipe | None, *, build: object = BUILD, lr: float = 1e-3) -> policy.TorchPolicyWorker:
@@ -95,4 +99,4 @@ def test_compiled_blocks_and_head_train_like_the_eager_step() -> None:
     assert out[1]["grad_norm"] == pytest.approx(out[0]["grad_norm"], rel=1e-4)
     assert out[1]["loss"] == pytest.approx(out[0]["loss"], rel=1e-4, abs=1e-7)
     we, wc = eager.weights(), compiled.weights()
-    assert all(torch.allclose(we[k], wc[k], atol=1e-6) for k in we)
+    assert all(torch.allclose(we[k], wc[k], atol=ADAM_ATOL) for k in we)

@@ -66,10 +66,35 @@ def policy_loss_sum(
     cfg: LossConfig,
     reference_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """`policy_loss_terms` with the metrics read back as floats (one device->host sync each)."""
+    total, metrics = policy_loss_terms(
+        logprobs=logprobs,
+        prev_logprobs=prev_logprobs,
+        generation_logprobs=generation_logprobs,
+        advantages=advantages,
+        mask=mask,
+        cfg=cfg,
+        reference_logprobs=reference_logprobs,
+    )
+    return total, {k: float(v) for k, v in metrics.items()}
+
+
+def policy_loss_terms(
+    *,
+    logprobs: torch.Tensor,
+    prev_logprobs: torch.Tensor,
+    generation_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    reference_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Unnormalized loss: sum over tokens (token-level) or sum of per-sequence means, and metrics.
 
     Divide the result by the global normalizer of the step (tokens or sequences), once.
-    advantages may be (B,) per sequence or (B, T) per token.
+    advantages may be (B,) per sequence or (B, T) per token. The metrics are 0-dim tensors on the
+    inputs' device, so a caller can accumulate them without stalling the device queue; rows whose
+    mask is all zero add nothing to the loss, its gradient or any metric.
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
@@ -100,13 +125,14 @@ def policy_loss_sum(
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         clip_hit = ((ratio < 1.0 - cfg.ratio_clip_min) | (ratio > 1.0 + cfg.ratio_clip_max)).to(mask.dtype)
+        weighted = weights * mask  # weights are >= 0, so the max of an all-masked batch is 0
         metrics = {
-            "tokens": float(mask.sum()),
-            "is_weight_sum": float((weights * mask).sum()),
-            "is_weight_max": float((weights * mask).max()) if mask.any() else 0.0,
-            "clip_fraction_sum": float((clip_hit * mask).sum()),
-            "kl_sum": float((kl * mask).sum()),
-            "gen_kl_sum": float(((prev_logprobs - generation_logprobs) * mask).sum()),
-            "ratio_mean": float((ratio * mask).sum() / n),
+            "tokens": mask.sum(),
+            "is_weight_sum": weighted.sum(),
+            "is_weight_max": weighted.amax() if weighted.numel() else weighted.new_zeros(()),
+            "clip_fraction_sum": (clip_hit * mask).sum(),
+            "kl_sum": (kl * mask).sum(),
+            "gen_kl_sum": ((prev_logprobs - generation_logprobs) * mask).sum(),
+            "ratio_mean": (ratio * mask).sum() / n,
         }
     return total, metrics

@@ -74,14 +74,37 @@ class Recipe:
         )
 
 
+def bucket_length(n: int, cap: int) -> int:
+    """The block input length that `n` positions are padded to on the compiled path.
+
+    Multiples of 64, coarsening to an eighth of the power of two above 512 tokens: padding costs
+    at most 63 positions or 25% of the row, and a 2K-position model has 16 buckets (32K: 32), so
+    static graphs compile a bounded number of times. Capped at the model's positions (never below
+    `n`, so an over-long row fails in the model as it would unpadded).
+    """
+    step = max(64, 1 << max(n.bit_length() - 3, 0))
+    return max(n, min(-(-n // step) * step, cap))
+
+
+def length_buckets(cap: int) -> list[int]:
+    """Every block input length `bucket_length` can return for a model of `cap` positions."""
+    return sorted({bucket_length(n, cap) for n in range(1, cap + 1)})
+
+
 def compile_blocks(model: TinyCausalLM) -> None:
     """Compile every decoder block in place (one graph, reused by all blocks; names unchanged).
 
-    Shapes are static at first and become dynamic after the first recompile (torch's default), so
-    the ragged batches of GRPO do not recompile per length.
+    Static shapes: `ResponseLogprobs` feeds the compiled path only a fixed batch size and
+    `bucket_length` lengths, so each (batch, bucket) compiles once and runs a static graph (torch's
+    default would recompile dynamic on the second shape, and dynamic graphs are slower). Dynamo's
+    per-function cache (the blocks' and the compiled head's) is raised to hold every bucket for
+    the training batch with gradients and the reference batch without; past its default of 8
+    entries it would silently run the function eagerly.
     """
+    needed = 2 * len(length_buckets(model.cfg.max_positions))
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, needed)
     for blk in model.layers:
-        blk.compile()
+        blk.compile(dynamic=False)
 
 
 def hidden_states(model: TinyCausalLM, ids: torch.Tensor) -> torch.Tensor:
@@ -117,28 +140,45 @@ class ResponseLogprobs:
 
     Rows are right-padded (a causal model never attends to later positions, so no attention mask);
     R is the longest response, and the token at position t is scored by the head at t - 1.
+
+    With a compiling recipe the call also pads to the shapes the static graphs were built for:
+    the block input length up to `bucket_length` and the rows up to `batch` with rows of pad
+    tokens whose mask is all zero (their log-probs are 0 and get no gradient), so ragged GRPO
+    batches and a short last micro-batch reuse a few compiled graphs. Eager recipes keep the
+    tight shapes: there padding would only add work.
     """
 
     def __init__(self, recipe: Recipe, *, pad_id: int, temperature: float) -> None:
         self.recipe = recipe
         self.pad_id = pad_id
         self.temperature = temperature if temperature > 0 else 1.0
-        self._head: Any = torch.compile(head_logprobs) if recipe.compile else head_logprobs
+        self._head: Any = torch.compile(head_logprobs, dynamic=False) if recipe.compile else head_logprobs
 
     def __call__(
-        self, model: TinyCausalLM, rows: Sequence[tuple[Sequence[int], Sequence[int]]], device: torch.device
+        self,
+        model: TinyCausalLM,
+        rows: Sequence[tuple[Sequence[int], Sequence[int]]],
+        device: torch.device,
+        *,
+        batch: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         full = [[*p, *r] for p, r in rows]
         length = max(2, *(len(x) for x in full))
         r_max = max(1, *(len(r) for _, r in rows))
-        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        index = torch.zeros((len(rows), r_max), dtype=torch.long)
-        mask = torch.zeros((len(rows), r_max))
+        n = len(rows)
+        if self.recipe.compile:
+            length = bucket_length(length - 1, model.cfg.max_positions) + 1
+            n = max(n, batch)
+        ids = torch.full((n, length), self.pad_id, dtype=torch.long)
+        index = torch.zeros((n, r_max), dtype=torch.long)
+        mask = torch.zeros((n, r_max))
         for i, ((p, r), seq) in enumerate(zip(rows, full, strict=True)):
             ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             index[i, : len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
             mask[i, : len(r)] = 1.0
-        ids, index, mask = ids.to(device), index.to(device), mask.to(device)
+        # Pageable host -> device copies without a stream sync: CUDA stages the source at once,
+        # and a blocking copy would wait for the queued work of the previous micro-batch.
+        ids, index, mask = (x.to(device, non_blocking=True) for x in (ids, index, mask))
         with self.recipe.forward_context(device):
             logp_all = self._head(
                 hidden_states(model, ids[:, :-1]),

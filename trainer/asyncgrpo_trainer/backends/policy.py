@@ -17,6 +17,12 @@ prev_logprobs (pi_old) are the detached log-probs of the same forward pass: the 
 change within a step, so a separate "old policy" pass would compute the same numbers. Reference
 log-probs come from a frozen copy of the initial weights, built only when the KL penalty is on.
 Megatron-core plugs in behind `PolicyWorker` with the same four calls.
+
+The step keeps the device queue full: the metrics are summed on the device (`_SUMMED`, float64)
+and read once in `finish_step`, together with the counters' all-reduce, and host->device copies
+do not wait for the queue. On the compiled recipe every micro-batch is padded to a fixed shape
+(see `ResponseLogprobs`) with fully masked rows, which add nothing to the loss, the gradient, the
+token and sequence counts or the metrics.
 """
 
 from __future__ import annotations
@@ -127,8 +133,7 @@ class TorchPolicyWorker(PolicyWorker):
         self.busy_seconds = 0.0
 
     def _reset_step(self) -> None:
-        self._count = 0.0
-        self._sums: dict[str, float] = {}
+        self._sums: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
 
     def _lr(self) -> float:
@@ -145,28 +150,31 @@ class TorchPolicyWorker(PolicyWorker):
         for i in range(0, len(rows), size):
             part = rows[i : i + size]
             with torch.no_grad():
-                lp, _ = self.logprobs(self.reference, part, self.device)
+                lp, _ = self.logprobs(self.reference, part, self.device, batch=size)
+            lp = lp.cpu()  # one device->host copy per batch, not one per row
             out.extend(lp[j, : len(r)].tolist() for j, (_, r) in enumerate(part))
         self.busy_seconds += time.perf_counter() - t0
         return out
 
     def train_chunk(self, rows: list[TrainRow]) -> dict[str, float]:
+        """Queue forward/backward of the rows; no metrics until `finish_step`, since reading
+        them here would make the host wait for the device queue to drain."""
         t0 = time.perf_counter()
         size = self.optim_cfg.micro_batch_size
         for i in range(0, len(rows), size):
             self._train_micro(rows[i : i + size])
         self.busy_seconds += time.perf_counter() - t0
-        return dict(self._sums)
+        return {}
 
     def _train_micro(self, rows: list[TrainRow]) -> None:
         pairs = [(r.prompt_ids, r.response_ids) for r in rows]
-        logp, mask = self.logprobs(self.model, pairs, self.device)
+        logp, mask = self.logprobs(self.model, pairs, self.device, batch=self.optim_cfg.micro_batch_size)
         gen = _padded([r.generation_logprobs for r in rows], mask)
         ref = None
         if self.reference is not None:
             ref = _padded([r.reference_logprobs or [] for r in rows], mask)
-        adv = torch.tensor([r.advantage for r in rows], dtype=logp.dtype, device=self.device)
-        total, metrics = losses.policy_loss_sum(
+        adv = _padded([[r.advantage] for r in rows], mask[:, :1]).squeeze(1)  # (B,), 0 for padding rows
+        total, metrics = losses.policy_loss_terms(
             logprobs=logp,
             prev_logprobs=logp.detach(),
             generation_logprobs=gen,
@@ -176,14 +184,12 @@ class TorchPolicyWorker(PolicyWorker):
             reference_logprobs=ref,
         )
         total.backward()  # type: ignore[no-untyped-call]
-        self._count += float(mask.sum()) if self.loss_cfg.token_level_loss else float(len(rows))
-        metrics["loss_sum"] = float(total.detach())
-        metrics["sequences"] = float(len(rows))
-        for key, value in metrics.items():
-            if key.endswith("_max"):
-                self._sums[key] = max(self._sums.get(key, 0.0), value)
-            elif key != "ratio_mean":
-                self._sums[key] = self._sums.get(key, 0.0) + value
+        # Device-side float64 running sums: the same additions the host used to do on floats.
+        metrics["loss_sum"] = total.detach()
+        metrics["sequences"] = torch.full((), float(len(rows)), device=self.device)
+        for key in _SUMMED:
+            value = metrics[key].double()
+            self._sums[key] = self._sums[key] + value if key in self._sums else value
 
     def finish_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -191,8 +197,8 @@ class TorchPolicyWorker(PolicyWorker):
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        keys = sorted(k for k in self._sums if not k.endswith("_max"))
-        stats = torch.tensor([self._count, *(self._sums[k] for k in keys)], dtype=torch.float64)
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        stats = torch.stack([self._sums.get(k, zero) for k in _SUMMED])
         if self.world_size > 1:
             # One reduce per step for the gradients and one for the counters; the backward passes
             # above ran without any communication.
@@ -204,10 +210,10 @@ class TorchPolicyWorker(PolicyWorker):
                 n = p.grad.numel()
                 p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
                 offset += n
-            stats = stats.to(self.device)
             dist.all_reduce(stats)
-            stats = stats.cpu()
-        count = max(float(stats[0]), 1.0)
+        # The step's one read of the counters (and the second sync, grad_norm, below).
+        sums = dict(zip(_SUMMED, stats.tolist(), strict=True))
+        count = max(sums["tokens" if self.loss_cfg.token_level_loss else "sequences"], 1.0)
         for p in params:
             if p.grad is not None:
                 p.grad.div_(count)
@@ -218,16 +224,16 @@ class TorchPolicyWorker(PolicyWorker):
             group["lr"] = lr
         self.optimizer.step()
         self.steps_taken += 1
-        sums = dict(zip(keys, stats[1:].tolist(), strict=True))
+        tokens = max(sums["tokens"], 1.0)
         out = {
-            "loss": sums.get("loss_sum", 0.0) / count,
+            "loss": sums["loss_sum"] / count,
             "grad_norm": float(grad_norm),
             "lr": lr,
-            "train_tokens": sums.get("tokens", 0.0),
-            "is_weight_mean": sums.get("is_weight_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
-            "clip_fraction": sums.get("clip_fraction_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
-            "kl": sums.get("kl_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
-            "gen_kl_error": sums.get("gen_kl_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0),
+            "train_tokens": sums["tokens"],
+            "is_weight_mean": sums["is_weight_sum"] / tokens,
+            "clip_fraction": sums["clip_fraction_sum"] / tokens,
+            "kl": sums["kl_sum"] / tokens,
+            "gen_kl_error": sums["gen_kl_sum"] / tokens,
         }
         self._reset_step()
         self.busy_seconds += time.perf_counter() - t0
@@ -263,12 +269,18 @@ class TorchPolicyWorker(PolicyWorker):
             dist.destroy_process_group()
 
 
+_SUMMED = ("tokens", "sequences", "loss_sum", "is_weight_sum", "clip_fraction_sum", "kl_sum", "gen_kl_sum")
+"""The per-step sums `finish_step` reduces over the data-parallel group and reports from."""
+
+
 def _padded(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
-    """Ragged per-row floats -> (B, R) aligned with `mask`, zeros past each row's end."""
+    """Ragged per-row floats -> (B, R) aligned with `mask`, zeros past each row's end and in the
+    rows past the last value (a compiled micro-batch's padding rows). The copy to the device does
+    not wait for the device's queue."""
     out = torch.zeros(mask.shape, dtype=torch.float32)
     for i, row in enumerate(values):
         out[i, : len(row)] = torch.tensor(row[: mask.shape[1]], dtype=torch.float32)
-    return out.to(mask.device)
+    return out.to(mask.device, non_blocking=True)
 
 
 def default_device(gpus: int) -> str:
