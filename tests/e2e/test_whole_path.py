@@ -145,10 +145,12 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
     assert [(d.cluster, code) for d, code in runs] == [(f"{name}-0", 137), (f"{name}-1", 0)]
     first, second = runs[0][0], runs[1][0]
     assert second.env_changes["ASYNCGRPO_ATTEMPT"] == "1"
-    killed_at = max(first.steps())
     resumed = second.steps()
-    # The second attempt continued from the newest checkpoint, not from step 1.
-    assert resumed and 8 < resumed[0] <= killed_at + 1, (first.steps(), resumed)
+    # The second attempt continued from a checkpoint the first one wrote (step 8 or later), not from
+    # step 1. (The first attempt's log cannot bound it from above: the driver logs the steps it
+    # polls from the controller actor, which may have trained and checkpointed a few more before
+    # the SIGKILL.)
+    assert resumed and resumed[0] > 8, (first.steps(), resumed)
     assert resumed[0] % 4 == 1 and resumed[-1] == STEPS
     assert f"resuming from the checkpoint of step {resumed[0] - 1}" in second.log.read_text()
     # After the restart, kubectl get's STEP never fell back to 0 while the new driver started: it
