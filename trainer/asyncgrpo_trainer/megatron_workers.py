@@ -13,7 +13,6 @@ worker on a machine without Ray.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,42 +28,8 @@ SHARDS = "megatron_tensor_parallel_shards"
 """Key of the group's checkpoint payload: one worker state per TP rank of replica 0."""
 
 
-class MegatronPolicyActor(MegatronPolicyWorker):
-    """A Megatron policy rank as a Ray actor; `setup` joins the process group once all exist."""
-
-    def __init__(
-        self,
-        build: ModelBuild,
-        optim: policy.OptimConfig,
-        loss: losses.LossConfig,
-        *,
-        rank: int,
-        world_size: int,
-        gpus: int,
-        layout: MegatronLayout,
-    ) -> None:
-        self._init_args = (build, optim, loss, rank, world_size, gpus, layout)
-
-    def rendezvous_address(self) -> str:
-        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"tcp://{host}:{port}"
-
-    def setup(self, rendezvous: str | None) -> bool:
-        build, optim, loss, rank, world, gpus, layout = self._init_args
-        super().__init__(
-            build,
-            optim,
-            loss,
-            rank=rank,
-            world_size=world,
-            device=policy.default_device(gpus),
-            rendezvous=rendezvous,
-            layout=layout,
-        )
-        return True
+class MegatronPolicyActor(workers.DeferredRank, MegatronPolicyWorker):
+    """A Megatron policy rank as a Ray actor; its `layout` is passed through to the worker."""
 
     def refit_address(self, world: int, timeout_seconds: float) -> tuple[str, int]:
         raise RuntimeError(

@@ -34,8 +34,11 @@ def _node_ip() -> str:
     return host
 
 
-class PolicyActor(policy.TorchPolicyWorker):
-    """The torch policy worker as a Ray actor, plus rendezvous helpers for data parallelism."""
+class DeferredRank:
+    """A policy rank as a Ray actor, mixed in before the backend's worker class: creating the actor
+    only records the worker's arguments, and `setup` constructs the worker once rank 0's actor has
+    named the rendezvous address, since the process group forms only when every rank joins it.
+    `options` are the backend's own constructor arguments."""
 
     def __init__(
         self,
@@ -46,19 +49,21 @@ class PolicyActor(policy.TorchPolicyWorker):
         rank: int,
         world_size: int,
         gpus: int,
+        **options: Any,
     ) -> None:
-        self._init_args = (build, optim, loss, rank, world_size, gpus)
-        self._ready = False
+        self._init_args = (build, optim, loss, rank, world_size, gpus, options)
 
     def rendezvous_address(self) -> str:
+        """A free port on this node, for the process group's store (called on rank 0)."""
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
         return f"tcp://{_node_ip()}:{port}"
 
     def setup(self, rendezvous: str | None) -> bool:
-        build, optim, loss, rank, world, gpus = self._init_args
-        super().__init__(
+        build, optim, loss, rank, world, gpus, options = self._init_args
+        worker: Any = super()  # the backend's worker class, next in the actor's MRO
+        worker.__init__(
             build,
             optim,
             loss,
@@ -66,9 +71,13 @@ class PolicyActor(policy.TorchPolicyWorker):
             world_size=world,
             device=policy.default_device(gpus),
             rendezvous=rendezvous,
+            **options,
         )
-        self._ready = True
         return True
+
+
+class PolicyActor(DeferredRank, policy.TorchPolicyWorker):
+    """The torch policy worker as a Ray actor."""
 
     def device_type(self) -> str:
         return self.device.type

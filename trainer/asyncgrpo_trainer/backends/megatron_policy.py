@@ -1,10 +1,11 @@
 """The Megatron-core policy backend: `PolicyWorker` on a tensor-parallel `GPTModel`.
 
-Same contract as `policy.TorchPolicyWorker` (read its module docstring first): `train_chunk`
-accumulates unnormalized gradient sums of `losses.policy_loss_sum`; `finish_step` does one reduce
-over the data-parallel group, scales by the global token (or sequence) count, clips the global
-gradient norm and steps AdamW. What Megatron adds is tensor parallelism (TP): every layer's weight
-matrices are split over the TP ranks of one data-parallel replica, which all see the same rows.
+Same contract as `policy.TorchPolicyWorker` (read its module docstring first), and the same step
+accounting (`policy.StepAccumulator`): `train_chunk` accumulates unnormalized gradient sums;
+`finish_step` does one reduce over the data-parallel group, scales by the global token (or
+sequence) count, clips the global gradient norm and steps AdamW. What Megatron adds is tensor
+parallelism (TP): every layer's weight matrices are split over the TP ranks of one data-parallel
+replica, which all see the same rows.
 
 - The model is a `GPTModel` with the local (non-TransformerEngine) layer spec and no fused kernels
   (no TE, no apex on the GPU image), shaped exactly like `TinyCausalLM`, and initialised from the
@@ -47,7 +48,13 @@ import torch.nn.functional as F  # noqa: N812
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import megatron_mapping as mapping
 from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
-from asyncgrpo_trainer.backends.policy import OptimConfig, PolicyWorker, TrainRow, _padded
+from asyncgrpo_trainer.backends.policy import (
+    OptimConfig,
+    PolicyWorker,
+    StepAccumulator,
+    TrainRow,
+    optimizer_step,
+)
 
 MEGATRON = "spec.trainer.policy.megatron"
 
@@ -237,14 +244,8 @@ class MegatronPolicyWorker(PolicyWorker):
         return model
 
     def _reset_step(self) -> None:
-        self._count = 0.0
-        self._sums: dict[str, float] = {}
+        self._step = StepAccumulator(self.loss_cfg, self.device)
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _lr(self) -> float:
-        warm = self.optim_cfg.warmup_steps
-        scale = min(1.0, (self.steps_taken + 1) / warm) if warm else 1.0
-        return self.optim_cfg.learning_rate * scale
 
     # --- log-probs ------------------------------------------------------------------------------
 
@@ -317,83 +318,30 @@ class MegatronPolicyWorker(PolicyWorker):
     # --- training -------------------------------------------------------------------------------
 
     def train_chunk(self, rows: list[TrainRow]) -> dict[str, float]:
+        """Queue forward/backward of the rows; the metrics come from `finish_step`."""
         t0 = time.perf_counter()
         size = self.optim_cfg.micro_batch_size
         with _cuda_calls_on_cpu(self.device):
             for i in range(0, len(rows), size):
                 self._train_micro(rows[i : i + size])
         self.busy_seconds += time.perf_counter() - t0
-        return dict(self._sums)
+        return {}
 
     def _train_micro(self, rows: list[TrainRow]) -> None:
         logp, mask = self.token_logprobs(
             self.model, [(r.prompt_ids, r.response_ids) for r in rows], grad=True
         )
-        gen = _padded([r.generation_logprobs for r in rows], mask)
-        ref = None
-        if self.reference is not None:
-            ref = _padded([r.reference_logprobs or [] for r in rows], mask)
-        adv = torch.tensor([r.advantage for r in rows], dtype=logp.dtype, device=self.device)
-        total, metrics = losses.policy_loss_sum(
-            logprobs=logp,
-            prev_logprobs=logp.detach(),
-            generation_logprobs=gen,
-            advantages=adv,
-            mask=mask,
-            cfg=self.loss_cfg,
-            reference_logprobs=ref,
-        )
-        total.backward()  # type: ignore[no-untyped-call]
-        self._count += float(mask.sum()) if self.loss_cfg.token_level_loss else float(len(rows))
-        metrics["loss_sum"] = float(total.detach())
-        metrics["sequences"] = float(len(rows))
-        for key, value in metrics.items():
-            if key.endswith("_max"):
-                self._sums[key] = max(self._sums.get(key, 0.0), value)
-            elif key != "ratio_mean":
-                self._sums[key] = self._sums.get(key, 0.0) + value
+        self._step.backward(rows, logp, mask)
 
     def finish_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params if p.grad is not None]
-        keys = sorted(k for k in self._sums if not k.endswith("_max"))
-        stats = torch.tensor([self._count, *(self._sums[k] for k in keys)], dtype=torch.float64)
-        if self.dp_size > 1:
-            # One reduce per step over the replicas (TP peers of a replica saw the same rows).
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.dp_group)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-            stats = stats.to(self.device)
-            dist.all_reduce(stats, group=self.dp_group)
-            stats = stats.cpu()
-        count = max(float(stats[0]), 1.0)
-        for g in grads:
-            g.div_(count)
+        # The reduce runs over the replicas only: the TP peers of a replica saw the same rows.
+        totals = self._step.reduce(params, self.dp_group if self.dp_size > 1 else None)
         grad_norm = self._clip(params)
-        lr = self._lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        lr = optimizer_step(self.optimizer, self.optim_cfg, self.steps_taken)
         self.steps_taken += 1
-        sums = dict(zip(keys, stats[1:].tolist(), strict=True))
-        tokens = max(sums.get("tokens", 0.0), 1.0)
-        out = {
-            "loss": sums.get("loss_sum", 0.0) / count,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "train_tokens": sums.get("tokens", 0.0),
-            "is_weight_mean": sums.get("is_weight_sum", 0.0) / tokens,
-            "clip_fraction": sums.get("clip_fraction_sum", 0.0) / tokens,
-            "kl": sums.get("kl_sum", 0.0) / tokens,
-            "gen_kl_error": sums.get("gen_kl_sum", 0.0) / tokens,
-        }
+        out = totals.metrics(grad_norm=grad_norm, lr=lr)
         self._reset_step()
         self.busy_seconds += time.perf_counter() - t0
         return out

@@ -18,11 +18,11 @@ change within a step, so a separate "old policy" pass would compute the same num
 log-probs come from a frozen copy of the initial weights, built only when the KL penalty is on.
 Megatron-core plugs in behind `PolicyWorker` with the same four calls.
 
-The step keeps the device queue full: the metrics are summed on the device (`_SUMMED`, float64)
-and read once in `finish_step`, together with the counters' all-reduce, and host->device copies
-do not wait for the queue. On the compiled recipe every micro-batch is padded to a fixed shape
-(see `ResponseLogprobs`) with fully masked rows, which add nothing to the loss, the gradient, the
-token and sequence counts or the metrics.
+The step keeps the device queue full: the metrics are summed on the device (`StepAccumulator`,
+float64, which the Megatron backend shares) and read once in `finish_step`, together with the
+counters' all-reduce, and host->device copies do not wait for the queue. On the compiled recipe
+every micro-batch is padded to a fixed shape (see `ResponseLogprobs`) with fully masked rows,
+which add nothing to the loss, the gradient, the token and sequence counts or the metrics.
 """
 
 from __future__ import annotations
@@ -133,13 +133,8 @@ class TorchPolicyWorker(PolicyWorker):
         self.busy_seconds = 0.0
 
     def _reset_step(self) -> None:
-        self._sums: dict[str, torch.Tensor] = {}
+        self._step = StepAccumulator(self.loss_cfg, self.device)
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _lr(self) -> float:
-        warm = self.optim_cfg.warmup_steps
-        scale = min(1.0, (self.steps_taken + 1) / warm) if warm else 1.0
-        return self.optim_cfg.learning_rate * scale
 
     def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         if self.reference is None:
@@ -169,72 +164,17 @@ class TorchPolicyWorker(PolicyWorker):
     def _train_micro(self, rows: list[TrainRow]) -> None:
         pairs = [(r.prompt_ids, r.response_ids) for r in rows]
         logp, mask = self.logprobs(self.model, pairs, self.device, batch=self.optim_cfg.micro_batch_size)
-        gen = _padded([r.generation_logprobs for r in rows], mask)
-        ref = None
-        if self.reference is not None:
-            ref = _padded([r.reference_logprobs or [] for r in rows], mask)
-        adv = _padded([[r.advantage] for r in rows], mask[:, :1]).squeeze(1)  # (B,), 0 for padding rows
-        total, metrics = losses.policy_loss_terms(
-            logprobs=logp,
-            prev_logprobs=logp.detach(),
-            generation_logprobs=gen,
-            advantages=adv,
-            mask=mask,
-            cfg=self.loss_cfg,
-            reference_logprobs=ref,
-        )
-        total.backward()  # type: ignore[no-untyped-call]
-        # Device-side float64 running sums: the same additions the host used to do on floats.
-        metrics["loss_sum"] = total.detach()
-        metrics["sequences"] = torch.full((), float(len(rows)), device=self.device)
-        for key in _SUMMED:
-            value = metrics[key].double()
-            self._sums[key] = self._sums[key] + value if key in self._sums else value
+        self._step.backward(rows, logp, mask)
 
     def finish_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        zero = torch.zeros((), dtype=torch.float64, device=self.device)
-        stats = torch.stack([self._sums.get(k, zero) for k in _SUMMED])
-        if self.world_size > 1:
-            # One reduce per step for the gradients and one for the counters; the backward passes
-            # above ran without any communication.
-            flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
-            dist.all_reduce(flat)
-            offset = 0
-            for p in params:
-                assert p.grad is not None
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                offset += n
-            dist.all_reduce(stats)
-        # The step's one read of the counters (and the second sync, grad_norm, below).
-        sums = dict(zip(_SUMMED, stats.tolist(), strict=True))
-        count = max(sums["tokens" if self.loss_cfg.token_level_loss else "sequences"], 1.0)
-        for p in params:
-            if p.grad is not None:
-                p.grad.div_(count)
+        totals = self._step.reduce(params, dist.group.WORLD if self.world_size > 1 else None)
         max_norm = self.optim_cfg.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-        lr = self._lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        lr = optimizer_step(self.optimizer, self.optim_cfg, self.steps_taken)
         self.steps_taken += 1
-        tokens = max(sums["tokens"], 1.0)
-        out = {
-            "loss": sums["loss_sum"] / count,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "train_tokens": sums["tokens"],
-            "is_weight_mean": sums["is_weight_sum"] / tokens,
-            "clip_fraction": sums["clip_fraction_sum"] / tokens,
-            "kl": sums["kl_sum"] / tokens,
-            "gen_kl_error": sums["gen_kl_sum"] / tokens,
-        }
+        out = totals.metrics(grad_norm=float(grad_norm), lr=lr)
         self._reset_step()
         self.busy_seconds += time.perf_counter() - t0
         return out
@@ -269,8 +209,106 @@ class TorchPolicyWorker(PolicyWorker):
             dist.destroy_process_group()
 
 
+class StepAccumulator:
+    """One step's accounting, the same for every backend: what differs between them (how the
+    log-probs are computed, the gradient clipping, the process groups) stays in the worker.
+
+    `backward` turns a micro-batch's log-probs into the unnormalized loss, runs its backward pass
+    and adds its metrics to float64 running sums on the device, so the host never waits for the
+    device queue mid-step; `reduce` sums gradients and counters over the data-parallel group and
+    reads the counters back, once per step.
+    """
+
+    def __init__(self, loss: losses.LossConfig, device: torch.device) -> None:
+        self.loss_cfg, self.device = loss, device
+        self._sums: dict[str, torch.Tensor] = {}
+
+    def backward(self, rows: list[TrainRow], logprobs: torch.Tensor, mask: torch.Tensor) -> None:
+        """`logprobs` and `mask` are (B, R) for `rows` in order; rows past len(rows) (a compiled
+        micro-batch's padding) are fully masked and add nothing."""
+        ref = None
+        if self.loss_cfg.reference_policy_kl_penalty > 0:
+            ref = _padded([r.reference_logprobs or [] for r in rows], mask)
+        # advantages: (B,), 0 for padding rows.
+        total, metrics = losses.policy_loss_terms(
+            logprobs=logprobs,
+            prev_logprobs=logprobs.detach(),
+            generation_logprobs=_padded([r.generation_logprobs for r in rows], mask),
+            advantages=_padded([[r.advantage] for r in rows], mask[:, :1]).squeeze(1),
+            mask=mask,
+            cfg=self.loss_cfg,
+            reference_logprobs=ref,
+        )
+        total.backward()  # type: ignore[no-untyped-call]
+        # Device-side float64 running sums: the same additions the host used to do on floats.
+        metrics["loss_sum"] = total.detach()
+        metrics["sequences"] = torch.full((), float(len(rows)), device=self.device)
+        for key in _SUMMED:
+            value = metrics[key].double()
+            self._sums[key] = self._sums[key] + value if key in self._sums else value
+
+    def reduce(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None) -> StepTotals:
+        """Sum the gradients of `params` and the counters over `group` (None: this rank is the only
+        data-parallel replica) and divide the gradients by the global token (or sequence) count:
+        afterwards they are the gradient of the whole step's batch. A parameter without a gradient
+        (unused by this rank's rows) joins the reduce with zeros."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        stats = torch.stack([self._sums.get(k, zero) for k in _SUMMED])
+        if group is not None:
+            # One reduce per step for the gradients and one for the counters; the backward passes
+            # ran without any communication.
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+            dist.all_reduce(stats, group=group)
+        sums = dict(zip(_SUMMED, stats.tolist(), strict=True))  # the step's one read of the counters
+        count = max(sums["tokens" if self.loss_cfg.token_level_loss else "sequences"], 1.0)
+        for g in grads:
+            g.div_(count)
+        return StepTotals(sums, count)
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """A step's global sums (`_SUMMED`) and the count its loss and gradient are divided by."""
+
+    sums: dict[str, float]
+    count: float
+
+    def metrics(self, *, grad_norm: float, lr: float) -> dict[str, float]:
+        """What `finish_step` reports: per-token means of the token metrics."""
+        tokens = max(self.sums["tokens"], 1.0)
+        return {
+            "loss": self.sums["loss_sum"] / self.count,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "train_tokens": self.sums["tokens"],
+            "is_weight_mean": self.sums["is_weight_sum"] / tokens,
+            "clip_fraction": self.sums["clip_fraction_sum"] / tokens,
+            "kl": self.sums["kl_sum"] / tokens,
+            "gen_kl_error": self.sums["gen_kl_sum"] / tokens,
+        }
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_taken: int) -> float:
+    """Step `optimizer` at the learning rate of step `steps_taken` (linear warmup); that rate."""
+    warm = optim.warmup_steps
+    lr = optim.learning_rate * (min(1.0, (steps_taken + 1) / warm) if warm else 1.0)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    return lr
+
+
 _SUMMED = ("tokens", "sequences", "loss_sum", "is_weight_sum", "clip_fraction_sum", "kl_sum", "gen_kl_sum")
-"""The per-step sums `finish_step` reduces over the data-parallel group and reports from."""
+"""The per-step sums `StepAccumulator.reduce` reduces over the data-parallel group."""
 
 
 def _padded(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
