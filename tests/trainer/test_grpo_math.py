@@ -46,7 +46,7 @@ def test_clipped_loss_matches_a_hand_computation() -> None:
     prev = torch.tensor([[math.log(0.25), math.log(0.9)]])
     gen = torch.tensor([[math.log(0.25), math.log(0.45)]])
     adv = torch.tensor([1.0])
-    total, m = losses.policy_loss_sum(
+    total, m = losses.policy_loss_terms(
         logprobs=logp,
         prev_logprobs=prev,
         generation_logprobs=gen,
@@ -65,7 +65,7 @@ def test_kl_penalty_needs_reference_logprobs_and_is_zero_at_the_reference() -> N
     cfg = losses.LossConfig(reference_policy_kl_penalty=0.1, use_importance_sampling_correction=False)
     logp = torch.tensor([[-1.0, -2.0]])
     with pytest.raises(ValueError, match="reference_logprobs"):
-        losses.policy_loss_sum(
+        losses.policy_loss_terms(
             logprobs=logp,
             prev_logprobs=logp,
             generation_logprobs=logp,
@@ -73,7 +73,7 @@ def test_kl_penalty_needs_reference_logprobs_and_is_zero_at_the_reference() -> N
             mask=torch.ones(1, 2),
             cfg=cfg,
         )
-    _, m = losses.policy_loss_sum(
+    _, m = losses.policy_loss_terms(
         logprobs=logp,
         prev_logprobs=logp,
         generation_logprobs=logp,
@@ -138,7 +138,7 @@ def _direct_grad_norm(rows: list[policy.TrainRow]) -> float:
     gen = torch.zeros_like(mask)
     for i, r in enumerate(rows):
         gen[i, : len(r.generation_logprobs)] = torch.tensor(r.generation_logprobs)
-    total, _ = losses.policy_loss_sum(
+    total, _ = losses.policy_loss_terms(
         logprobs=logp,
         prev_logprobs=logp.detach(),
         generation_logprobs=gen,

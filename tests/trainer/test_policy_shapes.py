@@ -178,7 +178,7 @@ def test_device_side_sums_equal_the_float_by_float_metrics() -> None:
                 logp, mask = worker.logprobs(
                     worker.model, [(r.prompt_ids, r.response_ids) for r in micro], worker.device
                 )
-            total, metrics = losses.policy_loss_sum(
+            total, metrics = losses.policy_loss_terms(
                 logprobs=logp,
                 prev_logprobs=logp,
                 generation_logprobs=policy._padded([r.generation_logprobs for r in micro], mask),
@@ -187,9 +187,9 @@ def test_device_side_sums_equal_the_float_by_float_metrics() -> None:
                 cfg=worker.loss_cfg,
                 reference_logprobs=policy._padded([r.reference_logprobs or [] for r in micro], mask),
             )
-            metrics["loss_sum"] = float(total)
+            metrics["loss_sum"] = total.detach()
             for key in ("loss_sum", "tokens", "is_weight_sum", "clip_fraction_sum", "kl_sum", "gen_kl_sum"):
-                sums[key] = sums.get(key, 0.0) + metrics[key]
+                sums[key] = sums.get(key, 0.0) + float(metrics[key])
         worker.train_chunk(rows)
     tokens = sums["tokens"]
     got = worker.finish_step()

@@ -56,29 +56,6 @@ def importance_weights(
     return w.clamp(max=cap) if cap is not None else w
 
 
-def policy_loss_sum(
-    *,
-    logprobs: torch.Tensor,
-    prev_logprobs: torch.Tensor,
-    generation_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: LossConfig,
-    reference_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """`policy_loss_terms` with the metrics read back as floats (one device->host sync each)."""
-    total, metrics = policy_loss_terms(
-        logprobs=logprobs,
-        prev_logprobs=prev_logprobs,
-        generation_logprobs=generation_logprobs,
-        advantages=advantages,
-        mask=mask,
-        cfg=cfg,
-        reference_logprobs=reference_logprobs,
-    )
-    return total, {k: float(v) for k, v in metrics.items()}
-
-
 def policy_loss_terms(
     *,
     logprobs: torch.Tensor,
