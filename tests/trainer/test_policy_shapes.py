@@ -13,23 +13,14 @@ import torch
 from torch._dynamo.utils import counters
 
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import modelspec, policy
+from asyncgrpo_trainer.backends import policy
 from asyncgrpo_trainer.backends.cuda_train import Recipe, bucket_length, length_buckets
-from tests.trainer.test_grpo_math import TOK
+from tests.trainer.test_grpo_math import BUILD, TOK
 from tests.trainer.test_policy_recipe import ADAM_ATOL
 
-LONG = modelspec.tiny_build(
-    TOK,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=None,
-    max_sequence_length=96,
-    dtype="float32",
-    seed=3,
-)
-"""96 positions: rows up to 64 positions share one bucket, longer rows the capped one (96)."""
+LONG = dataclasses.replace(BUILD, config=dataclasses.replace(BUILD.config, max_positions=96))
+"""test_grpo_math's model with 96 positions: rows up to 64 positions share one bucket, longer
+rows the capped one (96)."""
 
 SEQUENCE_KL = losses.LossConfig(reference_policy_kl_penalty=0.1, token_level_loss=False)
 CHUNKS = ([3, 10, 20, 5, 40, 2, 12], [70, 8, 1, 30, 60, 88])
