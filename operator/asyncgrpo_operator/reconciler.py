@@ -63,11 +63,14 @@ class Memory:
     exits: dict[Key, DriverExit] = field(default_factory=dict)
     marks: dict[Key, ProgressMark] = field(default_factory=dict)
     polls: dict[Key, _Poll] = field(default_factory=dict)
+    written: dict[Key, str] = field(default_factory=dict)
+    """The resourceVersion of the job as this operator's last status write left it."""
 
     def forget(self, key: Key) -> None:
         self.exits.pop(key, None)
         self.marks.pop(key, None)
         self.polls.pop(key, None)
+        self.written.pop(key, None)
 
 
 class Reconciler:
@@ -77,6 +80,11 @@ class Reconciler:
         self.api = api
         self.session = session
         self.memory = memory or Memory()
+
+    def is_own_write(self, key: Key, resource_version: str | None) -> bool:
+        """Whether a watch event shows the job exactly as this operator's last status write left
+        it: the echo of that write, which holds nothing a pass has not already acted on."""
+        return resource_version is not None and self.memory.written.get(key) == resource_version
 
     def remember_exit(self, key: Key, exit_: DriverExit) -> None:
         """Record a driver exit seen on a watch event (the pod may be deleted right after)."""
@@ -177,7 +185,12 @@ class Reconciler:
         if not deletes_job and _prune(new_status) != _prune(body.get("status") or {}):
             wrote = True
             try:
-                await self.api.patch_job_status(namespace, name, str(meta["resourceVersion"]), new_status)
+                written = await self.api.patch_job_status(
+                    namespace, name, str(meta["resourceVersion"]), new_status
+                )
+                version = (written.get("metadata") or {}).get("resourceVersion")
+                if version:
+                    self.memory.written[key] = str(version)
             except k8s.ApiError as err:
                 if err.status == 409:
                     raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err

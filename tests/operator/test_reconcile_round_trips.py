@@ -54,7 +54,8 @@ class TimedApi:
         await self._call("get_configmap")
 
     async def patch_job_status(self, *_: Any) -> dict[str, Any]:
-        return await self._call("patch_job_status", {})  # type: ignore[no-any-return]
+        written = {"metadata": {"resourceVersion": "written-1"}}
+        return await self._call("patch_job_status", written)  # type: ignore[no-any-return]
 
     async def apply_configmap(self, manifest: dict[str, Any]) -> None:
         await self._call("apply_configmap")
@@ -106,6 +107,23 @@ def test_a_new_job_takes_five_round_trips_to_its_raycluster_and_events() -> None
     assert api.most_in_flight >= 3
     total = max(e for _, _, e in api.calls) - min(s for _, s, _ in api.calls)
     assert total < 6.5 * CALL_SECONDS, f"{total:.3f} s for {len(names)} calls"
+
+
+def test_the_echo_of_its_own_status_write_is_recognised_and_nothing_else() -> None:
+    """The job watch skips the event that shows the job as the pass's own status write left it
+    (that pass already acted on it); any other version of the job is a change to reconcile."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        api = TimedApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(api, session)  # type: ignore[arg-type]
+            before = reconciler.is_own_write(("team", "demo"), "written-1")
+            await reconciler.reconcile(("team", "demo"))
+            echo = reconciler.is_own_write(("team", "demo"), "written-1")
+            later = reconciler.is_own_write(("team", "demo"), "written-2")
+        return before, echo, later
+
+    assert asyncio.run(scenario()) == (False, True, False)
 
 
 def test_kopf_builds_no_body_copy_per_event() -> None:
