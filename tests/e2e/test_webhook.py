@@ -30,7 +30,7 @@ from asyncgrpo_operator.webhook import WEBHOOK_NAME
 from tests.chart.helm import NO_HELM, REPO, find_helm, template
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import ApiError
-from tests.webhook.cluster_harness import JOBS_PATH, Installation
+from tests.webhook.cluster_harness import JOBS_PATH, Installation, running_chart
 from tests.webhook.jobs import (
     INVALID_COMBINATIONS,
     SYNC_WITH_FORCE_IN_ORDER,
@@ -51,14 +51,8 @@ def chart(local_cluster: LocalCluster) -> Iterator[Installation]:
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
-    installation = Installation(local_cluster, helm_bin)
-    installation.install()
-    try:
-        installation.start_operator()
+    with running_chart(local_cluster, helm_bin) as installation:
         yield installation
-    finally:
-        print(f"operator module {installation.module}; log {installation.log}:\n{installation.log_tail(15)}")
-        installation.uninstall()
 
 
 @pytest.fixture

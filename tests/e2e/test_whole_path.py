@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from tests.e2e.whole_path import (
     wait_terminal,
     wait_with_watch,
 )
-from tests.webhook.cluster_harness import Installation
+from tests.webhook.cluster_harness import Installation, running_chart
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer]
 
@@ -45,18 +45,11 @@ STEPS = 120  # long enough that a 1 s progress poll sees several steps even on a
 
 @pytest.fixture(scope="module")
 def chart(local_cluster: LocalCluster) -> Iterator[Installation]:
-    """helm install (URL-mode webhook) and the operator running as the chart's ServiceAccount."""
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
-    installation = Installation(local_cluster, helm_bin)
-    installation.install()
-    try:
-        installation.start_operator()
+    with running_chart(local_cluster, helm_bin) as installation:
         yield installation
-    finally:
-        sys.stderr.write(f"\n--- operator log ({installation.log}) ---\n{installation.log_tail(30)}\n")
-        installation.uninstall()
 
 
 @pytest.fixture
@@ -85,17 +78,30 @@ def show(driver: LocalDriver) -> None:
     sys.stdout.write(f"\n--- {driver.pod} driver log ({driver.log}) ---\n{driver.log_tail(15)}\n")
 
 
+def run_job(
+    chart: Installation,
+    kubelet: DriverKubelet,
+    manifest: dict[str, Any],
+    on_start: Callable[[LocalDriver, AgjWatch], None] | None = None,
+) -> tuple[AgjWatch, list[tuple[LocalDriver, int]]]:
+    """kubectl apply the job, run every attempt's driver until the job is terminal while watching
+    `kubectl get agj` (`on_start` sees each driver as it starts); returns the watch and (driver,
+    exit code) per attempt (their logs are shown when the test fails)."""
+    apply(chart, manifest)
+    watch = AgjWatch(chart.kubectl, chart.jobs_ns, manifest["metadata"]["name"], every=0.5)
+    started = None if on_start is None else (lambda driver: on_start(driver, watch))
+    runs = list(drive(kubelet, watch, timeout=SCENARIO_TIMEOUT, on_start=started))
+    for driver, _ in runs:
+        show(driver)
+    return watch, runs
+
+
 def test_a_job_trains_to_succeeded_with_step_and_reward_in_kubectl_get(
     chart: Installation, kubelet: DriverKubelet
 ) -> None:
     ns, name = chart.jobs_ns, "whole-path"
     started = time.monotonic()
-    apply(chart, tiny_job(name, max_steps=STEPS))
-    watch = AgjWatch(chart.kubectl, ns, name, every=0.5)
-
-    runs = list(drive(kubelet, watch, timeout=SCENARIO_TIMEOUT))
-    for driver, _ in runs:
-        show(driver)
+    watch, runs = run_job(chart, kubelet, tiny_job(name, max_steps=STEPS))
     assert [code for _, code in runs] == [0]
     driver = runs[0][0]
     # What the driver ran is the pod's command, with only the documented translations.
@@ -122,10 +128,8 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
 ) -> None:
     ns, name = chart.jobs_ns, "whole-path-retry"
     started = time.monotonic()
-    apply(chart, tiny_job(name, max_steps=STEPS))
-    watch = AgjWatch(chart.kubectl, ns, name, every=0.5)
 
-    def kill_after_a_checkpoint(driver: LocalDriver) -> None:
+    def kill_after_a_checkpoint(driver: LocalDriver, watch: AgjWatch) -> None:
         """SIGKILL the first attempt's container once its /progress reports the step-8 checkpoint
         (read from the driver itself: the steps are faster than the operator's 1 s poll)."""
         if driver.cluster != f"{name}-0":
@@ -139,9 +143,7 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
         )
         driver.kill(signal.SIGKILL)
 
-    runs = list(drive(kubelet, watch, timeout=SCENARIO_TIMEOUT, on_start=kill_after_a_checkpoint))
-    for driver, _ in runs:
-        show(driver)
+    watch, runs = run_job(chart, kubelet, tiny_job(name, max_steps=STEPS), kill_after_a_checkpoint)
     assert [(d.cluster, code) for d, code in runs] == [(f"{name}-0", 137), (f"{name}-1", 0)]
     first, second = runs[0][0], runs[1][0]
     assert second.env_changes["ASYNCGRPO_ATTEMPT"] == "1"
@@ -176,12 +178,7 @@ def test_a_training_error_fails_the_job_with_the_error_and_is_not_retried(
     ns, name = chart.jobs_ns, "whole-path-error"
     started = time.monotonic()
     manifest = tiny_job(name, data={"trainPath": "/checkpoints/prompts/missing.jsonl"})
-    apply(chart, manifest)
-    watch = AgjWatch(chart.kubectl, ns, name, every=0.5)
-
-    runs = list(drive(kubelet, watch, timeout=SCENARIO_TIMEOUT))
-    for driver, _ in runs:
-        show(driver)
+    _, runs = run_job(chart, kubelet, manifest)
     assert [code for _, code in runs] == [1]
     status = wait_terminal(chart.api, ns, name)
     assert (status["phase"], status["reason"], status["restarts"]) == ("Failed", "TrainingError", 0)

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,3 +328,18 @@ class Installation:
         except ApiError as err:
             if err.status != 404:
                 raise
+
+
+@contextmanager
+def running_chart(cluster: LocalCluster, helm_bin: Path) -> Iterator[Installation]:
+    """helm install (URL-mode webhook) and the operator running as the chart's ServiceAccount;
+    on exit the operator's log tail goes to stderr (shown when a test fails) and the chart is
+    uninstalled."""
+    installation = Installation(cluster, helm_bin)
+    installation.install()
+    try:
+        installation.start_operator()
+        yield installation
+    finally:
+        sys.stderr.write(f"\n--- operator log ({installation.log}) ---\n{installation.log_tail(30)}\n")
+        installation.uninstall()
