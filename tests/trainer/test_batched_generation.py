@@ -224,3 +224,27 @@ def test_a_group_larger_than_the_row_limit_is_split_over_batches_and_resets_coun
     for out, prompt in zip(outs, PROMPTS[:3], strict=True):
         expect = _greedy_ref([worker.model], 0, prompt, GREEDY.max_new_tokens)
         assert out.response_ids == [expect] * 3
+
+
+@pytest.mark.parametrize("engine", ["batched", "per-group"])
+def test_ignore_eos_keeps_sampling_to_max_new_tokens_and_no_row_finishes(engine: generation.Engine) -> None:
+    w = _worker(engine)
+    _scaled(w.model, 3)
+    ignoring = sampling.SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+
+    async def scenario(params: sampling.SamplingParams) -> list[generation.Generated]:
+        await w.adopt_weights(1)  # the batched decoders pick up the edited weights
+        return list(await asyncio.gather(*(w.generate(p, 2, params, seed=i) for i, p in enumerate(PROMPTS))))
+
+    # EOS takes over the logit row of a token greedy decoding picks, so the default run stops there.
+    picked = _run(lambda: scenario(GREEDY))[0].response_ids[0][3]
+    with torch.no_grad():
+        w.model.lm_head.weight[EOS] = 1.5 * w.model.lm_head.weight[picked]
+    stopping, ignored = _run(lambda: scenario(GREEDY)), _run(lambda: scenario(ignoring))
+    stopped = [r for g in stopping for r, done in zip(g.response_ids, g.finished, strict=True) if done]
+    assert stopped and all(r[-1] == EOS and len(r) < 12 for r in stopped)  # the default run did stop
+    for stop, full in zip(stopping, ignored, strict=True):
+        assert full.finished == [False, False]
+        for short, long, logprobs in zip(stop.response_ids, full.response_ids, full.logprobs, strict=True):
+            assert len(long) == len(logprobs) == 12
+            assert long[: len(short)] == short  # same greedy tokens up to the stop, then more

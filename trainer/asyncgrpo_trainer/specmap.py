@@ -90,7 +90,11 @@ def sampling_params(t: TrainerSpec, *, greedy: bool = False) -> sampling.Samplin
     if greedy:
         return sampling.SamplingParams(max_new_tokens=g.max_new_tokens, temperature=0.0)
     return sampling.SamplingParams(
-        max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        ignore_eos=g.ignore_eos,
     )
 
 

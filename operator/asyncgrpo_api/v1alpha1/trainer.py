@@ -224,6 +224,12 @@ class GenerationSpec(ApiModel):
     temperature: float = Field(default=1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int | None = Field(default=None, ge=1, le=1_000_000, description="Top-k sampling; unset off.")
+    ignore_eos: bool = Field(
+        default=False,
+        description="Rollouts sample past the end-of-sequence token up to maxNewTokens (vLLM's "
+        "ignore_eos), so every response is maxNewTokens long and counts as truncated: for throughput "
+        "benchmarks, not for learning a task that must stop. Validation still stops at end-of-sequence.",
+    )
     recompute_kv_cache_after_weight_updates: bool = Field(
         default=False,
         alias="recomputeKVCacheAfterWeightUpdates",

@@ -119,7 +119,7 @@ class TorchGenerationWorker(GenerationWorker):
         self._prefix: OrderedDict[tuple[int, ...], tuple[KVCache, torch.Tensor, int]] = OrderedDict()
         self.weights_lock = asyncio.Lock()
         self.max_batch_rows, self.sync_every = max_batch_rows, sync_every
-        self._decoders: dict[tuple[DecodeParams, int], StaticDecoder] = {}
+        self._decoders: dict[tuple[DecodeParams, int, int | None], StaticDecoder] = {}
         batched = engine == "batched" or (engine == "auto" and self.device.type == "cuda")
         self._batcher = (
             GroupBatcher(
@@ -141,9 +141,13 @@ class TorchGenerationWorker(GenerationWorker):
         """New tokens a batched decoder of these params reserves (a prompt needs at least one slot)."""
         return min(params.max_new_tokens, self.build.max_positions - 1)
 
+    def _stop_id(self, params: sampling.SamplingParams) -> int | None:
+        """The token that ends a row, None when the params ignore end-of-sequence."""
+        return None if params.ignore_eos else self.eos_id
+
     def _decoder(self, params: sampling.SamplingParams) -> StaticDecoder:
-        """The batched decoder of this distribution and length, built on first use."""
-        key = (distribution(params), self._budget(params))
+        """The batched decoder of this distribution, length and stop token, built on first use."""
+        key = (distribution(params), self._budget(params), self._stop_id(params))
         dec = self._decoders.get(key)
         if dec is None:
             dec = StaticDecoder(
@@ -152,7 +156,7 @@ class TorchGenerationWorker(GenerationWorker):
                 max_prompt_len=self.build.max_positions - key[1],
                 max_new_tokens=key[1],
                 params=key[0],
-                eos_id=self.eos_id,
+                eos_id=key[2],
                 pad_id=self.build.pad_id,
                 sync_every=self.sync_every,
             )
@@ -204,7 +208,7 @@ class TorchGenerationWorker(GenerationWorker):
                 cache = sampling.expand_cache(cache, n)
             last = last.expand(n, -1)
             busy = time.perf_counter() - t0
-        state = sampling.DecodeState(n, self.eos_id)
+        state = sampling.DecodeState(n, self._stop_id(params))
         budget = min(params.max_new_tokens, self.build.max_positions - len(prompt_ids))
         for _ in range(budget):
             async with self.weights_lock:

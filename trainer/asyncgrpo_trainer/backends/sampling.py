@@ -26,6 +26,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    ignore_eos: bool = False
+    """Keep sampling past end-of-sequence up to max_new_tokens (responses then never finish)."""
 
 
 class Distribution(Protocol):
@@ -84,9 +86,12 @@ def decode_step(
 
 
 class DecodeState:
-    """Per-row tokens, log-probs and end-of-sequence flags of a batch being decoded."""
+    """Per-row tokens, log-probs and end-of-sequence flags of a batch being decoded.
 
-    def __init__(self, batch: int, eos_id: int) -> None:
+    With `eos_id` None no row ever ends early (ignore_eos): every row runs the whole budget.
+    """
+
+    def __init__(self, batch: int, eos_id: int | None) -> None:
         self.eos_id = eos_id
         self.tokens: list[list[int]] = [[] for _ in range(batch)]
         self.logprobs: list[list[float]] = [[] for _ in range(batch)]
