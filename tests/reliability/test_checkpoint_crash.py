@@ -2,11 +2,13 @@
 and cannot read.
 
 A subprocess (the real trainer/asyncgrpo_trainer/checkpoint.py, real torch.save, a real file
-system) saves ~4 MB checkpoints in a loop, every other one over an existing step (the case that
-removes the old directory first), and is SIGKILLed at a random moment. After each kill, every step
-`list_steps` reports (what resume picks from) must load completely, with the payload that step
-wrote. Count: ASYNCGRPO_RELIABILITY_CHECKPOINT_KILLS (default 2; ~25 s per kill on the loaded
-2-core CI machine, mostly importing torch).
+system) writes checkpoints in a loop the way a run does: `begin`, the policy's ~4 MB file into the
+temporary directory (as a policy worker does), then `commit` with the controller's state; every
+other one over an existing step (the case that replaces a directory). It is SIGKILLed at a random
+moment. After each kill, every step `list_steps` reports (what resume picks from) must load
+completely, both files, with the payload that one save wrote. Count:
+ASYNCGRPO_RELIABILITY_CHECKPOINT_KILLS (default 2; ~25 s per kill on the loaded 2-core CI machine,
+mostly importing torch).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ checkpoint = pytest.importorskip("asyncgrpo_trainer.checkpoint")
 
 pytestmark = pytest.mark.slow
 
+POLICY_FILE = "policy.pt"
+
 WRITER = """
 import sys, torch
 from asyncgrpo_trainer import checkpoint
@@ -35,10 +39,19 @@ step = int(sys.argv[2])
 print("ready", flush=True)
 while True:
     for again in (False, True):   # write step, then overwrite the same step
-        payload = {"step": step, "weights": torch.full((1_000_000,), float(step)), "again": again}
-        checkpoint.save(root, step, payload, keep_last=3)
+        tmp = checkpoint.begin(root, step)
+        weights = {"weights": torch.full((1_000_000,), float(step)), "again": again}
+        checkpoint.write(tmp / "policy.pt", weights)   # what a policy worker does
+        checkpoint.commit(tmp, step, {"step": step, "again": again}, keep_last=3)
     step += 1
 """
+
+
+def _load_both(root: Path, step: int) -> tuple[dict, dict]:
+    """What resume reads: the controller's state and the policy worker's file."""
+    state = checkpoint.load(root, step)
+    policy = checkpoint.read(checkpoint.step_dir(root, step) / POLICY_FILE, fix="-")
+    return state, policy
 
 
 def test_a_sigkill_during_save_never_leaves_a_loadable_torn_checkpoint(tmp_path: Path) -> None:
@@ -56,10 +69,11 @@ def test_a_sigkill_during_save_never_leaves_a_loadable_torn_checkpoint(tmp_path:
         proc.wait(timeout=10)
         kills += 1
         for step in checkpoint.list_steps(root):
-            payload = checkpoint.load(root, step)
-            assert payload["step"] == step
-            assert payload["weights"].shape == (1_000_000,)
-            assert bool((payload["weights"] == float(step)).all())
+            state, policy = _load_both(root, step)
+            assert state["step"] == step
+            assert state["again"] == policy["again"]  # both files from the same save
+            assert policy["weights"].shape == (1_000_000,)
+            assert bool((policy["weights"] == float(step)).all())
             checked += 1
     print(f"checkpoint kills {kills}, checkpoints verified after kills {checked}")
     assert checked > 0
@@ -70,29 +84,39 @@ import os, shutil, sys, torch
 from pathlib import Path
 from asyncgrpo_trainer import checkpoint
 root = sys.argv[1]
-checkpoint.save(root, 1, {"step": 1, "weights": torch.zeros(8)}, keep_last=3)
-checkpoint.save(root, 2, {"step": 2, "weights": torch.zeros(8)}, keep_last=3)
+
+def save(step, value):
+    tmp = checkpoint.begin(root, step)
+    checkpoint.write(tmp / "policy.pt", {"weights": torch.full((8,), value)})
+    checkpoint.commit(tmp, step, {"step": step}, keep_last=3)
+
+save(1, 0.0)
+save(2, 0.0)
 
 def rmtree(path, *args, **kwargs):
     # rmtree's order is the directory's order, which the file system decides: take the worst
-    # legal one (the state file first), and crash right after it.
-    state = Path(path) / checkpoint.STATE_FILE
-    if state.exists():
-        os.unlink(state)
+    # legal one (the policy's file first, state.pt and meta.json still there), and crash after it.
+    policy = Path(path) / "policy.pt"
+    if policy.exists():
+        os.unlink(policy)
         os.kill(os.getpid(), 9)
 
 shutil.rmtree = rmtree
-checkpoint.save(root, 2, {"step": 2, "weights": torch.ones(8)}, keep_last=3)
+save(2, 1.0)
 """
 
 
 def test_a_crash_while_a_step_is_saved_again_leaves_no_torn_checkpoint(tmp_path: Path) -> None:
-    """Saving a step that exists removes the old directory first; a SIGKILL inside that removal
-    (here: right after `state.pt` is unlinked, before `meta.json`, a legal order of rmtree) must
-    not leave a directory `list_steps` offers to resume but `load` cannot read."""
+    """Saving a step that exists replaces its directory; a SIGKILL while the old one is deleted
+    (here: right after its policy file is unlinked, before `state.pt` and `meta.json`, a legal
+    order of rmtree) must not leave a directory `list_steps` offers to resume but a policy worker
+    cannot read. The old directory is renamed aside before the new one takes its place, so the
+    removal never touches a step directory."""
     root = tmp_path / "checkpoints"
     proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_REPLACING, str(root)], check=False)
     assert proc.returncode == -signal.SIGKILL
     for step in checkpoint.list_steps(root):
-        assert checkpoint.load(root, step)["step"] == step
-    assert checkpoint.latest(root) in (1, 2)
+        state, _ = _load_both(root, step)
+        assert state["step"] == step
+    assert checkpoint.latest(root) == 2
+    assert bool((_load_both(root, 2)[1]["weights"] == 1.0).all())  # the new save of step 2

@@ -1,14 +1,68 @@
-"""Atomic checkpoints with pruning, and the /progress and /metrics documents."""
+"""Checkpoints: atomic step directories with pruning, the policy worker's own file in them (CPU
+tensors, written and read by the worker, never through the controller), resume from it; and the
+/progress and /metrics documents."""
 
 from __future__ import annotations
 
 import json
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from asyncgrpo_trainer import checkpoint, progress
+from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import policy
+from tests.trainer.test_grpo_math import BUILD, _rows
+
+OPTIM = policy.OptimConfig(
+    learning_rate=1e-2,
+    weight_decay=0.01,
+    max_grad_norm=0.5,
+    warmup_steps=0,
+    micro_batch_size=4,
+    logprob_batch_size=4,
+    temperature=1.0,
+)
+
+
+def _policy(device: str = "cpu") -> policy.TorchPolicyWorker:
+    """A torch policy with the KL term on, so the checkpoint holds a reference model too."""
+    loss = losses.LossConfig(reference_policy_kl_penalty=0.05)
+    return policy.TorchPolicyWorker(BUILD, OPTIM, loss, rank=0, world_size=1, device=device)
+
+
+def _training_rows() -> list[policy.TrainRow]:
+    rows = _rows(8)
+    ref = _policy().reference_logprobs([(r.prompt_ids, r.response_ids) for r in rows])
+    return [
+        policy.TrainRow(r.prompt_ids, r.response_ids, r.generation_logprobs, r.advantage, lp)
+        for r, lp in zip(rows, ref, strict=True)
+    ]
+
+
+def _step(worker: policy.TorchPolicyWorker, rows: list[policy.TrainRow]) -> None:
+    worker.train_chunk(rows)
+    worker.finish_step()
+
+
+def _checkpoint(root: Path, step: int, worker: policy.TorchPolicyWorker) -> Path:
+    """What the controller does: begin, the policy writes its file, commit the controller's state."""
+    tmp = checkpoint.begin(root, step)
+    worker.save(str(tmp))
+    return checkpoint.commit(tmp, step, {"step": step}, keep_last=2)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, list | tuple):
+        return [t for v in obj for t in _tensors(v)]
+    return []
 
 
 def test_checkpoints_are_renamed_into_place_and_only_the_newest_are_kept(tmp_path: Path) -> None:
@@ -20,15 +74,86 @@ def test_checkpoints_are_renamed_into_place_and_only_the_newest_are_kept(tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_a_torn_write_is_invisible_and_cleaned_up_by_the_next_save(tmp_path: Path) -> None:
+def test_a_checkpoint_killed_between_begin_and_commit_leaves_the_previous_one(tmp_path: Path) -> None:
     checkpoint.save(tmp_path, 1, {"step": 1}, keep_last=3)
-    torn = tmp_path / ".tmp-00000002-dead"
-    torn.mkdir()
-    (torn / checkpoint.STATE_FILE).write_bytes(b"partial")
+    torn = checkpoint.begin(tmp_path, 2)
+    checkpoint.write(torn / policy.POLICY_FILE, {"model": torch.zeros(4)})  # the policy's file, no commit
     (tmp_path / "step-00000009").mkdir()  # no meta file: not a checkpoint
-    assert checkpoint.latest(tmp_path) == 1
+    assert checkpoint.list_steps(tmp_path) == [1]
     checkpoint.save(tmp_path, 2, {"step": 2}, keep_last=3)
     assert not torn.exists() and checkpoint.latest(tmp_path) == 2
+
+
+def test_saving_a_step_again_replaces_its_directory_whole(tmp_path: Path) -> None:
+    for value in (0.0, 1.0):
+        tmp = checkpoint.begin(tmp_path, 2)
+        checkpoint.write(tmp / policy.POLICY_FILE, {"model": torch.full((4,), value)})
+        checkpoint.commit(tmp, 2, {"step": 2, "value": value}, keep_last=3)
+    final = checkpoint.step_dir(tmp_path, 2)
+    assert checkpoint.load(tmp_path, 2)["value"] == 1.0
+    assert bool((torch.load(final / policy.POLICY_FILE)["model"] == 1.0).all())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]  # the old one is gone
+
+
+def test_a_checkpoint_holds_the_controllers_state_and_the_policys_own_file(tmp_path: Path) -> None:
+    worker = _policy()
+    _step(worker, _training_rows())
+    final = _checkpoint(tmp_path, 1, worker)
+    assert sorted(p.name for p in final.iterdir()) == ["meta.json", "policy.pt", "state.pt"]
+    assert checkpoint.load(tmp_path, 1) == {"step": 1}  # nothing of the policy in the controller's file
+    saved = torch.load(final / policy.POLICY_FILE, weights_only=True)
+    assert saved.keys() == {"model", "optimizer", "steps_taken", "reference"}
+    assert saved["steps_taken"] == 1 and saved["optimizer"]["state"] and saved["reference"]
+    assert all(t.device.type == "cpu" for t in _tensors(saved))
+
+
+def test_a_resumed_policy_continues_from_the_saved_weights_and_optimizer_state(tmp_path: Path) -> None:
+    rows = _training_rows()
+    first = _policy()
+    _step(first, rows)
+    final = _checkpoint(tmp_path, 1, first)
+    _step(first, rows)  # step 2 of the run that goes on
+    resumed = _policy()
+    resumed.load(str(final))
+    assert resumed.steps_taken == 1
+    _step(resumed, rows)  # step 2 of the resumed run: AdamW's moments decide it
+    want = first.model.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in resumed.model.state_dict().items())
+
+
+def test_a_missing_policy_file_names_the_file_and_the_field(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, 1, {"step": 1}, keep_last=1)  # e.g. written by another backend
+    with pytest.raises(FileNotFoundError, match=r"has no policy\.pt: .*spec\.trainer\.policy\.backend"):
+        _policy().load(str(checkpoint.step_dir(tmp_path, 1)))
+
+
+def test_a_policy_worker_that_does_not_see_the_checkpoint_directory_names_the_storage(tmp_path: Path) -> None:
+    """A worker pod without the head's checkpoint volume (another node's hostPath, no PVC)."""
+    with pytest.raises(FileNotFoundError, match=r"spec\.storage\.checkpoints"):
+        _policy().save(str(tmp_path / ".tmp-00000001-elsewhere"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_and_the_other_way_round(tmp_path: Path) -> None:
+    """The controller and a CPU process can open a GPU rank's file, and each side keeps its own
+    AdamW kernel (fused on CUDA) after loading the other's optimizer state."""
+    rows = _training_rows()
+    gpu = _policy("cuda")
+    _step(gpu, rows)
+    from_gpu = _checkpoint(tmp_path / "gpu", 1, gpu)
+    saved = torch.load(from_gpu / policy.POLICY_FILE, weights_only=True)  # no map_location
+    assert all(t.device.type == "cpu" for t in _tensors(saved))
+    cpu = _policy("cpu")
+    cpu.load(str(from_gpu))
+    assert not cpu.optimizer.param_groups[0]["fused"]
+    _step(cpu, rows)
+    from_cpu = _checkpoint(tmp_path / "cpu", 2, cpu)
+    back = _policy("cuda")
+    back.load(str(from_cpu))
+    assert back.steps_taken == 2 and back.optimizer.param_groups[0]["fused"]
+    _step(back, rows)
+    assert back.steps_taken == 3
+    assert all(torch.isfinite(v).all() for v in back.model.state_dict().values())
 
 
 def test_no_checkpoint_directory_means_no_resume(tmp_path: Path) -> None:

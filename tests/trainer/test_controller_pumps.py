@@ -3,7 +3,8 @@ order, cache resets, version bumps, aborts, the drain gate, retries, failures an
 
 The fakes implement the same async calls as the worker groups; generation time is simulated with
 asyncio sleeps, so each scenario runs in well under a second and is deterministic in what it
-asserts (counts and invariants, not timings).
+asserts (counts and invariants, not timings). The policy fake writes its own checkpoint file, as
+the real workers do.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from asyncgrpo_trainer import controller, data, envs, sampler, weights
+from asyncgrpo_trainer import checkpoint, controller, data, envs, sampler, weights
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.rollout import RolloutFailedError, RolloutManager
@@ -80,8 +82,8 @@ class FakePolicy:
     def weights_ref(self) -> dict[str, Any]:
         return {}
 
-    async def state(self) -> dict[str, Any]:
-        return {"model": {}}
+    async def save(self, directory: str) -> None:
+        checkpoint.write(Path(directory) / "policy.pt", {"steps": self.steps})
 
     async def busy_seconds(self) -> float:
         return 0.0
@@ -175,6 +177,19 @@ def test_sync_mode_trains_only_fresh_data_and_resets_the_cache_after_every_refit
     assert gen.loads == [0, 1, 2, 3, 4, 5, 6]  # initial sync, then one version bump per step
     assert gen.resets == 7
     assert pol.steps == 6 and sum(len(c) for c in pol.chunks) == 6 * P * N
+
+
+def test_the_checkpoint_holds_the_controllers_state_and_the_policy_writes_its_own_file(
+    tmp_path: Path,
+) -> None:
+    ctl, _ = _controller(tmp_path, "sync", FakeGeneration())
+    asyncio.run(ctl.run())  # the last step is checkpointed
+    final = checkpoint.step_dir(tmp_path, 6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]
+    assert sorted(p.name for p in final.iterdir()) == ["meta.json", "policy.pt", "state.pt"]
+    assert torch.load(final / "policy.pt") == {"steps": 6}
+    state = checkpoint.load(tmp_path, 6)
+    assert "policy" not in state and state["step"] == 6 and state["batch_index"] == 6
 
 
 @pytest.mark.parametrize("recompute", [False, True])

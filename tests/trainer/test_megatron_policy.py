@@ -7,7 +7,8 @@
   loss, grad norm, metrics, reference log-probs and updated weights;
 - two gloo processes, once as TP=2 (the odd vocabulary is padded and sharded) and once as DP=2,
   give the same log-probs, step metrics and updated weights as one process;
-- checkpoints round-trip, and the layouts this backend does not run are rejected with their field.
+- a rank's checkpoint file round-trips (a shard of another TP layout, or a missing one, names the file
+  and the field), and the layouts this backend does not run are rejected with their field.
 
 The two-process cases run this file as a script (one process per rank), so no forked process
 inherits torch's threads.
@@ -158,20 +159,29 @@ def test_one_step_matches_the_torch_worker(megatron_worker: Any) -> None:
         torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-5)
 
 
-def test_state_round_trips(megatron_worker: Any) -> None:
+def test_a_checkpoint_round_trips_and_a_changed_layout_names_the_file_and_field(
+    megatron_worker: Any, tmp_path: Path
+) -> None:
     rows = _training_rows()
     megatron_worker.train_chunk(rows)
     megatron_worker.finish_step()
-    state = megatron_worker.state()
+    megatron_worker.save(str(tmp_path))
+    shard = tmp_path / "policy-tp0.pt"
+    assert [p.name for p in tmp_path.iterdir()] == [shard.name]
+    saved = torch.load(shard, weights_only=True)
     before = megatron_worker.weights()
     megatron_worker.train_chunk(rows)
     megatron_worker.finish_step()
-    megatron_worker.load_state(state)
+    megatron_worker.load(str(tmp_path))
     after = megatron_worker.weights()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert megatron_worker.steps_taken == 1
-    with pytest.raises(ValueError, match="tensorParallelSize"):
-        megatron_worker.load_state({**state, "tensor_parallel": (0, 2)})
+    torch.save({**saved, "tensor_parallel": (0, 2)}, shard)  # written by a TP=2 job
+    with pytest.raises(ValueError, match=r"policy-tp0\.pt .*tensorParallelSize"):
+        megatron_worker.load(str(tmp_path))
+    shard.unlink()  # e.g. a TP rank the writing job did not have
+    with pytest.raises(FileNotFoundError, match=r"has no policy-tp0\.pt: .*tensorParallelSize"):
+        megatron_worker.load(str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -256,9 +266,12 @@ if __name__ == "__main__":
 
 
 @pytest.mark.trainer
-def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(ray_address: str) -> None:
+def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(
+    ray_address: str, tmp_path: Path
+) -> None:
     """Two CPU actors as one TP=2 replica: the group hands both the same rows, returns log-probs
-    once, gathers TinyCausalLM weights from both, and checkpoints per TP rank."""
+    once, gathers TinyCausalLM weights from both, and each TP rank writes and reads its own
+    checkpoint file."""
     pytest.importorskip("megatron.core")
     import ray  # noqa: PLC0415
 
@@ -279,7 +292,8 @@ def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(ray_addr
         assert len(ref) == len(rows)
         for ours, theirs in zip(ref, [r.reference_logprobs for r in rows], strict=True):
             assert ours == pytest.approx(theirs, abs=1e-5)
-        state = asyncio.run(group.state())
+        asyncio.run(group.save(str(tmp_path)))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["policy-tp0.pt", "policy-tp1.pt"]
         asyncio.run(group.train_chunk(rows[:5]))
         asyncio.run(group.train_chunk(rows[5:]))
         metrics = asyncio.run(group.finish_step())
@@ -287,7 +301,7 @@ def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(ray_addr
         weights = ray.get(group.weights_ref())
         for key, value in expected_weights.items():
             torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-5)
-        asyncio.run(group.load_state(state))
+        asyncio.run(group.load(str(tmp_path)))
         initial = BUILD.instantiate().state_dict()
         restored = ray.get(group.weights_ref())
         assert all(torch.equal(restored[k], initial[k]) for k in initial)

@@ -1,12 +1,23 @@
 """Checkpoints: one directory per step, written atomically, the newest `keepLast` kept.
 
-A checkpoint is written into a temporary directory next to its final place and renamed into
-`step-NNNNNNNN` only when complete, so a driver killed mid-write leaves either the previous
-checkpoint or the new one, never a torn one (the temporary directory is ignored and cleaned up on
-the next save). The payload is one torch file: policy weights, optimizer and reference model,
-the controller's clocks (trainer version, dispatch batch index), the loader position, the replay
-buffer (ready groups with their data, in-flight groups as prompts to re-dispatch) and the run
-metrics needed to continue the progress report.
+A checkpoint is written in two phases. `begin` creates a temporary directory next to the final
+place; the policy workers write their own files into it (`policy.TorchPolicyWorker.save`: data-
+parallel rank 0 writes `policy.pt`; the Megatron backend: one `policy-tp{rank}.pt` per
+tensor-parallel rank of replica 0), each with CPU tensors and fsynced by its writer (`write`); then
+the controller's `commit` adds `state.pt` and `meta.json` and renames the directory into
+`step-NNNNNNNN`. So the policy's weights and optimizer state (gigabytes) go from each policy
+worker straight to storage, never through the CPU-only controller, and a driver killed mid-write
+leaves either the previous checkpoint or the new one, never a torn one (the temporary directory is
+ignored and cleaned up by the next commit). The policy workers run on the worker pods: the path is
+shared because the operator mounts `spec.storage.checkpoints` on the head and on every worker
+container (`asyncgrpo_operator.manifests`), so `spec.checkpoint.path` must lie under it on a volume
+every node reaches (a ReadWriteMany PVC, or hostPath on one node).
+
+`state.pt` holds the controller's part: its clocks (trainer version, dispatch batch index), the
+loader position, the replay buffer (ready groups with their data, in-flight groups as prompts to
+re-dispatch) and the run metrics needed to continue the progress report. On resume each policy
+worker reads its own file(s) from the step directory (`read`, onto the CPU, so a checkpoint
+written on GPUs loads on CPUs and the other way round).
 """
 
 from __future__ import annotations
@@ -23,33 +34,70 @@ import torch
 PREFIX = "step-"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+SHARED_STORAGE = (
+    "spec.checkpoint.path must be on a volume that the head and every worker pod mount "
+    "(spec.storage.checkpoints: a ReadWriteMany PVC, or hostPath when the job runs on one node)"
+)
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"{PREFIX}{step:08d}"
 
 
-def save(root: str | Path, step: int, payload: dict[str, Any], *, keep_last: int) -> Path:
-    """Write `payload` as the checkpoint of `step` (atomic) and prune older ones."""
+def begin(root: str | Path, step: int) -> Path:
+    """The temporary directory the checkpoint of `step` is written into, before `commit`."""
     base = Path(root)
     base.mkdir(parents=True, exist_ok=True)
     tmp = base / f".tmp-{step:08d}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    torch.save(payload, tmp / STATE_FILE)
+    return tmp
+
+
+def write(path: Path, obj: Any) -> None:
+    """torch.save `obj` to `path` in a directory from `begin`, and fsync it (every writer's call)."""
+    if not path.parent.is_dir():
+        raise FileNotFoundError(
+            f"cannot write {path.name}: the checkpoint directory {path.parent} does not exist on this "
+            f"node; {SHARED_STORAGE}"
+        )
+    torch.save(obj, path)
+    _fsync(path)
+
+
+def read(path: Path, *, fix: str, mmap: bool = False) -> Any:
+    """A policy worker's file that `write` wrote, with CPU tensors (`mmap`: backed by the page
+    cache, which the ranks of a node share, until they are copied onto their devices). A missing
+    file raises an error naming it and `fix`, what to change."""
+    if not path.is_file():
+        raise FileNotFoundError(f"the checkpoint {path.parent} has no {path.name}: {fix}")
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def commit(tmp: Path, step: int, payload: dict[str, Any], *, keep_last: int) -> Path:
+    """Add the controller's `payload` to `tmp` (from `begin`), rename it into the checkpoint of
+    `step` (atomic) and prune older ones."""
+    write(tmp / STATE_FILE, payload)
     (tmp / META_FILE).write_text(json.dumps({"step": step}))
-    for f in (tmp / STATE_FILE, tmp / META_FILE):
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    _fsync(tmp / META_FILE)
+    _fsync(tmp)
+    base = tmp.parent
     final = step_dir(base, step)
     if final.exists():
-        shutil.rmtree(final)
+        # Saved again: move the old directory aside in one rename (prune deletes it), so no crash
+        # leaves a step directory with some of its files, e.g. the policy's, already removed.
+        os.replace(final, base / f".tmp-replaced-{uuid.uuid4().hex[:8]}")
     os.replace(tmp, final)
-    _fsync_dir(base)
+    _fsync(base)
     prune(base, keep_last)
     return final
 
 
-def _fsync_dir(path: Path) -> None:
+def save(root: str | Path, step: int, payload: dict[str, Any], *, keep_last: int) -> Path:
+    """A checkpoint with the controller's `payload` only (`begin` then `commit`)."""
+    return commit(begin(root, step), step, payload, keep_last=keep_last)
+
+
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -63,8 +111,8 @@ def list_steps(root: str | Path) -> list[int]:
         return []
     steps = []
     for child in base.iterdir():
-        # Both files: saving a step that exists removes its old directory first, and a crash
-        # inside that removal can leave meta.json without state.pt (tests/reliability).
+        # Both files (the controller's, written last): a step directory appears, and is replaced,
+        # only by a rename of a complete one; this keeps out any left incomplete some other way.
         if child.name.startswith(PREFIX) and (child / META_FILE).exists() and (child / STATE_FILE).exists():
             try:
                 steps.append(int(child.name[len(PREFIX) :]))
@@ -87,5 +135,6 @@ def latest(root: str | Path) -> int | None:
 
 
 def load(root: str | Path, step: int) -> dict[str, Any]:
+    """The controller's payload of the checkpoint of `step` (the policy files stay for the workers)."""
     payload: dict[str, Any] = torch.load(step_dir(Path(root), step) / STATE_FILE, weights_only=False)
     return payload

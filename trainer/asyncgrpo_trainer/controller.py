@@ -495,10 +495,11 @@ class SingleController:
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,
         }
-        state["policy"] = await self.a.policy.state()
-        await asyncio.to_thread(
-            checkpoint.save, self.s.checkpoint_path, step, state, keep_last=self.s.checkpoint_keep
-        )
+        # The policy workers write their own files into the checkpoint's temporary directory (the
+        # state never passes through this CPU-only process); state.pt and the rename come last.
+        tmp = await asyncio.to_thread(checkpoint.begin, self.s.checkpoint_path, step)
+        await self.a.policy.save(str(tmp))
+        await asyncio.to_thread(checkpoint.commit, tmp, step, state, keep_last=self.s.checkpoint_keep)
         self.last_checkpoint_step = step
         self._record({"event": "checkpoint", "step": step})
 

@@ -17,6 +17,7 @@ retries; the retry resumes from the newest checkpoint.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -242,8 +243,9 @@ def build(job: AsyncGRPOJob) -> Built:
         raise
 
 
-def resume_state(path: str) -> tuple[controller.ResumeState, dict[str, Any]] | None:
-    """The controller's state and the policy state of the newest checkpoint under `path`."""
+def resume_state(path: str) -> tuple[controller.ResumeState, Path] | None:
+    """The controller's state of the newest checkpoint under `path`, and its step directory, from
+    which the policy workers read their own files (`workers.PolicyGroup.load`)."""
     step = checkpoint.latest(path)
     if step is None:
         return None
@@ -257,12 +259,7 @@ def resume_state(path: str) -> tuple[controller.ResumeState, dict[str, Any]] | N
         counters=payload["counters"],
         validation_reward=payload["validation_reward"],
     )
-    return state, payload["policy"]
-
-
-def _load_policy(group: workers.PolicyGroup, state: dict[str, Any]) -> list[Any]:
-    ref = ray.put(state)
-    return [a.load_state.remote(ref) for a in group.actors]
+    return state, checkpoint.step_dir(Path(path), step)
 
 
 def supervise(
@@ -379,7 +376,7 @@ def execute(
         try:
             ray.get(built.ready)
             if resume is not None:
-                ray.get(_load_policy(built.args.policy, resume[1]))
+                asyncio.run(built.args.policy.load(str(resume[1])))
             return supervise(actor, server, stall_seconds=t.async_rl.stall_timeout_seconds, quiet=quiet)
         finally:
             ray.kill(actor, no_restart=True)

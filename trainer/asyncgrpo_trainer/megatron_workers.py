@@ -3,8 +3,10 @@
 One actor per GPU; global rank r is tensor-parallel rank r % TP of data-parallel replica r // TP
 (see `backends.megatron_policy`). `MegatronPolicyGroup` is a `workers.PolicyGroup` whose calls
 respect that layout: the TP peers of a replica get the same rows (they split the model, not the
-batch), log-probs come back once per replica, and the weight gather and the checkpoint are
-collectives of replica 0's TP group, so every one of its actors is called, in the same order.
+batch), log-probs come back once per replica, the weight gather is a collective of replica 0's TP
+group, so every one of its actors is called, in the same order, and replica 0's TP ranks each write
+their shard of a checkpoint (`policy-tp{rank}.pt`), which every replica's rank of that TP rank reads
+on resume.
 
 This module, not `backends.megatron_policy`, imports Ray, so the GPU check script can run the
 worker on a machine without Ray.
@@ -23,9 +25,6 @@ from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy
 from asyncgrpo_trainer.backends.megatron_policy import MegatronLayout, MegatronPolicyWorker
 from asyncgrpo_trainer.backends.modelspec import ModelBuild
-
-SHARDS = "megatron_tensor_parallel_shards"
-"""Key of the group's checkpoint payload: one worker state per TP rank of replica 0."""
 
 
 class MegatronPolicyActor(workers.DeferredRank, MegatronPolicyWorker):
@@ -71,19 +70,10 @@ class MegatronPolicyGroup(workers.PolicyGroup):
         refs = [a.weights.remote() for a in self.actors[: self.tp]]
         return refs[0]
 
-    async def state(self) -> dict[str, Any]:
-        shards = await asyncio.gather(*(a.state.remote() for a in self.actors[: self.tp]))
-        return {SHARDS: list(shards)}
-
-    async def load_state(self, state: dict[str, Any]) -> None:
-        shards = state[SHARDS]
-        if len(shards) != self.tp:
-            raise ValueError(
-                f"the checkpoint holds {len(shards)} tensor-parallel shards, this job runs {self.tp}: "
-                f"resume with the same spec.trainer.policy.megatron.tensorParallelSize"
-            )
-        refs = [ray.put(s) for s in shards]
-        await asyncio.gather(*(a.load_state.remote(refs[i % self.tp]) for i, a in enumerate(self.actors)))
+    async def save(self, directory: str) -> None:
+        """Replica 0's TP ranks each write their shard's file (`load` is the base class's: every
+        actor reads its TP rank's file)."""
+        await asyncio.gather(*(a.save.remote(directory) for a in self.actors[: self.tp]))
 
 
 def start_megatron_policy_group(

@@ -147,13 +147,14 @@ class PolicyGroup:
         """Object ref of rank 0's weights (CPU tensors), resolved by each engine directly."""
         return self.actors[0].weights.remote()
 
-    async def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = await self.actors[0].state.remote()
-        return state
+    async def save(self, directory: str) -> None:
+        """Rank 0 writes the policy's checkpoint file into `directory` (`checkpoint.begin`'s, which
+        every worker pod mounts), so the state never passes through the controller."""
+        await self.actors[0].save.remote(directory)
 
-    async def load_state(self, state: dict[str, Any]) -> None:
-        ref = ray.put(state)
-        await asyncio.gather(*(a.load_state.remote(ref) for a in self.actors))
+    async def load(self, directory: str) -> None:
+        """Every rank reads its state from the checkpoint step directory `directory`."""
+        await asyncio.gather(*(a.load.remote(directory) for a in self.actors))
 
     async def busy_seconds(self) -> float:
         values = await asyncio.gather(*(a.busy.remote() for a in self.actors))

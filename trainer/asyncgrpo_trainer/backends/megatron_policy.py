@@ -39,12 +39,14 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
+from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import megatron_mapping as mapping
 from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
@@ -53,6 +55,8 @@ from asyncgrpo_trainer.backends.policy import (
     PolicyWorker,
     StepAccumulator,
     TrainRow,
+    cpu_copy,
+    load_optimizer,
     optimizer_step,
 )
 
@@ -387,23 +391,37 @@ class MegatronPolicyWorker(PolicyWorker):
         return mapping.megatron_to_tiny(full, self.build.config) if self.tp_rank == 0 else {}
 
     def state(self) -> dict[str, Any]:
-        """This rank's shard: parameters (Megatron names), optimizer, step count, reference shard."""
+        """What `save` writes: this rank's shard of the parameters (Megatron names), optimizer,
+        step count and reference, all on the CPU."""
         return {
             "tensor_parallel": (self.tp_rank, self.tp),
             "model": _cpu_params(self.model),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": cpu_copy(self.optimizer.state_dict()),
             "steps_taken": self.steps_taken,
             "reference": None if self.reference is None else _cpu_params(self.reference),
         }
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        if tuple(state["tensor_parallel"]) != (self.tp_rank, self.tp):
+    def save(self, directory: str) -> None:
+        """Write `policy-tp{TP rank}.pt` (the group calls the TP ranks of replica 0: the other
+        replicas hold the same shards)."""
+        checkpoint.write(Path(directory) / shard_file(self.tp_rank), self.state())
+
+    def load(self, directory: str) -> None:
+        path = Path(directory) / shard_file(self.tp_rank)
+        state = checkpoint.read(
+            path,
+            fix=f"the Megatron policy backend writes one per tensor-parallel rank; resume with the "
+            f"spec.trainer.policy.backend and {MEGATRON}.tensorParallelSize it was written with",
+            mmap=self.device.type != "cpu",
+        )
+        written = tuple(state["tensor_parallel"])
+        if written != (self.tp_rank, self.tp):
             raise ValueError(
-                f"checkpoint shard is tensor-parallel rank/size {tuple(state['tensor_parallel'])}, this "
-                f"worker is {(self.tp_rank, self.tp)}: resume with the same {MEGATRON}.tensorParallelSize"
+                f"checkpoint shard {path} is tensor-parallel rank/size {written}, this worker is "
+                f"{(self.tp_rank, self.tp)}: resume with the same {MEGATRON}.tensorParallelSize"
             )
         _load_params(self.model, state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(self.optimizer, state["optimizer"])
         self.steps_taken = int(state["steps_taken"])
         if self.reference is not None and state.get("reference") is not None:
             _load_params(self.reference, state["reference"])
@@ -416,6 +434,11 @@ class MegatronPolicyWorker(PolicyWorker):
         self.core.parallel_state.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def shard_file(tp_rank: int) -> str:
+    """A tensor-parallel rank's file in a checkpoint directory (`checkpoint`)."""
+    return f"policy-tp{tp_rank}.pt"
 
 
 def _cpu_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:

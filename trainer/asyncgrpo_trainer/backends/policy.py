@@ -10,8 +10,8 @@ system read the gradient before its reduce had finished and reported about half 
 On CUDA the worker trains with `cuda_train.Recipe.for_device`: fp32 master parameters with the
 forward under autocast to the model's dtype, compiled decoder blocks and output head, fused AdamW;
 on CPU the plain eager recipe in the model's dtype. Both run the same step below; only the recipe
-differs. `weights()` are in the model's dtype (what the generation engines hold), `state()` keeps
-the master weights.
+differs. `weights()` are in the model's dtype (what the generation engines hold), the checkpoint
+(`save`, straight from the worker to the checkpoint directory, CPU tensors) keeps the master weights.
 
 prev_logprobs (pi_old) are the detached log-probs of the same forward pass: the weights do not
 change within a step, so a separate "old policy" pass would compute the same numbers. Reference
@@ -32,14 +32,19 @@ import copy
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
 from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
+
+POLICY_FILE = "policy.pt"
+"""The torch backend's file in a checkpoint directory (`checkpoint`)."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,15 @@ class PolicyWorker(abc.ABC):
     def weights(self) -> dict[str, torch.Tensor]: ...
 
     @abc.abstractmethod
-    def state(self) -> dict[str, Any]: ...
+    def save(self, directory: str) -> None:
+        """Write this rank's checkpoint file(s), CPU tensors, into `directory` (a checkpoint's
+        temporary directory on storage every pod mounts: `checkpoint.begin`). The group calls it on
+        the ranks whose files make up the checkpoint."""
 
     @abc.abstractmethod
-    def load_state(self, state: dict[str, Any]) -> None: ...
+    def load(self, directory: str) -> None:
+        """Restore this rank from the checkpoint step directory `directory`; a missing or
+        mismatched file raises an error naming the file and the spec field to fix."""
 
 
 class TorchPolicyWorker(PolicyWorker):
@@ -184,18 +194,30 @@ class TorchPolicyWorker(PolicyWorker):
         return {k: v.detach().to("cpu", self.dtype, copy=True) for k, v in self.model.state_dict().items()}
 
     def state(self) -> dict[str, Any]:
+        """What `save` writes: master weights, optimizer, step count and reference, all on the CPU."""
         return {
             "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": cpu_copy(self.optimizer.state_dict()),
             "steps_taken": self.steps_taken,
             "reference": None
             if self.reference is None
-            else {k: v.detach().cpu() for k, v in self.reference.state_dict().items()},
+            else {k: v.detach().to("cpu", copy=True) for k, v in self.reference.state_dict().items()},
         }
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def save(self, directory: str) -> None:
+        """Write `policy.pt` (the group calls data-parallel rank 0 only: every rank holds the same
+        state)."""
+        checkpoint.write(Path(directory) / POLICY_FILE, self.state())
+
+    def load(self, directory: str) -> None:
+        state = checkpoint.read(
+            Path(directory) / POLICY_FILE,
+            fix="the torch policy backend writes it; resume with the spec.trainer.policy.backend "
+            "the checkpoint was written with",
+            mmap=self.device.type != "cpu",
+        )
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(self.optimizer, state["optimizer"])
         self.steps_taken = int(state["steps_taken"])
         if self.reference is not None and state.get("reference") is not None:
             self.reference.load_state_dict(state["reference"])
@@ -319,6 +341,33 @@ def _padded(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
     for i, row in enumerate(values):
         out[i, : len(row)] = torch.tensor(row[: mask.shape[1]], dtype=torch.float32)
     return out.to(mask.device, non_blocking=True)
+
+
+def cpu_copy(obj: Any) -> Any:
+    """`obj` (an optimizer's state_dict) with every tensor copied to the CPU, so a checkpoint
+    written on a GPU loads in a process that has none."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
+
+
+_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+"""Optimizer param-group keys that choose the kernel (per device), not the optimization."""
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a `cpu_copy`'d optimizer state, keeping this optimizer's kernel choice: a CPU
+    checkpoint resumed on CUDA keeps its fused AdamW (and the step counters go on the GPU, where
+    fused needs them), a CUDA one resumed on CPU does not try to run the fused CUDA kernel."""
+    groups = [
+        {**saved, **{k: own[k] for k in _IMPLEMENTATION if k in own}}
+        for saved, own in zip(state["param_groups"], optimizer.param_groups, strict=True)
+    ]
+    optimizer.load_state_dict({**state, "param_groups": groups})
 
 
 def default_device(gpus: int) -> str:
