@@ -5,18 +5,22 @@
 
 With --repeat R each mode runs R times and the run with the median wall time is reported (the
 machine this was written on is shared, and single runs vary by tens of percent). Each mode runs
-the shipped arithmetic task for the same number of steps (so the same number of
-trained samples) in one embedded Ray cluster, after a warm-up run that pays the process start-up.
-Reported per mode: the controller's wall time (setup excluded) and trained samples/s, the ratio to
-sync, time per phase summed over the run (exposed generation = the trainer waiting for rollouts;
-logprobs = reference log-probs, only with --kl; training = forward/backward/optimizer; refit =
-weight sync incl. cache reset and abort/drain), the idle fraction of the policy and generation
-workers (1 - busy / wall), mean staleness, generated samples that were never trained on, and
-the final reward. With --gpus G, the policy and the generation worker get G GPUs each (one pool
-each, not colocated), the GPUs' utilization is sampled with nvidia-smi while each mode runs, and
-the refit is reported per step against the link bound (policy bytes in the engines' dtype / the
-broadcast bandwidth given by --link-bytes-per-s, measured by bench/gpu/refit.py). Not part of the
-test suite.
+the shipped arithmetic task for the same number of steps (so the same number of trained samples)
+in one embedded Ray cluster, after a warm-up run that pays the process start-up. With --ignore-eos
+every response is --max-new-tokens long (generation.ignoreEos): the GPU workload, since the task's
+own answers are a few tokens and would leave GPUs idle.
+
+Reported per mode: the controller's wall time (setup and checkpoint writes excluded: the last
+step always checkpoints) and trained samples/s, the ratio to sync, time per phase summed over the
+run (exposed generation = the trainer waiting for rollouts; logprobs = reference log-probs, only
+with --kl; training = forward/backward/optimizer; refit = weight sync incl. cache reset and
+abort/drain), the idle fraction of the policy and generation workers (1 - busy / wall), mean
+staleness, generated samples that were never trained on, and the final reward. With --gpus G,
+the policy and the generation worker get G GPUs each (one pool each, not colocated), the GPUs'
+utilization is sampled with nvidia-smi while each mode runs, and the refit is reported per step
+against the link bound (policy bytes in the engines' dtype / the broadcast bandwidth given by
+--link-bytes-per-s, measured by bench/gpu/refit.py). --out is rewritten after every mode. Run by
+tests/trainer/test_trainer_bench_tiny.py in its smallest form.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -96,6 +101,7 @@ class Shape:
     kv_heads: int = 2
     intermediate: int | None = None
     max_new_tokens: int = 4
+    ignore_eos: bool = False
     max_prompt_length: int = 8
     micro_batch: int = 64
     learning_rate: float = 2e-3
@@ -147,7 +153,7 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                     "trainMicroBatchSize": shape.micro_batch,
                     "learningRate": shape.learning_rate,
                 },
-                "generation": {"maxNewTokens": shape.max_new_tokens},
+                "generation": {"maxNewTokens": shape.max_new_tokens, "ignoreEos": shape.ignore_eos},
                 "weightSync": {"transport": shape.transport},
                 "data": {"maxPromptLength": shape.max_prompt_length},
             },
@@ -164,7 +170,7 @@ class GpuUtilization:
 
     def __init__(self, period_ms: int = 200) -> None:
         self.period_ms = period_ms
-        self.samples: dict[int, list[float]] = {}
+        self.samples: dict[int, list[tuple[float, float]]] = {}  # gpu -> (time.time(), busy %)
 
     @contextmanager
     def sampling(self) -> Iterator[GpuUtilization]:
@@ -196,13 +202,18 @@ class GpuUtilization:
         for line in proc.stdout:
             index, _, busy = line.partition(",")
             try:
-                self.samples.setdefault(int(index), []).append(float(busy))
+                self.samples.setdefault(int(index), []).append((time.time(), float(busy)))
             except ValueError:
                 continue
 
-    def mean(self) -> dict[str, float]:
-        """Mean utilization (0-1) per GPU index."""
-        return {f"gpu{i}": sum(v) / len(v) / 100 for i, v in sorted(self.samples.items()) if v}
+    def mean(self, start: float, end: float) -> dict[str, float]:
+        """Mean utilization (0-1) per GPU index over the samples taken in [start, end]."""
+        out = {}
+        for i, samples in sorted(self.samples.items()):
+            inside = [busy for t, busy in samples if start <= t <= end]
+            if inside:
+                out[f"gpu{i}"] = sum(inside) / len(inside) / 100
+        return out
 
 
 def measure(summary: dict[str, Any], shape: Shape) -> dict[str, Any]:
@@ -213,9 +224,13 @@ def measure(summary: dict[str, Any], shape: Shape) -> dict[str, Any]:
     refits = sorted(r.get("refit", 0.0) for r in steps)
     # The first step also pays one-time work inside the workers (CUDA: compilation, graph capture).
     steady = sum(r["step_seconds"] for r in steps[1:])
+    # The last step always checkpoints; its write (GBs on a GPU model) is not what the modes differ in.
+    wall = summary["wall_seconds"] - phases.get("checkpointing", 0.0)
+    batches = summary.get("generation_batches", 0.0)
     return {
-        "wall_s": summary["wall_seconds"],
-        "samples_per_s": summary["samples_per_second"],
+        "wall_s": wall,
+        "samples_per_s": summary["samples"] / wall,
+        "checkpointing_s": phases.get("checkpointing", 0.0),
         "steady_samples_per_s": (len(steps) - 1) * shape.samples_per_step / steady if steady else 0.0,
         "first_step_s": steps[0]["step_seconds"],
         "response_tokens_per_sample": sum(r["tokens"] for r in steps) / (len(steps) * shape.samples_per_step),
@@ -227,12 +242,17 @@ def measure(summary: dict[str, Any], shape: Shape) -> dict[str, Any]:
         "training_s": phases.get("training", 0.0),
         "refit_s": phases.get("refit", 0.0),
         "refit_median_s": refits[len(refits) // 2] if refits else 0.0,
-        "policy_idle": summary["policy_idle_fraction"],
-        "generation_idle": summary["generation_idle_fraction"],
+        "generation_batches": batches,
+        "rows_per_batch": generated / batches if batches else 0.0,
+        "policy_idle": max(0.0, 1 - summary["policy_busy_seconds"] / wall),
+        "generation_idle": max(0.0, 1 - summary["generation_busy_seconds"] / wall),
         "mean_staleness": sum(r["mean_staleness"] for r in steps) / len(steps),
+        # mean(policy log-prob - engine log-prob) of the trained tokens: ~0 in sync mode (dtype
+        # noise), so a refit that delivered wrong or late weights would show here.
+        "gen_kl_error_sync_steps": [r["gen_kl_error"] for r in steps if r["mean_staleness"] == 0][:5],
         "wasted_samples": generated - c.get("samples_trained", 0.0),
-        "reward_first5": sum(r["reward_mean"] for r in steps[:5]) / 5,
-        "reward_last10": sum(r["reward_mean"] for r in steps[-10:]) / 10,
+        "reward_first5": sum(r["reward_mean"] for r in steps[:5]) / len(steps[:5]),
+        "reward_last10": sum(r["reward_mean"] for r in steps[-10:]) / len(steps[-10:]),
     }
 
 
@@ -243,9 +263,10 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         "| mode | wall (s), median [all runs] | samples/s | vs sync | exposed gen (s) | gen busy (s) | "
         "logprobs (s) | training (s) | refit (s) | policy idle | gen idle | staleness | wasted | "
         "reward first5 -> last10 | steady samples/s (steps 2..) | steady vs sync | first step (s) |"
-        + (" GPU util (policy, gen) | refit median (ms) |" if gpu else "")
     )
-    lines = [head, "|" + "---|" * (19 if gpu else 17)]
+    if gpu:
+        head += " GPU util (policy, gen) | refit median (ms) | gen tokens/s | gen batches (rows each) |"
+    lines = [head, "|" + "---|" * (21 if gpu else 17)]
     steady_base = results["sync"]["steady_samples_per_s"]
     for mode, m in results.items():
         line = (
@@ -261,7 +282,8 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         )
         if gpu:
             util = ", ".join(f"{v:.0%}" for v in m.get("gpu_utilization", {}).values())
-            line += f" {util} | {m['refit_median_s'] * 1e3:.1f} |"
+            line += f" {util} | {m['refit_median_s'] * 1e3:.1f} | {m['generated_tokens_per_s']:,.0f} |"
+            line += f" {m['generation_batches']:.0f} ({m['rows_per_batch']:.0f}) |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -282,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         "--kl", type=float, default=0.0, help="KL penalty (adds the reference log-prob phase)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generation.ignoreEos: every response is --max-new-tokens long (a throughput workload)",
+    )
     parser.add_argument("--max-prompt-length", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
@@ -312,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_heads=ns.kv_heads,
         intermediate=ns.intermediate,
         max_new_tokens=ns.max_new_tokens,
+        ignore_eos=ns.ignore_eos,
         max_prompt_length=ns.max_prompt_length,
         micro_batch=ns.micro_batch,
         learning_rate=ns.learning_rate,
@@ -320,8 +348,21 @@ def main(argv: list[str] | None = None) -> int:
         transport=ns.transport,
         policy_backend=ns.policy_backend,
     )
-    ray.init(num_cpus=4, num_gpus=2 * ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
+    refit_bound = None
+    if ns.link_bytes_per_s:
+        moved = policy_bytes(job("sync", shape, steps=1, kl=0.0, ckpt="/unused"))
+        refit_bound = {"policy_bytes": moved, "bound_s": moved / ns.link_bytes_per_s}
     results: dict[str, dict[str, Any]] = {}
+
+    def write_out() -> None:  # after every mode: a run cut off by a time limit keeps what it measured
+        if ns.out:
+            with open(ns.out, "w") as f:
+                report = {"shape": asdict(shape), "steps": ns.steps, "refit_bound": refit_bound}
+                json.dump({**report, "modes": results}, f, indent=2)
+
+    own_ray = not ray.is_initialized()  # else run in the caller's cluster (the test suite's)
+    if own_ray:
+        ray.init(num_cpus=4, num_gpus=2 * ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         # Pays process start-up (and on CUDA compilation and graph capture) once, untimed.
         driver.execute(job("sync", shape, steps=ns.warmup_steps, kl=ns.kl, ckpt=f"{tmp}/warm"))
@@ -333,22 +374,16 @@ def main(argv: list[str] | None = None) -> int:
                     summary = driver.execute(
                         job(mode, shape, steps=ns.steps, kl=ns.kl, ckpt=f"{tmp}/{mode}-{r}")
                     )
-                runs.append({**measure(summary, shape), "gpu_utilization": util.mean()})
+                m = measure(summary, shape)
+                # The controller's run without its final checkpoint: the window the wall covers.
+                busy = util.mean(summary["started_at"], summary["started_at"] + m["wall_s"])
+                runs.append({**m, "gpu_utilization": busy})
                 print(json.dumps({"mode": mode, "run": r, **runs[-1]}), file=sys.stderr, flush=True)
             runs.sort(key=lambda m: m["wall_s"])
             results[mode] = {**runs[len(runs) // 2], "wall_runs": [round(m["wall_s"], 2) for m in runs]}
-    ray.shutdown()
-    refit_bound = None
-    if ns.link_bytes_per_s:
-        moved = policy_bytes(job("sync", shape, steps=1, kl=0.0, ckpt="/unused"))
-        refit_bound = {"policy_bytes": moved, "bound_s": moved / ns.link_bytes_per_s}
-    if ns.out:
-        with open(ns.out, "w") as f:
-            json.dump(
-                {"shape": asdict(shape), "steps": ns.steps, "refit_bound": refit_bound, "modes": results},
-                f,
-                indent=2,
-            )
+            write_out()
+    if own_ray:
+        ray.shutdown()
     if ns.markdown:
         print(
             f"Measured {datetime.date.today()} with `python -m asyncgrpo_trainer.bench "

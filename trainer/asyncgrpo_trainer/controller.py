@@ -191,6 +191,7 @@ class SingleController:
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.validation_task: asyncio.Task[None] | None = None
         self.t_start = time.perf_counter()
+        self.started_at = time.time()
         await self._refit_weights(self.version, reset=True)
         self.permitted.set()
         self.state = "running"
@@ -253,12 +254,14 @@ class SingleController:
         pol_busy = await self.a.policy.busy_seconds()
         return {
             "steps": self.version,
+            "started_at": self.started_at,
             "wall_seconds": wall,
             "samples": self.counters["samples_trained"],
             "samples_per_second": self.counters["samples_trained"] / wall if wall else 0.0,
             "phases": dict(self.totals.phases),
             "policy_busy_seconds": pol_busy,
             "generation_busy_seconds": gen_busy,
+            "generation_batches": sum(g.get("batches", 0.0) for g in gen_stats),
             "policy_idle_fraction": max(0.0, 1 - pol_busy / wall) if wall else 0.0,
             "generation_idle_fraction": max(0.0, 1 - gen_busy / wall) if wall else 0.0,
             "counters": dict(self.counters),
