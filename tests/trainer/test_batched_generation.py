@@ -36,9 +36,18 @@ GREEDY = sampling.SamplingParams(max_new_tokens=12, temperature=0.0)
 PROMPTS = [[5, 9, 2], [7, 1, 8, 3, 3, 4, 11], [13], [2, 4, 6, 8, 10]]
 
 
-def _worker(engine: generation.Engine = "batched", **kw: Any) -> generation.TorchGenerationWorker:
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+"""On CUDA the batched engine replays CUDA graphs and queues chunks without waiting (the GPU run)."""
+
+
+def _worker(
+    engine: generation.Engine = "batched", device: str = "cpu", **kw: Any
+) -> generation.TorchGenerationWorker:
     return generation.TorchGenerationWorker(
-        BUILD, device="cpu", engine=engine, collect_seconds=0.0, sync_every=2, **kw
+        BUILD, device=device, engine=engine, collect_seconds=0.0, sync_every=2, **kw
     )
 
 
@@ -131,8 +140,9 @@ def test_logprobs_equal_what_the_policy_recomputes_for_the_sampled_tokens() -> N
         assert lps == pytest.approx(ref[i, : len(lps)].tolist(), abs=1e-4)
 
 
-def test_batched_greedy_equals_the_per_group_loop() -> None:
-    batched, loop = _worker("batched"), _worker("per-group")
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_greedy_equals_the_per_group_loop(device: str) -> None:
+    batched, loop = _worker("batched", device), _worker("per-group", device)
     for w in (batched, loop):
         _scaled(w.model, 3)
 
@@ -149,24 +159,25 @@ def test_batched_greedy_equals_the_per_group_loop() -> None:
             assert a == pytest.approx(b, abs=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_weight_update_lands_between_chunks_and_later_tokens_follow_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
-    worker = _worker()
+    worker = _worker(device=device)
     _scaled(worker.model, 4)
     old = BUILD.instantiate()
-    old.load_state_dict(worker.model.state_dict())
+    old.load_state_dict({k: v.cpu() for k, v in worker.model.state_dict().items()})
     new = BUILD.instantiate()
     _scaled(new, 5)
     chunk_done = asyncio.Event()
-    advance = static_decode.Decoding.advance
+    collect = static_decode.Decoding.collect
 
-    def advance_and_signal(self: static_decode.Decoding) -> bool:
-        finished = advance(self)
+    def collect_and_signal(self: static_decode.Decoding) -> bool:
+        finished = collect(self)
         chunk_done.set()
         return finished
 
-    monkeypatch.setattr(static_decode.Decoding, "advance", advance_and_signal)
+    monkeypatch.setattr(static_decode.Decoding, "collect", collect_and_signal)
 
     async def scenario() -> list[generation.Generated]:
         await worker.adopt_weights(0)

@@ -8,17 +8,21 @@ left-padded batch, and hands each caller its own rows. A group larger than the r
 over consecutive batches. Rows that arrive while a batch decodes wait for the next batch (they do
 not join at a chunk boundary: the static cache has one write slot for the whole batch, and a
 prompt joining late would need its prefill at other slots). Before each batch the runner waits
-`collect_seconds` for the rest of a dispatch wave (cheap next to a batch's decode), so the first
-group after idle does not run alone while its siblings wait.
+for the rest of a dispatch wave, `collect_seconds` at a time for as long as rows keep arriving
+(cheap next to a batch's decode), so the first groups after idle do not run alone while their
+siblings wait for the next batch.
 
-Weights: the runner yields to the event loop after every chunk of `sync_every` steps, under the
-worker's weights lock; a weight update (in place + `refresh_weights`) lands there, and the rest of
-the batch decodes with the new weights on the KV it already has. Each result's first/last version
+Weights: the runner queues one chunk of `sync_every` steps at a time under the worker's weights
+lock and, while the device runs it, leaves the event loop to other calls (a refit's receive
+starts at once). A weight update (in place + `refresh_weights`) queued under the lock lands
+between two chunks, and the rest of the batch decodes with the new weights on the KV it already
+has. Each result's first/last version
 are the engine versions when its first batch prefilled and when its last batch ended. No KV
 survives a batch (each batch prefills), so there is nothing to reset after an update.
 
-Busy seconds of a batch (host time spent prefilling and decoding, not the yields) are split over
-its groups by their share of its rows: every row runs the same steps.
+Busy seconds of a batch (from queuing the prefill or a chunk until the device has finished it,
+not the yields between chunks) are split over its groups by their share of its rows: every row
+runs the same steps.
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ from dataclasses import dataclass, field
 
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
+
+POLL_SECONDS = 0.0002
+"""How often the runner looks whether the device finished a chunk (a chunk takes milliseconds)."""
+
+MAX_COLLECT_WAITS = 8
+"""Collection waits at most this many `collect_seconds` while rows keep arriving."""
 
 
 @dataclass(eq=False)
@@ -96,8 +106,7 @@ class GroupBatcher:
 
     async def _run(self) -> None:
         while True:
-            if self.collect_seconds > 0 and sum(g.unscheduled for g in self._queue) < self.max_rows:
-                await asyncio.sleep(self.collect_seconds)
+            await self._collect()
             pieces = self._take()
             if not pieces:
                 return
@@ -107,6 +116,21 @@ class GroupBatcher:
                 for group, _ in pieces:
                     if not group.future.done():
                         group.future.set_exception(exc)
+
+    async def _collect(self) -> None:
+        """Wait for the rest of a dispatch wave: `collect_seconds` at a time while rows keep arriving
+        (the calls of one wave reach the actor one by one), until the batch is full."""
+
+        def queued() -> int:
+            return sum(g.unscheduled for g in self._queue)
+
+        for _ in range(MAX_COLLECT_WAITS if self.collect_seconds > 0 else 0):
+            before = queued()
+            if before >= self.max_rows:
+                return
+            await asyncio.sleep(self.collect_seconds)
+            if queued() == before:
+                return
 
     def _take(self) -> list[tuple[GroupRun, int]]:
         """(group, rows) pieces of the next batch: oldest first, one distribution, <= max_rows."""
@@ -138,15 +162,17 @@ class GroupBatcher:
             first = self._version()
             t0 = time.perf_counter()
             decoding = decoder.start(prompts, seed=pieces[0][0].seed, max_new_tokens=params.max_new_tokens)
-            busy = time.perf_counter() - t0
+        busy = 0.0
         while True:
-            async with self._lock:
-                t0 = time.perf_counter()
-                done = decoding.advance()
-                busy += time.perf_counter() - t0
-            if done or all(g.future.done() for g, _ in pieces):  # finished, or nobody waits
+            async with self._lock:  # queue the chunk; a weight copy queued later runs after it
+                decoding.launch()
+            while not decoding.ready():  # the device decodes; the actor serves other calls
+                await asyncio.sleep(POLL_SECONDS)
+            busy += time.perf_counter() - t0
+            if decoding.collect() or all(g.future.done() for g, _ in pieces):  # ended, or nobody waits
                 break
             await asyncio.sleep(0)  # a weight update, new submissions, other actor calls
+            t0 = time.perf_counter()
         t0 = time.perf_counter()
         tokens, logprobs, finished = decoding.output().to_lists() if decoding.finished else ([], [], [])
         busy += time.perf_counter() - t0

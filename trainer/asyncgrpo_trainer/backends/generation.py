@@ -159,6 +159,9 @@ class TorchGenerationWorker(GenerationWorker):
                 eos_id=key[2],
                 pad_id=self.build.pad_id,
                 sync_every=self.sync_every,
+                # The compiled layer halves a decode step on CUDA (bench/gpu: 4.3 -> 2.2 ms for the
+                # 387M model at 256 rows) for a few seconds of compilation per batch size.
+                compile_layer=self.device.type == "cuda",
             )
             self._decoders[key] = dec
         return dec

@@ -163,6 +163,10 @@ class BucketedBroadcast:
             [buf[s.offset : s.offset + s.numel].view(s.shape) for s in slots]
             for buf, slots in zip(self._buffers, self._slots, strict=True)
         ]
+        # `receive` runs on a stream of its own: a collective waits for everything queued on the
+        # stream it is issued on, and the receiver's default stream holds its queued decode work.
+        self._receive_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None  # type: ignore[no-untyped-call]
+        self._unpacked: torch.cuda.Event | None = None  # the last unpack's copies, queued
 
     def _views(self, bucket: int) -> list[torch.Tensor]:
         return self._view_lists[bucket]
@@ -208,19 +212,33 @@ class BucketedBroadcast:
     def receive(self) -> None:
         """A receiver's half of `sync` without the unpack: every bucket lands in this object's
         buffers and the call blocks until they are complete (on CUDA too), so it may run in a
-        thread while the caller's model stays in use; `unpack` then writes the model."""
+        thread while the caller's model stays in use; `unpack` then writes the model.
+
+        On CUDA the broadcasts run on the receive stream, which waits only for the previous
+        unpack's copies out of the same buffers, not for the decode work queued meanwhile: the
+        sender (and the trainer behind it) is not held up by the engine's queued chunk."""
         if self.rank == self.src:
             raise RuntimeError("the sender calls sync, not receive")
-        for work in [self._broadcast(b) for b in range(self.plan.num_buckets)]:
-            work.wait()
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        if self._receive_stream is None:
+            for work in [self._broadcast(b) for b in range(self.plan.num_buckets)]:
+                work.wait()
+            return
+        with torch.cuda.stream(self._receive_stream):
+            if self._unpacked is not None:
+                self._receive_stream.wait_event(self._unpacked)
+            for work in [self._broadcast(b) for b in range(self.plan.num_buckets)]:
+                work.wait()
+        self._receive_stream.synchronize()
 
     @torch.no_grad()
     def unpack(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Copy the last received buckets into `tensors`, in place."""
+        """Copy the last received buckets into `tensors`, in place (on CUDA: queued on the
+        current stream, so work queued before sees the old values and work queued after the new)."""
         for b in range(self.plan.num_buckets):
             _copy(self._tensors(b, tensors), self._views(b))
+        if self._receive_stream is not None:
+            self._unpacked = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._unpacked.record()
 
 
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:

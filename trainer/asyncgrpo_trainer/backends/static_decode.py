@@ -6,7 +6,7 @@ on an H200 a 24-layer model then spends ~65 ms per step waiting on the CPU (HF `
 same, about 2% of the decode bound). Here every buffer is allocated once, so one whole decode step
 (sample, record, end-of-sequence bookkeeping, forward of the new token through all layers) is
 captured once in a CUDA graph and replayed; the host only looks at the device every `sync_every`
-steps to stop early when every row has ended.
+steps to stop early when every row has ended, and need not wait for it (`Decoding.launch`).
 
 What is read from the model: its config and its parameters. The projections q/k/v and gate/up are
 packed into one matrix each (one GEMM instead of three or two); those packed copies are the only
@@ -221,6 +221,10 @@ class StaticDecoder:
         self._attend: Any = _attend
         self._post: Any = _post_attention
         if compile_layer:
+            # One static graph per captured batch size (powers of two up to max_batch); past
+            # dynamo's default of 8 entries a function would silently run eagerly.
+            sizes = max_batch.bit_length() + 1
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, sizes)
             # Pure functions with the weights as arguments, so each compiles once for all layers
             # (same code, same shapes). The cache writes stay outside: a compiled in-place write
             # into a view of the cache could be lowered as a copy of the whole slice.
@@ -487,10 +491,16 @@ class StaticDecoder:
 class Decoding:
     """One batch being decoded by a `StaticDecoder`, in chunks of `sync_every` steps.
 
-    Why chunks: between two `advance()` calls the device is idle and the host knows it (each chunk
-    ends with the one device->host read, "has every row ended?"), so a caller can do other work
-    there, e.g. overwrite the model's parameters in place and `refresh_weights()`; the following
-    steps then use the new weights with the KV already cached.
+    Why chunks: each chunk ends with the one device->host read, "has every row ended?", so the
+    host learns between chunks whether to stop early, and a caller can do other work there, e.g.
+    overwrite the model's parameters in place and `refresh_weights()`; the following steps then
+    use the new weights with the KV already cached.
+
+    `advance()` runs one chunk and waits for it. An asynchronous caller splits that into
+    `launch()` (queue the chunk and its end check, return at once), `ready()` (has the device got
+    there?) and `collect()`, so its host thread is free while the device decodes: on CUDA
+    everything is queued on the current stream, so work the caller queues after `launch()` (a
+    weight copy) runs after the chunk and before the next one.
     """
 
     def __init__(self, decoder: StaticDecoder, st: _BatchState, rows: int, n_new: int) -> None:
@@ -498,12 +508,16 @@ class Decoding:
         self._last = n_new - 1  # steps with a forward; the last token needs none
         self._steps = 0
         self.finished = False
+        cuda = decoder.device.type == "cuda"
+        self._all_ended = torch.zeros(1, dtype=torch.bool, pin_memory=cuda)
+        self._chunk_done: torch.cuda.Event | None = torch.cuda.Event() if cuda else None  # type: ignore[no-untyped-call]
+        self._final_chunk = False
 
     @torch.no_grad()
-    def advance(self) -> bool:
-        """Run up to `sync_every` decode steps; True once every row has ended or the budget is spent."""
+    def launch(self) -> None:
+        """Queue up to `sync_every` decode steps and the end-of-batch check; does not wait."""
         if self.finished:
-            return True
+            return
         dec, st = self._dec, self._st
         end = min(self._steps + dec.sync_every, self._last)
         while self._steps < end:
@@ -512,12 +526,30 @@ class Decoding:
             else:
                 dec._step(st)
             self._steps += 1
-        if self._steps % dec.sync_every == 0 and bool(st.done.all()):
-            self.finished = True
-        elif self._steps == self._last:
+        self._final_chunk = self._steps == self._last
+        if self._final_chunk:
             dec._sample_record(st)
+        else:
+            self._all_ended.copy_(st.done.all().view(1), non_blocking=True)
+        if self._chunk_done is not None:
+            self._chunk_done.record()
+
+    def ready(self) -> bool:
+        """Has the device finished the launched chunk (always, off CUDA)?"""
+        return self._chunk_done is None or self._chunk_done.query()  # type: ignore[no-untyped-call]
+
+    def collect(self) -> bool:
+        """After `ready()`: True once every row has ended or the budget is spent."""
+        if self._final_chunk or bool(self._all_ended[0]):
             self.finished = True
         return self.finished
+
+    def advance(self) -> bool:
+        """Run up to `sync_every` decode steps; True once every row has ended or the budget is spent."""
+        self.launch()
+        if self._chunk_done is not None:
+            self._chunk_done.synchronize()
+        return self.collect()
 
     def output(self) -> DecodeOutput:
         """Tokens and log-probs of the real rows (the padding rows are dropped); call once finished."""
