@@ -417,7 +417,7 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
 
 def _megatron_supported(trainer: TrainerSpec) -> Iterator[Finding]:
     """What the Megatron-core backend of this release can run: tensor and data parallelism, with
-    attention heads that split evenly over the tensor-parallel ranks, refit through the object store."""
+    attention heads that split evenly over the tensor-parallel ranks."""
     mp, path = trainer.policy.megatron, f"{TRAINER}.policy.megatron"
     for field, size in (
         ("pipelineParallelSize", mp.pipeline_parallel_size),
@@ -438,12 +438,6 @@ def _megatron_supported(trainer: TrainerSpec) -> Iterator[Finding]:
                 f"must divide model.tiny.numHeads ({heads}) and divide or be a multiple of numKvHeads ({kv}) "
                 f"so each tensor-parallel rank holds whole heads; got {tp}",
             )
-    if trainer.weight_sync.transport == "nccl":
-        yield Finding(
-            f"{TRAINER}.weightSync.transport",
-            "nccl is not available with policy.backend megatron (its refit goes through the object "
-            "store); use auto or object-store",
-        )
 
 
 def _needs_gpus(pool: WorkerGroup, path: str, why: str) -> Iterator[Finding]:

@@ -232,14 +232,6 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
             "spec.trainer.policy.megatron.tensorParallelSize",
             "must divide model.tiny.numHeads (6)",
         ),
-        (
-            {
-                "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 2}},
-                "trainer": {"policy": {"backend": "megatron"}, "weightSync": {"transport": "nccl"}},
-            },
-            "spec.trainer.weightSync.transport",
-            "not available with policy.backend megatron",
-        ),
     ],
     ids=[
         "megatron-without-gpus",
@@ -251,7 +243,6 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
         "megatron-pipeline-parallel",
         "megatron-context-parallel",
         "megatron-tp-splitting-heads",
-        "megatron-nccl-refit",
     ],
 )
 def test_gpu_layouts_that_cannot_be_placed_are_rejected(
@@ -277,6 +268,7 @@ def test_a_valid_gpu_layout_is_accepted(base_job: dict[str, Any]) -> None:
                     "megatron": {"tensorParallelSize": 2},
                 },
                 "generation": {"backend": "vllm", "tensorParallelSize": 2},
+                "weightSync": {"transport": "nccl"},
             },
         },
     )

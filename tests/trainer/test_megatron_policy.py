@@ -270,12 +270,13 @@ def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(
     ray_address: str, tmp_path: Path
 ) -> None:
     """Two CPU actors as one TP=2 replica: the group hands both the same rows, returns log-probs
-    once, gathers TinyCausalLM weights from both, and each TP rank writes and reads its own
-    checkpoint file."""
+    once, gathers TinyCausalLM weights from both, broadcasts them to an engine, and each TP rank
+    writes and reads its own checkpoint file."""
     pytest.importorskip("megatron.core")
     import ray  # noqa: PLC0415
 
     from asyncgrpo_trainer import cluster, megatron_workers, workers  # noqa: PLC0415
+    from asyncgrpo_trainer import weights as weight_sync  # noqa: PLC0415
 
     pools = cluster.build_pools(
         policy_ranks=2, policy_gpus=0, generation_ranks=1, generation_gpus=0, colocated=False, name="mg-test"
@@ -283,8 +284,9 @@ def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(
     group, ready = megatron_workers.start_megatron_policy_group(
         pools[0], BUILD, OPTIM, LOSS, 0, tensor_parallel_size=2
     )
+    engines, engines_ready = workers.start_generation_group(pools[1], BUILD, 0)
     try:
-        ray.get(ready)
+        ray.get(ready + engines_ready)
         assert group.world_size == 1
         rows = _training_rows()
         expected_metrics, expected_weights = _torch_step(rows)
@@ -301,11 +303,17 @@ def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(
         weights = ray.get(group.weights_ref())
         for key, value in expected_weights.items():
             torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-5)
+        # The broadcast refit (gloo here, NCCL on GPUs): both TP ranks gather, rank 0 sends.
+        sync = weight_sync.BroadcastSynchronizer(group, engines, bucket_bytes=4096, timeout_seconds=120)
+        asyncio.run(sync.sync(1))
+        engine = ray.get(engines.actors[0].__ray_call__.remote(lambda self: self.model.state_dict()))
+        assert engine.keys() == weights.keys()
+        assert all(torch.equal(engine[k], weights[k]) for k in weights)
         asyncio.run(group.load(str(tmp_path)))
         initial = BUILD.instantiate().state_dict()
         restored = ray.get(group.weights_ref())
         assert all(torch.equal(restored[k], initial[k]) for k in initial)
     finally:
         ray.get([a.shutdown.remote() for a in group.actors])
-        workers.kill(group)
+        workers.kill(group, engines)
         cluster.release(*pools)

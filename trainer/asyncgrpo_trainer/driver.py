@@ -153,8 +153,6 @@ class PolicyBackend:
     start: Callable[[AsyncGRPOJob, cluster.Pool, ModelBuild], tuple[workers.PolicyGroup, list[Any]]]
     ranks_per_replica: Callable[[AsyncGRPOJob], int]
     """Actors per data-parallel replica (the model-parallel size; one GPU each)."""
-    broadcast_refit: bool
-    """Whether rank 0 can serve the broadcast refit (else `auto` refits through the object store)."""
 
 
 def _megatron_model_parallel(job: AsyncGRPOJob) -> int:
@@ -163,8 +161,8 @@ def _megatron_model_parallel(job: AsyncGRPOJob) -> int:
 
 
 POLICY_BACKENDS = {
-    "torch": PolicyBackend(_start_torch_policy, lambda _: 1, broadcast_refit=True),
-    "megatron": PolicyBackend(_start_megatron_policy, _megatron_model_parallel, broadcast_refit=False),
+    "torch": PolicyBackend(_start_torch_policy, lambda _: 1),
+    "megatron": PolicyBackend(_start_megatron_policy, _megatron_model_parallel),
 }
 """spec.trainer.policy.backend -> how to start it."""
 
@@ -227,7 +225,7 @@ def build(job: AsyncGRPOJob) -> Built:
                 t.weight_sync,
                 policy_group,
                 generation_group,
-                on_gpus=_on_gpus(job) and backend.broadcast_refit,
+                on_gpus=_on_gpus(job),
                 colocated=t.generation.colocated,
             ),
             loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),

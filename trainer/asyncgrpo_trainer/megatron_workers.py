@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+import torch
 
 from asyncgrpo_trainer import cluster, workers
 from asyncgrpo_trainer.algorithms import losses
@@ -27,15 +28,16 @@ from asyncgrpo_trainer.backends.megatron_policy import MegatronLayout, MegatronP
 from asyncgrpo_trainer.backends.modelspec import ModelBuild
 
 
-class MegatronPolicyActor(workers.DeferredRank, MegatronPolicyWorker):
-    """A Megatron policy rank as a Ray actor; its `layout` is passed through to the worker."""
+class MegatronPolicyActor(workers.DeferredRank, workers.RefitSender, MegatronPolicyWorker):
+    """A Megatron policy rank as a Ray actor; its `layout` is passed through to the worker.
 
-    def refit_address(self, world: int, timeout_seconds: float) -> tuple[str, int]:
-        raise RuntimeError(
-            "spec.trainer.weightSync.transport: the Megatron policy backend sends weights through the "
-            "object store (its parameters are tensor-parallel shards under Megatron's names); use "
-            "object-store"
-        )
+    Broadcast refit: replica 0's TP ranks gather the full weights on TP rank 0's GPU, under the
+    TinyCausalLM names the engines hold (`full_weights`), and TP rank 0 (actor 0, the refit
+    group's rank 0) broadcasts them; the other TP ranks only join the gather.
+    """
+
+    def refit_tensors(self) -> dict[str, torch.Tensor]:
+        return self.full_weights(self.device)
 
 
 class MegatronPolicyGroup(workers.PolicyGroup):
@@ -63,6 +65,10 @@ class MegatronPolicyGroup(workers.PolicyGroup):
         parts = await asyncio.gather(*(ref for _, ref in calls))
         # Every TP peer of a replica returns the same log-probs: keep TP rank 0's.
         return [lp for (i, _), part in zip(calls, parts, strict=True) if i % self.tp == 0 for lp in part]
+
+    def refit_senders(self) -> list[Any]:
+        """Replica 0's TP ranks: all join the weight gather, TP rank 0 broadcasts."""
+        return list(self.actors[: self.tp])
 
     def weights_ref(self) -> Any:
         """Object ref of the full TinyCausalLM-named weights (TP rank 0 of replica 0 assembles

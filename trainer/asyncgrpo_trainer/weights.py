@@ -89,7 +89,7 @@ class BroadcastSynchronizer(WeightSynchronizer):
         if self._backend is None:
             self._backend = await self._join()
         await asyncio.gather(
-            self.policy.actors[0].refit_send.remote(),
+            *(a.refit_send.remote() for a in self.policy.refit_senders()),
             *(a.refit_receive.remote(version) for a in self.generation.actors),
         )
 

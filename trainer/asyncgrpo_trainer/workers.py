@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+import torch
 
 from asyncgrpo_trainer import cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
+from asyncgrpo_trainer.backends.model import TinyCausalLM
 from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
 
@@ -76,8 +78,21 @@ class DeferredRank:
         return True
 
 
-class PolicyActor(DeferredRank, policy.TorchPolicyWorker):
-    """The torch policy worker as a Ray actor."""
+class RefitSender:
+    """The policy side of the broadcast refit, for a policy worker actor (mixed in before it).
+
+    Rank 0 of the policy group serves the refit group's store, joins it and broadcasts
+    `refit_tensors()` (the engines' parameter names, on this worker's device); in a backend whose
+    weights are sharded the other ranks named by the group's `refit_senders` only help assemble
+    them (`refit_tensors` is a collective there), so they call `refit_send` too.
+    """
+
+    device: torch.device
+    build: ModelBuild
+    _refit: RefitGroup | None = None
+
+    def refit_tensors(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
 
     def device_type(self) -> str:
         return self.device.type
@@ -89,19 +104,25 @@ class PolicyActor(DeferredRank, policy.TorchPolicyWorker):
         return host, self._refit_store.port
 
     def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        with torch.device("meta"):  # the engines' parameter names and shapes (the plan's check)
+            named = list(TinyCausalLM(self.build.config).named_parameters())
         self._refit = RefitGroup(
-            spec,
-            rank=rank,
-            build=self.build,
-            named=self.model.named_parameters(),
-            device=self.device,
-            store=self._refit_store,
+            spec, rank=rank, build=self.build, named=named, device=self.device, store=self._refit_store
         )
         return self._refit.plan
 
     def refit_send(self) -> None:
-        """Pack (casting the master weights to the engines' dtype) and broadcast."""
-        self._refit.broadcast.sync(dict(self.model.named_parameters()))
+        """Pack (casting the master weights to the engines' dtype) and broadcast (rank 0)."""
+        tensors = self.refit_tensors()
+        if self._refit is not None:
+            self._refit.broadcast.sync(tensors)
+
+
+class PolicyActor(DeferredRank, RefitSender, policy.TorchPolicyWorker):
+    """The torch policy worker as a Ray actor."""
+
+    def refit_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_parameters())
 
 
 class PolicyGroup:
@@ -155,6 +176,10 @@ class PolicyGroup:
     async def load(self, directory: str) -> None:
         """Every rank reads its state from the checkpoint step directory `directory`."""
         await asyncio.gather(*(a.load.remote(directory) for a in self.actors))
+
+    def refit_senders(self) -> list[Any]:
+        """The actors that call `refit_send` in a broadcast refit (rank 0 broadcasts)."""
+        return [self.actors[0]]
 
     async def busy_seconds(self) -> float:
         values = await asyncio.gather(*(a.busy.remote() for a in self.actors))

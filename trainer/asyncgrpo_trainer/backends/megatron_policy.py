@@ -378,6 +378,10 @@ class MegatronPolicyWorker(PolicyWorker):
     def weights(self) -> dict[str, torch.Tensor]:
         """TinyCausalLM-named CPU weights on TP rank 0 ({} on the others). A collective over the TP
         group: every TP rank of the replica must call it."""
+        return self.full_weights(torch.device("cpu"))
+
+    def full_weights(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """`weights` on `device` (this worker's own for the broadcast refit: no host copy)."""
         full: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for name, param in self.model.named_parameters():
@@ -387,7 +391,7 @@ class MegatronPolicyWorker(PolicyWorker):
                     dist.all_gather(shards, local, group=self.tp_group)
                     local = mapping.unshard(name, shards)
                 if self.tp_rank == 0:
-                    full[name] = local.to("cpu", copy=True)
+                    full[name] = local.to(device, copy=True)
         return mapping.megatron_to_tiny(full, self.build.config) if self.tp_rank == 0 else {}
 
     def state(self) -> dict[str, Any]:
