@@ -127,10 +127,22 @@ def test_a_missing_policy_file_names_the_file_and_the_field(tmp_path: Path) -> N
         _policy().load(str(checkpoint.step_dir(tmp_path, 1)))
 
 
-def test_a_policy_worker_that_does_not_see_the_checkpoint_directory_names_the_storage(tmp_path: Path) -> None:
-    """A worker pod without the head's checkpoint volume (another node's hostPath, no PVC)."""
-    with pytest.raises(FileNotFoundError, match=r"spec\.storage\.checkpoints"):
-        _policy().save(str(tmp_path / ".tmp-00000001-elsewhere"))
+def test_a_worker_without_the_checkpoint_volume_hands_its_file_to_the_controller(tmp_path: Path) -> None:
+    """A worker pod that does not mount the head's checkpoint directory (no PVC: the default)
+    returns its file instead of failing the job; the group writes it, and it resumes like one
+    the worker wrote."""
+    worker = _policy()
+    _step(worker, _training_rows())
+    unseen = tmp_path / "other-node" / ".tmp-00000001-x"
+    files = worker.save(str(unseen))
+    assert list(files) == ["policy.pt"] and not unseen.parent.exists()
+    tmp = checkpoint.begin(tmp_path / "ckpt", 1)
+    checkpoint.write_returned(tmp, files)
+    final = checkpoint.commit(tmp, 1, {"step": 1}, keep_last=1)
+    resumed = _policy()
+    resumed.load(str(final))
+    want = worker.model.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in resumed.model.state_dict().items())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

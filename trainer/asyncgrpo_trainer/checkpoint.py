@@ -10,8 +10,11 @@ worker straight to storage, never through the CPU-only controller, and a driver 
 leaves either the previous checkpoint or the new one, never a torn one (the temporary directory is
 ignored and cleaned up by the next commit). The policy workers run on the worker pods: the path is
 shared because the operator mounts `spec.storage.checkpoints` on the head and on every worker
-container (`asyncgrpo_operator.manifests`), so `spec.checkpoint.path` must lie under it on a volume
-every node reaches (a ReadWriteMany PVC, or hostPath on one node).
+container (`asyncgrpo_operator.manifests`), so `spec.checkpoint.path` should lie under it on a
+volume every node reaches (a ReadWriteMany PVC, or hostPath on one node). A worker that does not
+see the temporary directory (no checkpoint volume, the default) hands its file back instead
+(`write_or_return`) and the group writes it from the controller's side: slower and through the
+head's memory, but the job goes on, as the admission warning about such storage says.
 
 `state.pt` holds the controller's part: its clocks (trainer version, dispatch batch index), the
 loader position, the replay buffer (ready groups with their data, in-flight groups as prompts to
@@ -51,6 +54,22 @@ def begin(root: str | Path, step: int) -> Path:
     tmp = base / f".tmp-{step:08d}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     return tmp
+
+
+def write_or_return(path: Path, obj: Any) -> dict[str, Any]:
+    """A policy worker's `write`: {} once written, or {file name: obj} when `path`'s directory is
+    not on this node (no volume shared with the head: the storage default), for the group to
+    write from the controller's side (`write_returned`) instead of failing the job."""
+    if not path.parent.is_dir():
+        return {path.name: obj}
+    write(path, obj)
+    return {}
+
+
+def write_returned(directory: Path, files: dict[str, Any]) -> None:
+    """Write the files that policy workers could not write themselves (see `write_or_return`)."""
+    for name, obj in files.items():
+        write(directory / name, obj)
 
 
 def write(path: Path, obj: Any) -> None:

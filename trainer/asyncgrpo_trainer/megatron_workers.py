@@ -79,7 +79,7 @@ class MegatronPolicyGroup(workers.PolicyGroup):
     async def save(self, directory: str) -> None:
         """Replica 0's TP ranks each write their shard's file (`load` is the base class's: every
         actor reads its TP rank's file)."""
-        await asyncio.gather(*(a.save.remote(directory) for a in self.actors[: self.tp]))
+        await self._save(directory, self.actors[: self.tp])
 
 
 def start_megatron_policy_group(

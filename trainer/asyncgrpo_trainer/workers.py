@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
-from asyncgrpo_trainer import cluster, rewards
+from asyncgrpo_trainer import checkpoint, cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
 from asyncgrpo_trainer.backends.model import TinyCausalLM
@@ -169,9 +170,16 @@ class PolicyGroup:
         return self.actors[0].weights.remote()
 
     async def save(self, directory: str) -> None:
-        """Rank 0 writes the policy's checkpoint file into `directory` (`checkpoint.begin`'s, which
-        every worker pod mounts), so the state never passes through the controller."""
-        await self.actors[0].save.remote(directory)
+        """Rank 0 writes the policy's checkpoint file into `directory` (`checkpoint.begin`'s), so
+        the state does not pass through the controller when the worker pods mount the checkpoint
+        volume; without a shared volume the file comes back and is written here."""
+        await self._save(directory, self.actors[:1])
+
+    async def _save(self, directory: str, writers: list[Any]) -> None:
+        returned = await asyncio.gather(*(a.save.remote(directory) for a in writers))
+        files = {name: obj for r in returned for name, obj in r.items()}
+        if files:
+            await asyncio.to_thread(checkpoint.write_returned, Path(directory), files)
 
     async def load(self, directory: str) -> None:
         """Every rank reads its state from the checkpoint step directory `directory`."""

@@ -405,10 +405,10 @@ class MegatronPolicyWorker(PolicyWorker):
             "reference": None if self.reference is None else _cpu_params(self.reference),
         }
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> dict[str, Any]:
         """Write `policy-tp{TP rank}.pt` (the group calls the TP ranks of replica 0: the other
         replicas hold the same shards)."""
-        checkpoint.write(Path(directory) / shard_file(self.tp_rank), self.state())
+        return checkpoint.write_or_return(Path(directory) / shard_file(self.tp_rank), self.state())
 
     def load(self, directory: str) -> None:
         path = Path(directory) / shard_file(self.tp_rank)

@@ -85,10 +85,11 @@ class PolicyWorker(abc.ABC):
     def weights(self) -> dict[str, torch.Tensor]: ...
 
     @abc.abstractmethod
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> dict[str, Any]:
         """Write this rank's checkpoint file(s), CPU tensors, into `directory` (a checkpoint's
-        temporary directory on storage every pod mounts: `checkpoint.begin`). The group calls it on
-        the ranks whose files make up the checkpoint."""
+        temporary directory, `checkpoint.begin`, on storage every pod should mount). The group
+        calls it on the ranks whose files make up the checkpoint. Returns the files this rank could
+        not write because `directory` is not on its node ({} normally): the group writes those."""
 
     @abc.abstractmethod
     def load(self, directory: str) -> None:
@@ -204,10 +205,10 @@ class TorchPolicyWorker(PolicyWorker):
             else {k: v.detach().to("cpu", copy=True) for k, v in self.reference.state_dict().items()},
         }
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> dict[str, Any]:
         """Write `policy.pt` (the group calls data-parallel rank 0 only: every rank holds the same
         state)."""
-        checkpoint.write(Path(directory) / POLICY_FILE, self.state())
+        return checkpoint.write_or_return(Path(directory) / POLICY_FILE, self.state())
 
     def load(self, directory: str) -> None:
         state = checkpoint.read(
