@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cluster.build import Layout
-from tests.cluster.config import HOST, NODE_IP, POD_CIDR, PORTS, SERVICE_CIDR
+from tests.cluster.config import HOST, NODE_GRACE_SECONDS, NODE_IP, POD_CIDR, PORTS, SERVICE_CIDR
 from tests.cluster.pki import Pki
 
 
@@ -205,7 +205,7 @@ def kube_controller_manager(b: Layout, s: StatePaths) -> Spec:
         f"--cluster-signing-cert-file={p.ca_crt}",
         f"--cluster-signing-key-file={p.ca_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--node-monitor-grace-period=20s",  # NotReady nodes show up in seconds, not 50 s
+        f"--node-monitor-grace-period={NODE_GRACE_SECONDS}s",  # NotReady in seconds, not 50 s
         "--kube-api-qps=100",
         "--kube-api-burst=200",
     ]
@@ -233,7 +233,7 @@ def kwok(b: Layout, s: StatePaths) -> Spec:
         f"--config={s.kwok_config}",
         "--manage-all-nodes=false",
         "--manage-nodes-with-label-selector=type=kwok",
-        "--node-lease-duration-seconds=20",  # renewed every 5 s; KCM's grace period is 20 s
+        f"--node-lease-duration-seconds={NODE_GRACE_SECONDS}",  # renewed every 5 s at 20; KCM's grace
         f"--cidr={POD_CIDR}",
         f"--node-ip={NODE_IP}",
         f"--server-address={HOST}:{PORTS['kwok']}",

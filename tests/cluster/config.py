@@ -33,6 +33,13 @@ _BASE_PORTS: dict[str, int] = {
 }
 PORTS: dict[str, int] = {name: port + PORT_OFFSET for name, port in _BASE_PORTS.items()}
 
+# How long a kwok node may go without renewing its lease before the node lifecycle controller
+# marks it NotReady (and its pods not ready): short, so node-failure tests see NotReady in
+# seconds. A cluster whose API server is restarted on purpose sets it longer
+# (ASYNCGRPO_NODE_GRACE_SECONDS): the lease cannot be renewed while the server is down, and on a
+# loaded machine down time plus restart can pass 20 s.
+NODE_GRACE_SECONDS = int(os.environ.get("ASYNCGRPO_NODE_GRACE_SECONDS", "20"))
+
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"  # kwok's fake pod IPs; kept apart from the service range

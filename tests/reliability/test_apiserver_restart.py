@@ -53,7 +53,15 @@ DOWN = 10.0
 def private_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Api, Path]]:
     """A control plane of this test's own; yields (its env, an admin client, its kubeconfig)."""
     state = tmp_path_factory.mktemp("private-ctrlplane")
-    env = {**os.environ, "ASYNCGRPO_CLUSTER_STATE": str(state), "ASYNCGRPO_CLUSTER_PORT_OFFSET": str(OFFSET)}
+    env = {
+        **os.environ,
+        "ASYNCGRPO_CLUSTER_STATE": str(state),
+        "ASYNCGRPO_CLUSTER_PORT_OFFSET": str(OFFSET),
+        # The kwok node must outlive the API server's down time: with the default 20 s its lease
+        # once lapsed in CI, the node went NotReady and no pod became ready again (not a fault of
+        # the operator's; this test is about the API server).
+        "ASYNCGRPO_NODE_GRACE_SECONDS": "90",
+    }
 
     def cli(*args: str, timeout: float = 240) -> str:
         done = subprocess.run(
