@@ -206,3 +206,12 @@ def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:
             urllib.request.urlopen(f"{base}/nope")
     finally:
         server.close()
+
+
+def test_tokens_per_second_covers_the_latest_steps_so_a_run_that_stopped_generating_does_not_show_zero() -> (
+    None
+):
+    steps = [{"tokens_per_second": 100.0, "step_seconds": 2.0} for _ in range(12)]
+    steps += [{"tokens_per_second": 0.0, "step_seconds": 1.0}]  # the last step trained what was generated
+    assert progress.recent_token_rate(steps) == pytest.approx(9 * 200.0 / (9 * 2.0 + 1.0))
+    assert progress.recent_token_rate([]) is None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardPool
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
@@ -228,7 +230,9 @@ class SingleController:
 
     def poll(self, since: int) -> dict[str, Any]:
         """Progress and the step records after index `since` (the driver prints and serves them)."""
-        last: dict[str, Any] = next((r for r in reversed(self.records) if "reward_mean" in r), {})
+        steps = (r for r in reversed(self.records) if "reward_mean" in r)
+        recent = list(itertools.islice(steps, RATE_WINDOW_STEPS))  # newest first
+        last: dict[str, Any] = recent[0] if recent else {}
         return {
             "progress": {
                 "step": self.version,
@@ -236,7 +240,7 @@ class SingleController:
                 "policy_version": self.gen_version,
                 "reward_mean": last.get("reward_mean"),
                 "mean_staleness": last.get("mean_staleness"),
-                "tokens_per_second": last.get("tokens_per_second"),
+                "tokens_per_second": recent_token_rate(recent[::-1]),
                 "last_checkpoint_step": self.last_checkpoint_step,
                 "validation_reward": self.validation_reward,
                 "state": self.state,

@@ -12,11 +12,28 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
 STATES = ("starting", "running", "succeeded", "failed")
+
+RATE_WINDOW_STEPS = 10
+"""tokensPerSecond covers this many of the latest steps."""
+
+
+def recent_token_rate(steps: Sequence[dict[str, Any]]) -> float | None:
+    """Generated tokens per second over the last `RATE_WINDOW_STEPS` step records (oldest first).
+
+    Why a window: a single step's rate is 0 whenever nothing was generated during it (the last
+    steps of a gated run, whose rollouts were all generated earlier), which is what `kubectl get`
+    showed at the end of every demo."""
+    window = steps[-RATE_WINDOW_STEPS:]
+    seconds = sum(float(r["step_seconds"]) for r in window)
+    if not window or seconds <= 0:
+        return None
+    return sum(float(r["tokens_per_second"]) * float(r["step_seconds"]) for r in window) / seconds
 
 
 @dataclass
@@ -29,6 +46,7 @@ class Progress:
     reward_mean: float | None = None
     mean_staleness: float | None = None
     tokens_per_second: float | None = None
+    """Generated tokens per second over the latest steps (`recent_token_rate`)."""
     last_checkpoint_step: int | None = None
     validation_reward: float | None = None
     state: str = "starting"

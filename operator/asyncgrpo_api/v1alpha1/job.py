@@ -130,7 +130,9 @@ class Progress(ApiModel):
     mean_staleness: float | None = Field(
         default=None, description="Mean policy-version lag of the last step's samples."
     )
-    tokens_per_second: float | None = Field(default=None, description="Generated tokens per second.")
+    tokens_per_second: float | None = Field(
+        default=None, description="Generated tokens per second over the last 10 steps."
+    )
     validation_reward: float | None = Field(default=None, description="Mean reward of the last validation.")
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
     updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
