@@ -55,6 +55,11 @@ def _checkpoint(root: Path, step: int, worker: policy.TorchPolicyWorker) -> Path
     return checkpoint.commit(tmp, step, {"step": step}, keep_last=2)
 
 
+def _controller_only(root: Path, step: int, payload: dict[str, Any], *, keep_last: int) -> Path:
+    """A checkpoint with the controller's `payload` and no policy file."""
+    return checkpoint.commit(checkpoint.begin(root, step), step, payload, keep_last=keep_last)
+
+
 def _tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -67,7 +72,7 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 def test_checkpoints_are_renamed_into_place_and_only_the_newest_are_kept(tmp_path: Path) -> None:
     for step in (1, 2, 3):
-        checkpoint.save(tmp_path, step, {"step": step}, keep_last=2)
+        _controller_only(tmp_path, step, {"step": step}, keep_last=2)
     assert checkpoint.list_steps(tmp_path) == [2, 3]
     assert checkpoint.latest(tmp_path) == 3
     assert checkpoint.load(tmp_path, 3) == {"step": 3}
@@ -75,12 +80,12 @@ def test_checkpoints_are_renamed_into_place_and_only_the_newest_are_kept(tmp_pat
 
 
 def test_a_checkpoint_killed_between_begin_and_commit_leaves_the_previous_one(tmp_path: Path) -> None:
-    checkpoint.save(tmp_path, 1, {"step": 1}, keep_last=3)
+    _controller_only(tmp_path, 1, {"step": 1}, keep_last=3)
     torn = checkpoint.begin(tmp_path, 2)
     checkpoint.write(torn / policy.POLICY_FILE, {"model": torch.zeros(4)})  # the policy's file, no commit
     (tmp_path / "step-00000009").mkdir()  # no meta file: not a checkpoint
     assert checkpoint.list_steps(tmp_path) == [1]
-    checkpoint.save(tmp_path, 2, {"step": 2}, keep_last=3)
+    _controller_only(tmp_path, 2, {"step": 2}, keep_last=3)
     assert not torn.exists() and checkpoint.latest(tmp_path) == 2
 
 
@@ -122,7 +127,7 @@ def test_a_resumed_policy_continues_from_the_saved_weights_and_optimizer_state(t
 
 
 def test_a_missing_policy_file_names_the_file_and_the_field(tmp_path: Path) -> None:
-    checkpoint.save(tmp_path, 1, {"step": 1}, keep_last=1)  # e.g. written by another backend
+    _controller_only(tmp_path, 1, {"step": 1}, keep_last=1)  # e.g. written by another backend
     with pytest.raises(FileNotFoundError, match=r"has no policy\.pt: .*spec\.trainer\.policy\.backend"):
         _policy().load(str(checkpoint.step_dir(tmp_path, 1)))
 

@@ -111,11 +111,6 @@ def commit(tmp: Path, step: int, payload: dict[str, Any], *, keep_last: int) -> 
     return final
 
 
-def save(root: str | Path, step: int, payload: dict[str, Any], *, keep_last: int) -> Path:
-    """A checkpoint with the controller's `payload` only (`begin` then `commit`)."""
-    return commit(begin(root, step), step, payload, keep_last=keep_last)
-
-
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
