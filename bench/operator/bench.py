@@ -72,7 +72,7 @@ from tests.cluster import nodes  # noqa: E402
 from tests.cluster.cluster import LocalCluster  # noqa: E402
 from tests.cluster.rest import Api, ApiError  # noqa: E402
 from tests.e2e.test_operator import job_manifest  # noqa: E402
-from tests.webhook.cluster_harness import Installation  # noqa: E402
+from tests.webhook.cluster_harness import Installation, running_chart  # noqa: E402
 
 from asyncgrpo_api.rules import validate_manifest  # noqa: E402
 from asyncgrpo_operator import manifests  # noqa: E402
@@ -420,13 +420,8 @@ def installed(cluster: LocalCluster, workers: str) -> Iterator[Installation]:
     if helm_bin is None:
         raise SystemExit("no helm binary (python -m tests.cluster build)")
     os.environ["ASYNCGRPO_WORKERS"] = workers
-    inst = Installation(cluster, helm_bin)
-    inst.install()
-    try:
-        inst.start_operator()
+    with running_chart(cluster, helm_bin) as inst:
         yield inst
-    finally:
-        inst.uninstall()
 
 
 def kuberay_pid(cluster: LocalCluster) -> int:
