@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
+from asyncgrpo_trainer.models.network import TinyCausalLM, TinyConfig
 
 # The 387M Qwen2 shape of issue 8 (Qwen2.5-0.5B's layout with a 32k vocabulary).
 QWEN2_387M = TinyConfig(

@@ -19,8 +19,8 @@ from typing import Any
 import _common as c
 import torch
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
+from asyncgrpo_trainer.models.network import TinyCausalLM, TinyConfig
 
 
 def decode_bound(cfg: TinyConfig, n_matmul: int, batch: int, *, ctx: float, bw: float, flops: float) -> float:

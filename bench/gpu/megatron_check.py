@@ -36,8 +36,8 @@ import torch
 
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy, sampling
-from asyncgrpo_trainer.backends.model import TinyConfig
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.models.network import TinyConfig
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 # Odd vocabulary on purpose: TP=2 must pad and mask it.
 GPU_CONFIG = TinyConfig(

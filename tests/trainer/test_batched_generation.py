@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from asyncgrpo_trainer.backends import generation, sampling, static_decode
-from asyncgrpo_trainer.backends.model import KVCache, TinyCausalLM, TinyConfig
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.models.network import KVCache, TinyCausalLM, TinyConfig
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 CFG = TinyConfig(
     vocab_size=61,

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from asyncgrpo_trainer.algorithms import advantages, losses
-from asyncgrpo_trainer.backends import generation, modelspec, policy, sampling
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.backends import generation, policy, sampling
+from asyncgrpo_trainer.models import recipe as modelspec
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
 def test_leave_one_out_baseline_excludes_the_own_reward() -> None:

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
 from asyncgrpo_trainer.backends.nccl_sync import BucketedBroadcast, BucketPlan, naive_broadcast
+from asyncgrpo_trainer.models.network import TinyCausalLM, TinyConfig
 
 CFG = TinyConfig(
     vocab_size=50,

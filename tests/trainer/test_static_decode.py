@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder, filtered_logprobs
+from asyncgrpo_trainer.models.network import TinyCausalLM, TinyConfig
 
 CFG = TinyConfig(
     vocab_size=97,

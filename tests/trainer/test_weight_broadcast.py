@@ -18,8 +18,8 @@ import torch
 from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
 from asyncgrpo_trainer import controller, driver, weights
 from asyncgrpo_trainer.backends.cuda_train import Recipe
-from asyncgrpo_trainer.backends.model import TinyCausalLM
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, refit_plan, serve_store
+from asyncgrpo_trainer.models.network import TinyCausalLM
 from tests.trainer import jobs
 from tests.trainer.test_grpo_math import BUILD, _rows
 from tests.trainer.test_policy_recipe import _worker

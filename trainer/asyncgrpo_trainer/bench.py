@@ -45,7 +45,7 @@ import torch
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_trainer import driver, envs, specmap
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 P, N = 8, 8
 

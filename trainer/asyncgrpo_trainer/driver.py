@@ -46,10 +46,10 @@ from asyncgrpo_trainer import (
     workers,
 )
 from asyncgrpo_trainer import rewards as reward_workers
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.models.recipe import ModelBuild
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 from asyncgrpo_trainer.rollout import RolloutManager
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 
 log = logging.getLogger("asyncgrpo_trainer")
 GRACE_ENV = "ASYNCGRPO_EXIT_GRACE_SECONDS"

@@ -25,7 +25,7 @@ from asyncgrpo_trainer import cluster, workers
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy
 from asyncgrpo_trainer.backends.megatron_policy import MegatronLayout, MegatronPolicyWorker
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 
 class MegatronPolicyActor(workers.DeferredRank, workers.RefitSender, MegatronPolicyWorker):

@@ -11,8 +11,9 @@ from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
 from asyncgrpo_trainer import controller, sampler
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import modelspec, policy, sampling
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.backends import policy, sampling
+from asyncgrpo_trainer.models import recipe as modelspec
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
 def settings(job: AsyncGRPOJob) -> controller.Settings:

@@ -27,9 +27,9 @@ import torch
 from asyncgrpo_trainer import checkpoint, cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
-from asyncgrpo_trainer.backends.model import TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
+from asyncgrpo_trainer.models.network import TinyCausalLM
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 
 def _node_ip() -> str:

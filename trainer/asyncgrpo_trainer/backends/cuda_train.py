@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM
+from asyncgrpo_trainer.models.network import TinyCausalLM
 
 
 @dataclass(frozen=True)

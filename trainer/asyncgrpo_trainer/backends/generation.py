@@ -48,9 +48,9 @@ import torch
 
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.batched import GroupBatcher, distribution
-from asyncgrpo_trainer.backends.model import KVCache, TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
+from asyncgrpo_trainer.models.network import KVCache, TinyCausalLM
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 PREFIX_CACHE_ENTRIES = 512
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from asyncgrpo_trainer.backends.model import TinyConfig
+from asyncgrpo_trainer.models.network import TinyConfig
 
 _COLUMN = (
     "embedding.word_embeddings.weight",

@@ -49,7 +49,6 @@ import torch.nn.functional as F  # noqa: N812
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import megatron_mapping as mapping
-from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
 from asyncgrpo_trainer.backends.policy import (
     OptimConfig,
     PolicyWorker,
@@ -59,6 +58,7 @@ from asyncgrpo_trainer.backends.policy import (
     load_optimizer,
     optimizer_step,
 )
+from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 MEGATRON = "spec.trainer.policy.megatron"
 

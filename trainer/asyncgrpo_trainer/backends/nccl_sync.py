@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10dBackend
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
+from asyncgrpo_trainer.models.network import TinyCausalLM
+from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
@@ -187,7 +187,7 @@ class BucketedBroadcast:
             opts.rootRank = self.src
             direct: dist.Work = self.group.broadcast([buf], opts)  # type: ignore[attr-defined]
             return direct
-        work = dist.broadcast(buf, self.src, group=self.group, async_op=True)
+        work: dist.Work | None = dist.broadcast(buf, self.src, group=self.group, async_op=True)
         assert work is not None
         return work
 

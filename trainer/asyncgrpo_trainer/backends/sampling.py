@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import KVCache
+from asyncgrpo_trainer.models.network import KVCache
 
 Forward = Callable[[torch.Tensor, KVCache | None], tuple[torch.Tensor, KVCache]]
 

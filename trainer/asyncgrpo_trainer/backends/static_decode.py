@@ -34,8 +34,8 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import Block, TinyCausalLM
 from asyncgrpo_trainer.backends.sampling import filtered_logprobs
+from asyncgrpo_trainer.models.network import Block, TinyCausalLM
 
 
 @dataclass(frozen=True)

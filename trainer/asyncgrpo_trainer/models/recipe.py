@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig, tiny_config
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.models.network import TinyCausalLM, TinyConfig, tiny_config
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

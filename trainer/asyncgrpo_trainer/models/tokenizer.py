@@ -1,14 +1,42 @@
-"""A character-level tokenizer built locally from an alphabet (no vocabulary download).
+"""Tokenizers: what the trainer needs from one, and the character-level tokenizer of the tiny model.
 
-The shipped tasks and the tiny model use it: one token per character plus three specials. A small
-alphabet matters for learning from random weights, because a random policy then emits a plausible
-character often enough for the reward to have signal.
+`Tokenizer` is the whole contract the rollout side, validation and the data loader use: prompts
+go in as text and come out as token ids ready for generation (a chat template, a system prompt and
+a beginning-of-sequence token applied as the model expects), responses come back as text for the
+reward. The tiny model's `CharTokenizer` is built locally from an alphabet: one token per character
+plus three specials. A small alphabet matters for learning from random weights, because a random
+policy then emits a plausible character often enough for the reward to have signal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    """What the trainer asks of a tokenizer (the tiny model's or a checkpoint's own)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Tokens that end a response (generation stops on any of them)."""
+        ...
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a prompt as the model is given it (template, system prompt, BOS applied)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of response ids up to the first end-of-sequence token; special tokens dropped."""
+        ...
+
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIALS = (PAD, BOS, EOS)
@@ -41,6 +69,13 @@ class CharTokenizer:
     @property
     def eos_id(self) -> int:
         return 2
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (self.eos_id,)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
 
     def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
         """Token ids of `text`; characters outside the alphabet are an error, not silently dropped."""
