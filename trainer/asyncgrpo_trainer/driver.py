@@ -256,6 +256,7 @@ def resume_state(path: str) -> tuple[controller.ResumeState, Path] | None:
         loader=payload["loader"],
         counters=payload["counters"],
         validation_reward=payload["validation_reward"],
+        validation_accuracy=payload["validation_accuracy"],
     )
     return state, checkpoint.step_dir(Path(path), step)
 
