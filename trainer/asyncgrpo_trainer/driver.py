@@ -296,7 +296,13 @@ def supervise(
                     state="running" if prog["state"] == "starting" else prog["state"],
                 )
             if bar is not None:
-                bar.show(prog["step"], prog["reward_mean"], prog["mean_staleness"])
+                bar.show(
+                    prog["step"],
+                    prog["reward_mean"],
+                    prog["accuracy"],
+                    prog["validation_accuracy"],
+                    prog["mean_staleness"],
+                )
         if ready:
             if bar is not None:
                 bar.close()
