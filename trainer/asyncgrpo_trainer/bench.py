@@ -5,7 +5,7 @@
 
 With --repeat R each mode runs R times and the run with the median wall time is reported (the
 machine this was written on is shared, and single runs vary by tens of percent). Each mode runs
-the shipped arithmetic task for the same number of steps (so the same number of trained samples)
+the shipped digit-reversal task for the same number of steps (so the same number of trained samples)
 in one embedded Ray cluster, after a warm-up run that pays the process start-up. With --ignore-eos
 every response is --max-new-tokens long (generation.ignoreEos): the GPU workload, since the task's
 own answers are a few tokens and would leave GPUs idle.
@@ -100,7 +100,7 @@ class Shape:
     heads: int = 4
     kv_heads: int = 2
     intermediate: int | None = None
-    max_new_tokens: int = 4
+    max_new_tokens: int = 5
     ignore_eos: bool = False
     max_prompt_length: int = 8
     micro_batch: int = 64
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kl", type=float, default=0.0, help="KL penalty (adds the reference log-prob phase)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=5)
     parser.add_argument(
         "--ignore-eos",
         action="store_true",

@@ -287,10 +287,11 @@ class DataSpec(ApiModel):
 class EnvSpec(ApiModel):
     """The reward environment that scores responses."""
 
-    name: Literal["arithmetic", "math"] = Field(
-        default="arithmetic",
-        description="arithmetic: a shipped synthetic task a tiny model learns from scratch; "
-        "math: exact answer checking of \\boxed{} answers for real models.",
+    name: Literal["reverse", "math"] = Field(
+        default="reverse",
+        description="reverse: a shipped synthetic task (write a 4-digit string backwards) that a tiny "
+        "model learns from scratch, with held-out strings; math: exact answer checking of \\boxed{} "
+        "answers for real models.",
     )
     num_workers: int = Field(default=1, ge=1, le=1024, description="Reward worker actors.")
     timeout_seconds: float = Field(
