@@ -28,7 +28,8 @@ QWEN_TEMPLATE = (
 LLAMA_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{- message['content'] + '<|eot_id|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
@@ -65,10 +66,11 @@ SPECIALS = {"qwen2": QWEN, "qwen3": QWEN, "llama": LLAMA}
 
 def corpus() -> list[str]:
     """Text the BPE merges are learned from: digits, letters, arithmetic and instruction words."""
-    words = (
-        "what is the answer reverse digits of number plus minus times sum add each one to "
-        "question solve final put in boxed step because therefore so we get total result"
-    ).split()
+    words = [
+        *("what", "is", "the", "answer", "reverse", "digits", "of", "number", "plus", "minus", "times"),
+        *("sum", "add", "each", "one", "to", "question", "solve", "final", "put", "in", "boxed"),
+        *("step", "because", "therefore", "so", "we", "get", "total", "result"),
+    ]
     lines = [" ".join(words[i : i + 6]) for i in range(0, len(words), 3)]
     lines += [f"{a} + {b} = {a + b}" for a in range(0, 100, 7) for b in range(0, 100, 11)]
     lines += [string.ascii_letters, string.punctuation, string.digits * 3]
