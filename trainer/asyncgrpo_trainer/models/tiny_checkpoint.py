@@ -101,7 +101,7 @@ def train_tokenizer(family: str, vocab_size: int) -> Any:
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token=sp.bos,
         eos_token=sp.end_of_turn,
@@ -138,10 +138,11 @@ def hf_config(
         "tie_word_embeddings": tie_word_embeddings,
         **token_ids,
     }
+    qwen_rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
     if family == "qwen2":
-        return Qwen2Config(rope_theta=1_000_000.0, **common)
+        return Qwen2Config(rope_parameters=qwen_rope, **common)
     if family == "qwen3":
-        return Qwen3Config(head_dim=hidden_size // num_heads, rope_theta=1_000_000.0, **common)
+        return Qwen3Config(head_dim=hidden_size // num_heads, rope_parameters=qwen_rope, **common)
     scaling = {
         "rope_type": "llama3",
         "factor": 8.0,
@@ -150,7 +151,7 @@ def hf_config(
         "original_max_position_embeddings": max_positions // 4,
         "rope_theta": 500_000.0,
     }
-    return LlamaConfig(rope_scaling=scaling, rope_theta=500_000.0, **common)
+    return LlamaConfig(rope_parameters=scaling, **common)
 
 
 def make_tiny_checkpoint(
@@ -202,7 +203,7 @@ def make_tiny_checkpoint(
         token_ids=token_ids,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
     if family == "qwen2":  # random q/k/v biases, so the bias path is exercised, not all zeros
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -210,7 +211,8 @@ def make_tiny_checkpoint(
                     param.normal_(std=0.02)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    GenerationConfig(**{k: v for k, v in token_ids.items() if v is not None}).save_pretrained(out)
+    generation = GenerationConfig(**{k: v for k, v in token_ids.items() if v is not None})  # type: ignore[no-untyped-call]
+    generation.save_pretrained(out)
     return out
 
 
