@@ -248,6 +248,7 @@ def build(job: AsyncGRPOJob) -> Built:
             sampler=specmap.sampler_of(t),
             tokenizer=tokenizer,
             validation_params=specmap.sampling_params(t, greedy=True),
+            model=model,
         )
         return Built(args, pools, [*policy_ready, *generation_ready])
     except BaseException:

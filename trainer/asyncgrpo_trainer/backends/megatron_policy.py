@@ -482,3 +482,18 @@ def _local_rendezvous(world_size: int) -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"tcp://127.0.0.1:{port}"
+
+
+def read_full_weights(step: Path, build: ModelBuild) -> dict[str, torch.Tensor]:
+    """The network's weights (Hugging Face names) from a checkpoint's `policy-tp*.pt` shards:
+    every tensor-parallel rank's file, reassembled (for `asyncgrpo export`, no process group)."""
+    first = checkpoint.read(
+        step / shard_file(0), fix="the checkpoint was not written by the Megatron backend"
+    )
+    size = int(first["tensor_parallel"][1])
+    shards = [first["model"]] + [
+        checkpoint.read(step / shard_file(r), fix=f"the Megatron backend writes {size} shard files")["model"]
+        for r in range(1, size)
+    ]
+    full = {name: mapping.unshard(name, [s[name] for s in shards]) for name in shards[0]}
+    return mapping.megatron_to_tiny(full, build.config)

@@ -21,6 +21,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,18 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@dataclass(frozen=True)
+class Export:
+    """A Hugging Face checkpoint still to be written: the weights (network names, CPU) and what
+    `save` needs besides them. A policy worker that cannot see the checkpoint volume hands this
+    back to the controller, which writes it (`checkpoint.write_or_return`)."""
+
+    state: dict[str, torch.Tensor]
+    config: ModelConfig
+    source_dir: str
+    dtype: torch.dtype
+
+    def write(self, out_dir: str | Path) -> Path:
+        return save(self.state, self.config, out_dir, source_dir=self.source_dir, dtype=self.dtype)

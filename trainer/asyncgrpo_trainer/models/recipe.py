@@ -9,8 +9,10 @@ copies start identical without moving weights.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,6 +43,16 @@ class ModelBuild:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def to_json(self) -> dict[str, Any]:
+        """The recipe as JSON (a checkpoint's meta.json keeps it, for `asyncgrpo export`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelBuild:
+        cfg = dict(data["config"])
+        cfg["rope_inv_freq"] = tuple(cfg["rope_inv_freq"])
+        return cls(**{**data, "config": ModelConfig(**cfg), "eos_ids": tuple(data["eos_ids"])})
 
     def skeleton(self) -> CausalLM:
         """The network on the meta device: names and shapes, no storage (plans, checks)."""
