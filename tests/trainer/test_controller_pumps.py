@@ -20,6 +20,7 @@ from asyncgrpo_trainer import checkpoint, controller, data, envs, sampler, weigh
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.envs.base import Score
+from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 from asyncgrpo_trainer.rollout import RolloutFailedError, RolloutManager
 
@@ -116,7 +117,7 @@ def _controller(
         "streaming-oversampled": (1, True, False, 4 * P, P // 2),
     }[mode]
     s_, over, in_order, cap, min_groups = knobs
-    env = envs.build("arithmetic")
+    env = envs.build("reverse")
     tok = CharTokenizer(env.alphabet)
     pol = FakePolicy()
     rollout = RolloutManager(
@@ -164,6 +165,18 @@ def _controller(
         sampler=sampler.for_spec(max_staleness_versions=s_, over_sampling=over, force_in_order=in_order),
         tokenizer=tok,
         validation_params=sampling.SamplingParams(2, temperature=0.0),
+        model=recipe.tiny_build(
+            tok,
+            hidden_size=16,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=None,
+            max_sequence_length=16,
+            position_embedding="learned",
+            dtype="float32",
+            seed=0,
+        ),
     )
     return controller.SingleController(args), pol
 

@@ -24,6 +24,7 @@ BUILD = modelspec.tiny_build(
     num_kv_heads=2,
     intermediate_size=None,
     max_sequence_length=24,
+    position_embedding="learned",
     dtype="float32",
     seed=3,
 )

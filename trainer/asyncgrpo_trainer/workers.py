@@ -28,7 +28,6 @@ from asyncgrpo_trainer import checkpoint, cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
-from asyncgrpo_trainer.models.network import TinyCausalLM
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 
@@ -105,8 +104,7 @@ class RefitSender:
         return host, self._refit_store.port
 
     def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
-        with torch.device("meta"):  # the engines' parameter names and shapes (the plan's check)
-            named = list(TinyCausalLM(self.build.config).named_parameters())
+        named = list(self.build.skeleton().named_parameters())  # the engines' names and shapes
         self._refit = RefitGroup(
             spec, rank=rank, build=self.build, named=named, device=self.device, store=self._refit_store
         )

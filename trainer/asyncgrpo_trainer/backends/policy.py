@@ -57,6 +57,7 @@ from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
+from asyncgrpo_trainer.models import hf
 from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 POLICY_FILE = "policy.pt"
@@ -292,9 +293,13 @@ class TorchPolicyWorker(PolicyWorker):
         }
 
     def save(self, directory: str) -> dict[str, Any]:
-        """Write `policy.pt` (the group calls data-parallel rank 0 only: every rank holds the same
-        state)."""
-        return checkpoint.write_or_return(Path(directory) / POLICY_FILE, self.state())
+        """Write `policy.pt`, and for a pretrained model the Hugging Face directory `hf` (the
+        group calls data-parallel rank 0 only: every rank holds the same state)."""
+        returned = checkpoint.write_or_return(Path(directory) / POLICY_FILE, self.state())
+        export = hf_export(self.build, self.weights())
+        if export is not None:
+            returned |= checkpoint.write_or_return(Path(directory) / checkpoint.HF_DIR, export)
+        return returned
 
     def load(self, directory: str) -> None:
         state = checkpoint.read(
@@ -460,6 +465,14 @@ def split_evenly(rows: list[TrainRow], parts: int) -> list[list[TrainRow]]:
         out.append(rows[start:end])
         start = end
     return out
+
+
+def hf_export(build: ModelBuild, weights: dict[str, torch.Tensor]) -> hf.Export | None:
+    """The Hugging Face directory a checkpoint of a pretrained model holds (the source checkpoint's
+    config and tokenizer, the trained weights in the model's dtype); None for the tiny model."""
+    if build.checkpoint is None:
+        return None
+    return hf.Export(weights, build.config, build.checkpoint, build.torch_dtype)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_taken: int) -> float:
