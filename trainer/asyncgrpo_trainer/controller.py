@@ -424,6 +424,7 @@ class SingleController:
         self.counters["groups_evicted"] += evicted
         return {
             "step": self.version,
+            "samples_trained": self.counters["samples_trained"],
             "trained_at_version": trained_at,
             "reward_mean": sum(rewards) / len(rewards),
             "accuracy": sum(correct) / len(correct),
