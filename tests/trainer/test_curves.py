@@ -161,7 +161,7 @@ def test_with_a_wandb_key_the_same_scalars_go_to_one_wandb_run_that_a_resumed_at
         )
         curves.write(_step(attempt + 1, 0.5))
         curves.close()
-    assert [i["id"] for i in fake.inits][0] == fake.inits[1]["id"] and fake.inits[0]["id"].startswith("demo-")
+    assert fake.inits[0]["id"] == fake.inits[1]["id"] and fake.inits[0]["id"].startswith("demo-")
     assert all(i["resume"] == "allow" and i["config"] == {"grpo": {}} for i in fake.inits)
     assert [step for step, _ in fake.logged] == [1, 2] and fake.finished == 2
     assert fake.logged[0][1] == tracking.scalars(_step(1, 0.5))

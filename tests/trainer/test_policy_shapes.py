@@ -194,6 +194,7 @@ def test_device_side_sums_equal_the_float_by_float_metrics() -> None:
         "clip_fraction",
         "kl",
         "gen_kl_error",
+        "gen_logprob_error",
         "entropy",
     }
     assert got["loss"] == sums["loss_sum"] / tokens

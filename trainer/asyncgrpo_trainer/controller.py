@@ -252,6 +252,7 @@ class SingleController:
                 "last_checkpoint_step": self.last_checkpoint_step,
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
+                "gen_logprob_error": last.get("gen_logprob_error"),
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,

@@ -117,6 +117,11 @@ def policy_loss_terms(
             "kl_sum": (kl * mask).sum(),
             # A token the filter of pi_old cuts has log-weight -inf (weight 0): left out here.
             "gen_kl_sum": (torch.nan_to_num(behaviour - generation_logprobs, neginf=0.0) * mask).sum(),
+            # NeMo-RL's token_mult_prob_error: exp|logp_pi_old - logp_engine|, 1 when they agree.
+            "gen_logprob_error_sum": (
+                torch.nan_to_num(behaviour - generation_logprobs, neginf=-20.0).abs().clamp(max=20.0).exp()
+                * mask
+            ).sum(),
             # -log pi of the sampled tokens: a Monte Carlo estimate of the per-token entropy.
             "entropy_sum": (-logprobs.detach() * mask).sum(),
             "ratio_mean": (ratio * mask).sum() / n,

@@ -429,6 +429,7 @@ class StepTotals:
             "kl": self.sums["kl_sum"] / tokens,
             "gen_kl_error": self.sums["gen_kl_sum"] / tokens,
             "entropy": self.sums["entropy_sum"] / tokens,
+            "gen_logprob_error": self.sums["gen_logprob_error_sum"] / tokens,
         }
 
 
@@ -494,6 +495,7 @@ _SUMMED = (
     "kl_sum",
     "gen_kl_sum",
     "entropy_sum",
+    "gen_logprob_error_sum",
 )
 """The per-step sums `StepAccumulator.reduce` reduces over the data-parallel group."""
 _MAXED = ("is_weight_max",)
