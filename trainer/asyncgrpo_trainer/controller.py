@@ -83,6 +83,8 @@ class Settings:
     checkpoint_every: int
     checkpoint_keep: int
     seed: int
+    log_level: str = "INFO"
+    """spec.trainer.logLevel, for this actor's process (the driver sets its own)."""
     watchdog_interval_seconds: float = 1.0
 
 
@@ -569,7 +571,8 @@ class SingleControllerActor:
     """SingleController as a CPU-only Ray actor with one asyncio loop (async methods)."""
 
     def __init__(self, args: ControllerArgs) -> None:
-        logging.basicConfig(level=logging.INFO)
+        logging.basicConfig(level=args.settings.log_level)
+        logging.getLogger().setLevel(args.settings.log_level)
         self.c = SingleController(args)
 
     async def run(self) -> dict[str, Any]:

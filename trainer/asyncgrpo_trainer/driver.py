@@ -411,6 +411,7 @@ def execute(
     """Validate, build, restore, run the controller and tear down; the run summary, or raise."""
     job = parse_job(manifest)
     t = job.spec.trainer
+    logging.getLogger("asyncgrpo_trainer").setLevel(t.log_level)
     if server is not None:
         # A resumed attempt reports its checkpoint's step from the start, so the job's status (and
         # `kubectl get agj`) does not show step 0 while the workers start.

@@ -44,6 +44,7 @@ def settings(job: AsyncGRPOJob) -> controller.Settings:
         checkpoint_every=job.spec.checkpoint.every_steps,
         checkpoint_keep=job.spec.checkpoint.keep_last,
         seed=t.grpo.seed,
+        log_level=t.log_level,
     )
 
 

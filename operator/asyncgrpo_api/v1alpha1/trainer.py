@@ -353,7 +353,7 @@ class TrainerSpec(ApiModel):
     data: DataSpec = Field(default_factory=DataSpec, description="Training and validation prompts.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="The reward environment.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="Driver log level."
+        default="INFO", description="Log level of the driver and its controller actor."
     )
 
     @property
