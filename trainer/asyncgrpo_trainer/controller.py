@@ -204,6 +204,10 @@ class SingleController:
         self.t_start = time.perf_counter()
         self.started_at = time.time()
         await self._refit_weights(self.version, reset=True)
+        if self.s.val_period and self.version == 0:
+            # The curves start at the untrained model (0 samples); before the pumps, so every
+            # answer comes from the initial weights.
+            await self._validate(0)
         self.permitted.set()
         self.state = "running"
         pumps = [
@@ -498,6 +502,7 @@ class SingleController:
         if not self.a.validation:
             return
         tok = self.a.tokenizer
+        samples = self.counters["samples_trained"]  # at `step`: later steps may finish meanwhile
 
         async def one(i: int, example: Example) -> Score:
             out = await self.a.generation.generate(
@@ -515,6 +520,7 @@ class SingleController:
             {
                 "event": "validation",
                 "step": step,
+                "samples_trained": samples,
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
             }

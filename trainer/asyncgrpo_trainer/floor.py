@@ -32,13 +32,21 @@ class FloorConfig:
     generations: int
     max_new_tokens: int
     learning_rate: float
+    temperature: float = 1.0
     max_grad_norm: float = 1.0
     seed: int = 1
 
 
 @torch.no_grad()
 def sample(
-    model: torch.nn.Module, prompts: list[list[int]], n: int, new: int, eos: int, *, greedy: bool = False
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    n: int,
+    new: int,
+    eos: int,
+    *,
+    temperature: float = 1.0,
+    greedy: bool = False,
 ) -> torch.Tensor:
     """(len(prompts) * n, new) sampled token ids, eos-padded after each row's first eos. The
     prompts of one batch have one length (the shipped task's do)."""
@@ -46,7 +54,7 @@ def sample(
     logits, cache = model(ids, None)
     out, done = [], torch.zeros(len(ids), dtype=torch.bool)
     for _ in range(new):
-        last = logits[:, -1].float()
+        last = logits[:, -1].float() / temperature
         tok = last.argmax(-1) if greedy else torch.multinomial(F.softmax(last, -1), 1).squeeze(-1)
         tok = torch.where(done, torch.full_like(tok, eos), tok)
         out.append(tok)
@@ -81,7 +89,7 @@ def run(
         t0 = time.perf_counter()
         batch = rng.sample(train, cfg.prompts)
         prompts = [tok.encode_prompt(e.prompt) for e in batch]
-        resp = sample(model, prompts, cfg.generations, cfg.max_new_tokens, eos)
+        resp = sample(model, prompts, cfg.generations, cfg.max_new_tokens, eos, temperature=cfg.temperature)
         finished = (resp == eos).any(1)
         examples = [e for e in batch for _ in range(cfg.generations)]
         scores = [
@@ -95,7 +103,7 @@ def run(
         mask = (torch.arange(resp.shape[1])[None] <= first[:, None]).float()
         ids = torch.cat([torch.tensor(prompts).repeat_interleave(cfg.generations, 0), resp], 1)
         logits, _ = model(ids[:, :-1], None)
-        logp = F.log_softmax(logits[:, len(prompts[0]) - 1 :].float(), -1)
+        logp = F.log_softmax(logits[:, len(prompts[0]) - 1 :].float() / cfg.temperature, -1)
         logp = logp.gather(-1, resp[..., None]).squeeze(-1)
         loss = -(logp * adv * mask).sum() / mask.sum()
         opt.zero_grad()

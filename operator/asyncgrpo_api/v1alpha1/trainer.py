@@ -74,7 +74,10 @@ class GRPOSpec(ApiModel):
     )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for data order, sampling and init.")
     val_period: int = Field(
-        default=0, ge=0, le=1_000_000, description="Validate every N steps; 0 validates only at the end."
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Validate every N steps, and once before the first; 0 validates only at the end.",
     )
     val_at_end: bool = Field(default=True, description="Validate once after the last step.")
 
