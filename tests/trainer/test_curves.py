@@ -165,3 +165,12 @@ def test_with_a_wandb_key_the_same_scalars_go_to_one_wandb_run_that_a_resumed_at
     assert all(i["resume"] == "allow" and i["config"] == {"grpo": {}} for i in fake.inits)
     assert [step for step, _ in fake.logged] == [1, 2] and fake.finished == 2
     assert fake.logged[0][1] == tracking.scalars(_step(1, 0.5))
+
+
+def test_a_checkpoint_path_that_cannot_hold_curves_costs_the_curves_not_the_run(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    curves = tracking.open_curves(str(blocker), job_name="j", config={}, resumed_step=None, environ={})
+    curves.write(_step(1, 0.5))  # nothing to write to, and no error
+    curves.close()
+    assert curves.sinks == []

@@ -143,9 +143,16 @@ def open_curves(
 ) -> Curves:
     """TensorBoard under the checkpoint path, plus W&B when WANDB_API_KEY is set."""
     directory = Path(checkpoint_path) / TENSORBOARD_DIR
-    directory.mkdir(parents=True, exist_ok=True)
     purge = None if resumed_step is None else resumed_step + 1
-    sinks: list[Sink] = [TensorBoardSink(directory, purge_step=purge)]
+    sinks: list[Sink] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        sinks.append(TensorBoardSink(directory, purge_step=purge))
+    except OSError as exc:
+        # Curves are not worth failing a run for; an unusable checkpoint path fails the first
+        # checkpoint anyway, with the error that names it.
+        log.warning("no TensorBoard curves: cannot write %s: %s", directory, exc)
+        return Curves(sinks)
     if environ.get("WANDB_API_KEY"):
         try:
             import wandb  # noqa: PLC0415 (optional: only with WANDB_API_KEY)
