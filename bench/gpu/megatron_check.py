@@ -36,7 +36,7 @@ import torch
 
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy, sampling
-from asyncgrpo_trainer.models.config import ModelConfig, tiny_config
+from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 # Odd vocabulary on purpose: TP=2 must pad and mask it.
