@@ -43,7 +43,7 @@ import torch
 from asyncgrpo_trainer import checkpoint, export
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import megatron_mapping as mapping
-from asyncgrpo_trainer.backends import policy
+from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.config import InvalidModelError
 from asyncgrpo_trainer.models.network import CausalLM
@@ -350,6 +350,24 @@ def test_the_tiny_model_gives_the_networks_logits(megatron: Callable[[recipe.Mod
             expected, _ = build.instantiate()(ids)
             got = worker.forward_logits(worker.model, ids)
         torch.testing.assert_close(got[..., : build.config.vocab_size], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bfloat16_model_runs_in_bfloat16_with_the_networks_logprobs(
+    checkpoints: dict[str, Path], megatron: Callable[[recipe.ModelBuild], Any]
+) -> None:
+    """The whole GPTModel in the recipe's dtype (norms included, as the engines hold it)."""
+    build = dataclasses.replace(_pretrained(checkpoints["qwen3-tied"]), dtype="bfloat16")
+    worker = megatron(build)
+    assert {p.dtype for p in worker.model.parameters()} == {torch.bfloat16}
+    network = build.instantiate()
+    weights = worker.weights()
+    assert all(torch.equal(weights[k], v) for k, v in network.state_dict().items())
+    pairs = _pairs(_rows(build))
+    theirs, _ = sampling.token_logprobs(
+        network, pairs, pad_id=build.pad_id, temperature=OPTIM.temperature, device=torch.device("cpu")
+    )
+    expected = [theirs[i, : len(r)].tolist() for i, (_, r) in enumerate(pairs)]
+    _assert_logprobs(_logprob_lists(worker, pairs), expected, 2e-2)  # bf16: 8 bits of mantissa
 
 
 @pytest.mark.parametrize("name", [*TINY, *PRETRAINED])

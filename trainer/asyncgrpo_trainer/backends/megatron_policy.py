@@ -211,7 +211,9 @@ def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.
     if rope:
         rotary: Any = model.rotary_pos_emb
         rotary.inv_freq = torch.tensor(cfg.rope_inv_freq, dtype=torch.float32, device=device)
-    return model.to(device)
+    # The local spec's norms are torch.nn.RMSNorm in fp32 whatever params_dtype says; the whole
+    # model in the recipe's dtype is what Megatron's Float16Module does and what the engines hold.
+    return model.to(device=device, dtype=dtype)
 
 
 class MegatronPolicyWorker(PolicyWorker):
