@@ -424,6 +424,14 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
     if not generation.colocated and gen_pool.replicas == 0 and policy_pool.replicas == 0:
         return
+    if trainer.weight_sync.transport == "cuda-ipc" and not (
+        generation.colocated and policy_pool.gpus_per_replica and trainer.policy.backend == "torch"
+    ):
+        yield Finding(
+            f"{TRAINER}.weightSync.transport",
+            "cuda-ipc shares a torch policy rank's GPU memory with the engine colocated on that GPU: it "
+            "needs generation.colocated true, policy GPUs and policy.backend torch; use auto",
+        )
     if trainer.weight_sync.transport == "nccl" and not (
         policy_pool.gpus_per_replica and serving_pool.gpus_per_replica
     ):

@@ -247,6 +247,7 @@ class SingleController:
                 "tokens_per_second": recent_token_rate(recent[::-1]),
                 "last_checkpoint_step": self.last_checkpoint_step,
                 "validation_reward": self.validation_reward,
+                "gen_logprob_error": last.get("gen_logprob_error"),
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,

@@ -46,6 +46,8 @@ from asyncgrpo_trainer import (
     workers,
 )
 from asyncgrpo_trainer import rewards as reward_workers
+from asyncgrpo_trainer.backends import vllm_engine
+from asyncgrpo_trainer.backends.generation import EngineLostError
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.config import InvalidModelError
@@ -94,11 +96,8 @@ class Built:
 def check_supported(job: AsyncGRPOJob) -> None:
     """Reject, before anything starts, what the backends of this build cannot run."""
     t = job.spec.trainer
-    if t.generation.backend != "torch":
-        raise SpecError(
-            "spec.trainer.generation.backend: this trainer build ships the torch generation engine "
-            "(vLLM is not in it yet, docs/guides/gpu.md); use backend: torch"
-        )
+    if t.generation.backend == "vllm":
+        vllm_engine.check_available()
     if t.weight_sync.transport == "nccl" and t.generation.colocated and _on_gpus(job):
         raise SpecError(
             "spec.trainer.weightSync.transport: nccl cannot connect a colocated engine to the policy "
@@ -182,6 +181,20 @@ def model_of(job: AsyncGRPOJob, env: envs.Environment) -> tuple[ModelBuild, Toke
     return specmap.tiny_recipe(t, tokenizer), tokenizer
 
 
+def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
+    """(engines, GPUs per engine). Colocated: one engine next to each policy rank, on its GPU (the
+    rules require generationWorkers.replicas 0 then). Otherwise one torch engine per GPU of the
+    pool, or one vLLM engine per generation.tensorParallelSize GPUs; on CPU one per replica."""
+    t, cl = job.spec.trainer, job.spec.cluster
+    if t.generation.colocated:
+        return policy_ranks, min(cl.policy_workers.gpus_per_replica, 1)
+    pool = cl.generation_workers
+    if pool.gpus_per_replica == 0:
+        return max(pool.replicas, 1), 0
+    per_engine = t.generation.tensor_parallel_size if t.generation.backend == "vllm" else 1
+    return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
+
+
 def build(job: AsyncGRPOJob) -> Built:
     """Every object the controller needs, built here in the driver (see the module docstring)."""
     check_supported(job)
@@ -190,14 +203,12 @@ def build(job: AsyncGRPOJob) -> Built:
     model, tokenizer = model_of(job, env)
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
-    # Colocated generation runs one engine next to each policy rank (the rules require
-    # generationWorkers.replicas 0 then).
-    gen_ranks = policy_ranks if t.generation.colocated else max(cl.generation_workers.replicas, 1)
+    gen_ranks, gen_gpus = generation_layout(job, policy_ranks)
     pools = cluster.build_pools(
         policy_ranks=policy_ranks,
         policy_gpus=min(cl.policy_workers.gpus_per_replica, 1),
         generation_ranks=gen_ranks,
-        generation_gpus=min(cl.generation_workers.gpus_per_replica, 1),
+        generation_gpus=gen_gpus,
         colocated=t.generation.colocated,
         name=job.metadata.name or "asyncgrpo",
     )
@@ -206,8 +217,9 @@ def build(job: AsyncGRPOJob) -> Built:
         generation_group, generation_ready = workers.start_generation_group(
             pools[1],
             model,
-            cl.generation_workers.gpus_per_replica,
+            gen_gpus,
             max_prefix_age=t.async_rl.max_staleness_versions,
+            vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
         rewards = reward_workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
         train, val = data.load_examples(
@@ -241,6 +253,7 @@ def build(job: AsyncGRPOJob) -> Built:
                 generation_group,
                 on_gpus=_on_gpus(job),
                 colocated=t.generation.colocated,
+                backend=t.policy.backend,
             ),
             loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),
             validation=val,
@@ -319,6 +332,7 @@ def supervise(
 
 
 _INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    EngineLostError,
     ray.exceptions.RayActorError,
     ray.exceptions.NodeDiedError,
     ray.exceptions.WorkerCrashedError,

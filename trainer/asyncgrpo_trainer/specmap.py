@@ -11,7 +11,7 @@ from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
 from asyncgrpo_trainer import controller, sampler
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import policy, sampling
+from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
@@ -113,4 +113,15 @@ def tiny_recipe(t: TrainerSpec, tokenizer: CharTokenizer) -> recipe.ModelBuild:
         position_embedding=tiny.position_embedding,
         dtype=t.model.dtype,
         seed=t.grpo.seed,
+    )
+
+
+def vllm_options(t: TrainerSpec) -> vllm_engine.VLLMOptions:
+    """The vLLM engine's knobs: at most the rows the controller can have generating at once."""
+    g = t.generation
+    rows = min(t.max_inflight_prompts, t.max_buffered_rollouts) * t.grpo.num_generations_per_prompt
+    return vllm_engine.VLLMOptions(
+        tensor_parallel_size=g.tensor_parallel_size,
+        gpu_memory_utilization=g.gpu_memory_utilization,
+        max_num_seqs=min(max(rows, t.data.num_validation_prompts, 1), 1024),
     )

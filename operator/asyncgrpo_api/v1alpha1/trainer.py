@@ -224,7 +224,9 @@ class GenerationSpec(ApiModel):
     """The sampling side: backend and decoding settings."""
 
     backend: Literal["torch", "vllm"] = Field(
-        default="torch", description="torch runs on CPU or CUDA; vllm needs GPUs."
+        default="torch",
+        description="torch: the project's engine (CPU or CUDA; CUDA graphs on GPUs); vllm: vLLM 0.26 "
+        "on the checkpoint of model.path (model.source pretrained), on GPUs or with vLLM's CPU build.",
     )
     max_new_tokens: int = Field(default=16, ge=1, le=1_048_576, description="Response length cap.")
     temperature: float = Field(default=1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
@@ -257,9 +259,11 @@ class GenerationSpec(ApiModel):
 class WeightSyncSpec(ApiModel):
     """How new policy weights reach the generation workers after each step (refit)."""
 
-    transport: Literal["auto", "nccl", "object-store"] = Field(
+    transport: Literal["auto", "nccl", "cuda-ipc", "object-store"] = Field(
         default="auto",
-        description="auto: NCCL between GPU pools, Ray's object store otherwise.",
+        description="auto: a bucketed NCCL broadcast between separate GPU pools, CUDA IPC between a "
+        "torch policy rank and the engine colocated on its GPU, Ray's object store otherwise "
+        "(CPU; a colocated Megatron policy). nccl on CPU pools runs the same broadcast over gloo.",
     )
     bucket_size_mb: int = Field(
         default=512,

@@ -46,8 +46,9 @@ from typing import Literal
 
 import torch
 
-from asyncgrpo_trainer.backends import sampling
+from asyncgrpo_trainer.backends import ipc, sampling
 from asyncgrpo_trainer.backends.batched import GroupBatcher, distribution
+from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
 from asyncgrpo_trainer.models.network import CausalLM, KVCache
 from asyncgrpo_trainer.models.recipe import ModelBuild
@@ -67,16 +68,45 @@ class Generated:
     busy_seconds: float
 
 
+class EngineLostError(RuntimeError):
+    """The engine behind a generation worker died (vLLM's engine process): an infrastructure
+    failure that the operator retries from the last checkpoint, not a training error."""
+
+
 class GenerationWorker(abc.ABC):
-    """What the controller calls on a generation engine (torch here; vLLM in its own issue)."""
+    """What the controller and the weight synchronizers call on a generation engine: the torch
+    engine below and `vllm_engine.VLLMGenerationWorker` implement it, so the controller's rules
+    (versions, aborts, cache resets) and the refit transports are the same for both."""
 
     @abc.abstractmethod
     async def generate(
         self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
-    ) -> Generated: ...
+    ) -> Generated:
+        """n samples of one prompt; cancelling the call aborts them."""
 
     @abc.abstractmethod
-    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None: ...
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """The object store's refit: `state` (network names) becomes weight `version`."""
+
+    @abc.abstractmethod
+    async def device_type(self) -> str: ...
+
+    @abc.abstractmethod
+    async def refit_members(self) -> int:
+        """Ranks this engine takes in a broadcast refit group (its processes that receive)."""
+
+    @abc.abstractmethod
+    async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        """Join the broadcast refit group at `rank` (and the ranks after it, one per member)."""
+
+    @abc.abstractmethod
+    async def refit_receive(self, version: int) -> None:
+        """Receive one broadcast refit as weight `version`."""
+
+    @abc.abstractmethod
+    async def load_ipc(self, handles: bytes, version: int) -> None:
+        """A colocated refit: CUDA IPC handles of the policy's tensors on this engine's GPU
+        (`ipc.share`)."""
 
     @abc.abstractmethod
     async def reset_cache(self) -> None: ...
@@ -131,6 +161,7 @@ class TorchGenerationWorker(GenerationWorker):
             if batched
             else None
         )
+        self._refit: RefitGroup | None = None
         self.busy_seconds = 0.0
         self.tokens_generated = 0
         self.prefix_hits = 0
@@ -233,6 +264,44 @@ class TorchGenerationWorker(GenerationWorker):
         async with self.weights_lock:
             t0 = time.perf_counter()
             self.model.load_state_dict(state)
+            self.busy_seconds += time.perf_counter() - t0
+            await self.adopt_weights(version)
+
+    async def device_type(self) -> str:
+        return self.device.type
+
+    async def refit_members(self) -> int:
+        return 1
+
+    async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        # A gloo group's constructor returns once every member has joined: not on the event loop.
+        self._refit = await asyncio.to_thread(
+            RefitGroup,
+            spec,
+            rank=rank,
+            build=self.build,
+            named=list(self.model.named_parameters()),
+            device=self.device,
+        )
+        return self._refit.plan
+
+    async def refit_receive(self, version: int) -> None:
+        if self._refit is None:
+            raise RuntimeError("refit_receive before refit_join")
+        await asyncio.to_thread(self._refit.broadcast.receive)  # into staging buffers only
+        async with self.weights_lock:  # decode steps see the old or the new weights, whole
+            self._refit.broadcast.unpack(dict(self.model.named_parameters()))
+            await self.adopt_weights(version)
+
+    async def load_ipc(self, handles: bytes, version: int) -> None:
+        """Copy the policy's tensors, shared by CUDA IPC on this GPU (`ipc.share`), into the model
+        in place."""
+        params = dict(self.model.named_parameters())
+        async with self.weights_lock:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for name, tensor in ipc.open_shared(handles):
+                    params[name].copy_(tensor)
             self.busy_seconds += time.perf_counter() - t0
             await self.adopt_weights(version)
 

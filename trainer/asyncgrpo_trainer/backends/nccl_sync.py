@@ -28,7 +28,7 @@ must keep serving while the bytes move (an async generation actor) calls `receiv
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -226,6 +226,13 @@ class BucketedBroadcast:
             for work in [self._broadcast(b) for b in range(self.plan.num_buckets)]:
                 work.wait()
         self._receive_stream.synchronize()
+
+    def received(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of the last `receive`, as views of this object's buffers in the plan's
+        dtype, valid until the next receive: for a receiver that copies them itself (vLLM's
+        `load_weights` fuses and shards them on its way into its own parameters)."""
+        for slots, views in zip(self._slots, self._view_lists, strict=True):
+            yield from zip((s.name for s in slots), views, strict=True)
 
     @torch.no_grad()
     def unpack(self, tensors: Mapping[str, torch.Tensor]) -> None:

@@ -322,6 +322,7 @@ class StepTotals:
             "clip_fraction": self.sums["clip_fraction_sum"] / tokens,
             "kl": self.sums["kl_sum"] / tokens,
             "gen_kl_error": self.sums["gen_kl_sum"] / tokens,
+            "gen_logprob_error": self.sums["gen_logprob_error_sum"] / tokens,
         }
 
 
@@ -343,7 +344,16 @@ def optimizer_step(optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_t
     return lr
 
 
-_SUMMED = ("tokens", "sequences", "loss_sum", "is_weight_sum", "clip_fraction_sum", "kl_sum", "gen_kl_sum")
+_SUMMED = (
+    "tokens",
+    "sequences",
+    "loss_sum",
+    "is_weight_sum",
+    "clip_fraction_sum",
+    "kl_sum",
+    "gen_kl_sum",
+    "gen_logprob_error_sum",
+)
 """The per-step sums `StepAccumulator.reduce` reduces over the data-parallel group."""
 
 

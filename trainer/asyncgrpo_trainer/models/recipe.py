@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -111,20 +110,5 @@ def pretrained_build(
     """The recipe and tokenizer of the checkpoint in `directory`; InvalidModelError if unusable."""
     cfg = hf.read_config(directory, max_positions=max_sequence_length)
     hf.weight_files(directory)  # fail here, in the driver, not in every worker
-    tokenizer = CheckpointTokenizer(
-        directory,
-        chat_template=chat_template,
-        system_prompt=system_prompt,
-        extra_eos_ids=generation_eos_ids(directory),
-    )
+    tokenizer = CheckpointTokenizer(directory, chat_template=chat_template, system_prompt=system_prompt)
     return ModelBuild(cfg, dtype, tokenizer.pad_id, tokenizer.eos_ids, seed, checkpoint=directory), tokenizer
-
-
-def generation_eos_ids(directory: str) -> list[int]:
-    """The end-of-sequence ids of generation_config.json (an int or a list; none if no file)."""
-    path = Path(directory) / hf.GENERATION_CONFIG
-    if not path.is_file():
-        return []
-    eos = hf.read_json(path).get("eos_token_id")
-    values = eos if isinstance(eos, list) else [eos]
-    return [int(v) for v in values if isinstance(v, int)]

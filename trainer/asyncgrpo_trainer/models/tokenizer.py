@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Protocol
 
+from asyncgrpo_trainer.models import hf
 from asyncgrpo_trainer.models.config import InvalidModelError
 
 
@@ -119,7 +121,6 @@ class CheckpointTokenizer:
         *,
         chat_template: bool | None = None,
         system_prompt: str | None = None,
-        extra_eos_ids: Sequence[int] = (),
     ) -> None:
         self.directory = directory
         self.system_prompt = system_prompt
@@ -131,7 +132,7 @@ class CheckpointTokenizer:
                 "template; set chatTemplate: false"
             )
         self.chat_template = has_template if chat_template is None else chat_template
-        eos = [*extra_eos_ids]
+        eos = generation_eos_ids(directory)
         if tok.eos_token_id is not None:
             eos.append(int(tok.eos_token_id))
         if not eos:
@@ -180,3 +181,13 @@ class CheckpointTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         end = next((i for i, t in enumerate(ids) if t in self._eos), len(ids))
         return str(self._tok.decode(list(ids[:end]), skip_special_tokens=True))
+
+
+def generation_eos_ids(directory: str) -> list[int]:
+    """The end-of-sequence ids generation_config.json names (an int or a list; none without it)."""
+    path = Path(directory) / hf.GENERATION_CONFIG
+    if not path.is_file():
+        return []
+    eos = hf.read_json(path).get("eos_token_id")
+    values = eos if isinstance(eos, list) else [eos]
+    return [int(v) for v in values if isinstance(v, int)]
