@@ -261,9 +261,11 @@ class MegatronPolicyWorker(PolicyWorker):
         self.vocab_size = build.config.vocab_size
         self.reference: torch.nn.Module | None = None
         with _cuda_calls_on_cpu(self.device):
-            self.model = self._initial_model().train()
+            initial = self._initial_shards()
+            self.model = self._model_of(initial).train()
             if loss.reference_policy_kl_penalty > 0:
-                self.reference = self._initial_model().eval().requires_grad_(False)
+                self.reference = self._model_of(initial).eval().requires_grad_(False)
+            del initial
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
         )
@@ -271,19 +273,30 @@ class MegatronPolicyWorker(PolicyWorker):
         self.busy_seconds = 0.0
         self._reset_step()
 
-    def _initial_model(self) -> torch.nn.Module:
-        """The GPTModel holding this rank's shards of the recipe's initial CausalLM weights (the
-        tiny model's seeded ones, or the pretrained checkpoint's)."""
-        model = build_gpt_model(self.build, self.tp, self.device)
+    def _initial_shards(self) -> dict[str, torch.Tensor]:
+        """This rank's shards (Megatron names) of the recipe's initial CausalLM weights: the tiny
+        model's seeded ones, or the pretrained checkpoint's, read once for the model and the
+        reference."""
         cfg = self.build.config
         full = mapping.from_network(
             self.build.instantiate().state_dict(),
             cfg,
             padded_vocab=mapping.padded_vocab_size(cfg.vocab_size, self.tp),
         )
+        return {name: mapping.shard(name, t, rank=self.tp_rank, size=self.tp) for name, t in full.items()}
+
+    def _model_of(self, shards: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """A GPTModel holding `shards` (copies: the model and the reference never share storage)."""
+        model = build_gpt_model(self.build, self.tp, self.device)
+        params = dict(model.named_parameters())
+        if params.keys() != shards.keys():  # e.g. a megatron-core release that renamed a module
+            raise RuntimeError(
+                f"megatron-core's GPTModel and megatron_mapping disagree on the parameters: "
+                f"{sorted(params.keys() ^ shards.keys())[:6]}"
+            )
         with torch.no_grad():
-            for name, param in model.named_parameters():
-                param.copy_(mapping.shard(name, full[name], rank=self.tp_rank, size=self.tp))
+            for name, param in params.items():
+                param.copy_(shards[name])
         return model
 
     def _reset_step(self) -> None:
