@@ -146,8 +146,8 @@ def _pretrained(directory: Path) -> recipe.ModelBuild:
     return build
 
 
-def _build(name: str, checkpoints: dict[str, Path] | None) -> recipe.ModelBuild:
-    return TINY[name] if name in TINY else _pretrained((checkpoints or {})[name])
+def _build(name: str, checkpoints: dict[str, Path]) -> recipe.ModelBuild:
+    return TINY[name] if name in TINY else _pretrained(checkpoints[name])
 
 
 def _rows(build: recipe.ModelBuild) -> list[policy.TrainRow]:
