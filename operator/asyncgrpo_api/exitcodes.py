@@ -14,6 +14,10 @@ SUCCEEDED: Final = 0
 TRAINING_ERROR: Final = 1
 """The job itself is wrong (bad data, a bug, a diverged loss): never retried."""
 
+INVALID_DATA: Final = 3
+"""A data file or the reward function the spec names cannot be used (missing, unreadable, no usable
+row, not importable), found by the driver at start: never retried (the same files fail again)."""
+
 RAY_HEAD_UNAVAILABLE: Final = 200
 """The Ray head next to the driver never came up: an infrastructure failure, retried."""
 

@@ -345,6 +345,38 @@ def _sequence_fits(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
+# --- data and rewards ----------------------------------------------------------------------------
+
+REWARD_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+"""env.function: a dotted module path, a colon, a function name (what importlib can resolve)."""
+
+BUILTIN_PROMPT_SETS = frozenset({"arithmetic", "math"})
+"""Environments that ship prompts, so that a job without data.trainPath has something to train on."""
+
+
+def _data_and_env(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """What the spec alone shows about data and rewards; what only the files show (a missing file,
+    a row without the key, a function that cannot be imported) fails the driver with InvalidData."""
+    data, env = job.spec.trainer.data, job.spec.trainer.env
+    if env.name not in BUILTIN_PROMPT_SETS and data.train_path is None:
+        yield Finding(
+            f"{TRAINER}.data.trainPath",
+            f"is required with env.name {env.name}, which has no built-in prompt set: point it at a "
+            f"JSONL, JSON or Parquet file (or a save_to_disk directory) on a volume",
+        )
+    if data.prompt_key == data.answer_key:
+        yield Finding(
+            f"{TRAINER}.data.answerKey",
+            f"must differ from promptKey (both {data.prompt_key!r}): the prompt would be its own answer",
+        )
+    if env.function is not None and not REWARD_FUNCTION.fullmatch(env.function):
+        yield Finding(
+            f"{TRAINER}.env.function",
+            f'must be "package.module:function" (a module importable in the trainer image, a colon, a '
+            f"function name); got {env.function!r}",
+        )
+
+
 # --- GPU layout ----------------------------------------------------------------------------------
 
 
@@ -605,6 +637,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _watchdog_outlasts_rollouts,
     _model_source,
     _sequence_fits,
+    _data_and_env,
     _gpu_layout,
     _gpus_not_in_resources,
     _scheduler_queue,

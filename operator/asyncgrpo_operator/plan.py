@@ -12,7 +12,8 @@ The rules, in the order they are applied:
 3. An active job has exactly one RayCluster, named after its attempt; clusters of other attempts
    are deleted. activeDeadlineSeconds (from status.startTime) and startupDeadlineSeconds (from the
    attempt's start, until the driver runs) fail it with DeadlineExceeded, never retried.
-4. The driver's exit decides an attempt: 0 succeeds; 1-128 is a training error (never retried);
+4. The driver's exit decides an attempt: 0 succeeds; 3 is InvalidData (a data file or the reward
+   function the spec names is unusable) and any other code 1-128 a training error, neither retried;
    a signal (exit > 128) or a lost head pod or RayCluster is an infrastructure failure, retried
    with a fresh RayCluster while status.restarts < backoffLimit, then BackoffLimitExceeded.
 5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
@@ -39,6 +40,7 @@ from asyncgrpo_operator.decision import (
     DRIVER_SUCCEEDED,
     FAILED,
     HEAD_POD_LOST,
+    INVALID_DATA,
     INVALID_SPEC,
     PODS_READY,
     PODS_SCHEDULED,
@@ -318,6 +320,15 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
             DRIVER_KILLED,
             f"the driver was killed by {_signal_name(code)}{detail}",
         )
+    elif code == exitcodes.INVALID_DATA:
+        _fail(
+            job,
+            draft,
+            observed,
+            INVALID_DATA,
+            f"the driver in pod {exit_.pod_name} cannot use the job's data{detail}; fix the file or the "
+            "spec (the same files would fail again, so it is not retried)",
+        )
     else:
         reason = f" ({exit_.reason})" if exit_.reason and exit_.reason != "Error" else ""
         _fail(
@@ -422,6 +433,8 @@ def _progressing(
         note = ""
         if state == "failed" and observed.progress is not None:
             note = f"; it reports a failure and should exit soon: {observed.progress.error or 'no detail'}"
+        elif observed.progress is not None and observed.progress.data_warning:
+            note = f"; data: {observed.progress.data_warning}"
         draft.set(RUNNING, True, "DriverRunning", f"the driver is running in pod {head.name}{note}")
         if draft.is_true(RESTARTING):
             draft.set(RESTARTING, False, "Restarted", f"attempt {draft.attempt} is running")
@@ -538,6 +551,7 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
                 mean_staleness=reading.mean_staleness,
                 tokens_per_second=reading.tokens_per_second,
                 validation_reward=reading.validation_reward,
+                reward_failures=reading.reward_failures,
                 last_checkpoint_step=reading.last_checkpoint_step,
                 updated_at=read_at,
             ),

@@ -2,16 +2,18 @@
 
 Setup order (nothing heavy is built inside the controller actor, which only receives built
 objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> Ray -> tokenizer and
-model recipe -> placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in
-parallel) and reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
+model recipe -> the data files (`load_prompts`) -> placement groups -> policy (per
+`POLICY_BACKENDS`) and generation worker groups (in parallel) and reward workers -> data loader ->
+replay buffer and sampler -> rollout manager ->
 weight synchronizer (its transport per `weights.transport_of`) ->
 restore the latest checkpoint if there is one -> SingleControllerActor.
 
-Exit codes are the operator's contract: 0 when training finished; 1 for a training error (an
-exception in a pump, an invalid spec); the error is the last line on stderr and the `error` of
-/progress, which keeps answering with the final state for ASYNCGRPO_EXIT_GRACE_SECONDS (5 s)
-before the process exits. A driver killed by a signal is an infrastructure failure the operator
-retries; the retry resumes from the newest checkpoint.
+Exit codes are the operator's contract (asyncgrpo_api.exitcodes): 0 when training finished; 3 when
+the data files or the reward function the spec names are unusable (InvalidDataError, found before
+any worker starts); 1 for any other training error (an exception in a pump, an invalid spec). The
+error is the last line on stderr and the `error` of /progress, which keeps answering with the
+final state for ASYNCGRPO_EXIT_GRACE_SECONDS (5 s) before the process exits. A driver killed by a
+signal is an infrastructure failure the operator retries; the retry resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from asyncgrpo_trainer import (
 )
 from asyncgrpo_trainer import rewards as reward_workers
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.models.recipe import ModelBuild
-from asyncgrpo_trainer.models.tokenizer import CharTokenizer
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer, Tokenizer
 from asyncgrpo_trainer.rollout import RolloutManager
 
 log = logging.getLogger("asyncgrpo_trainer")
@@ -87,6 +90,29 @@ class Built:
     pools: tuple[cluster.Pool, cluster.Pool]
     ready: list[Any]
     """Refs that resolve when every worker is up; the workers start in parallel."""
+    data_warning: str | None = None
+    """The rows of the data that were skipped (`data.Prompts.summary`), reported once."""
+
+
+def load_prompts(job: AsyncGRPOJob, env: envs.Environment, tokenizer: Tokenizer) -> data.Prompts:
+    """The job's prompts (InvalidDataError when its data is unusable); skipped rows are logged once."""
+    d = job.spec.trainer.data
+    prompts = data.load_prompts(
+        env,
+        tokenizer,
+        train_path=d.train_path,
+        validation_path=d.validation_path,
+        prompt_key=d.prompt_key,
+        answer_key=d.answer_key,
+        num_validation=d.num_validation_prompts,
+        max_prompt_length=d.max_prompt_length,
+        seed=job.spec.trainer.grpo.seed,
+    )
+    warning = prompts.summary(d.max_prompt_length)
+    if warning is not None:
+        log.warning("data: %s", warning)
+    log.info("data: %d training and %d validation prompts", len(prompts.train), len(prompts.validation))
+    return prompts
 
 
 def check_supported(job: AsyncGRPOJob) -> None:
@@ -174,6 +200,8 @@ def build(job: AsyncGRPOJob) -> Built:
     env = envs.build(t.env.name)
     tokenizer = CharTokenizer(env.alphabet)
     recipe = specmap.model_recipe(t, tokenizer)
+    # The data files first: a job whose data is unusable fails in seconds, before any worker starts.
+    prompts = load_prompts(job, env, tokenizer)
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
     # Colocated generation runs one engine next to each policy rank (the rules require
@@ -196,15 +224,6 @@ def build(job: AsyncGRPOJob) -> Built:
             max_prefix_age=t.async_rl.max_staleness_versions,
         )
         rewards = reward_workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
-        train, val = data.load_examples(
-            env,
-            tokenizer,
-            train_path=t.data.train_path,
-            validation_path=t.data.validation_path,
-            num_validation=t.data.num_validation_prompts,
-            max_prompt_length=t.data.max_prompt_length,
-            seed=t.grpo.seed,
-        )
         rollout = RolloutManager(
             generation_group,
             rewards,
@@ -228,14 +247,18 @@ def build(job: AsyncGRPOJob) -> Built:
                 on_gpus=_on_gpus(job),
                 colocated=t.generation.colocated,
             ),
-            loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),
-            validation=val,
+            loader=data.PromptLoader(
+                prompts.train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle
+            ),
+            validation=prompts.validation,
             buffer=ReplayBuffer(),
             sampler=specmap.sampler_of(t),
             tokenizer=tokenizer,
             validation_params=specmap.sampling_params(t, greedy=True),
         )
-        return Built(args, pools, [*policy_ready, *generation_ready])
+        return Built(
+            args, pools, [*policy_ready, *generation_ready], prompts.summary(t.data.max_prompt_length)
+        )
     except BaseException:
         cluster.release(*pools)  # the workers started so far die with this driver
         raise
@@ -364,6 +387,8 @@ def execute(
     if not ray.is_initialized():  # after validation: an invalid spec fails without a cluster
         ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
     built = build(job)
+    if server is not None:
+        server.update(data_warning=built.data_warning)
     try:
         resume = resume_state(job.spec.checkpoint.path)
         if resume is not None:
@@ -402,7 +427,12 @@ def run_job(
         if not quiet:
             print(json.dumps({"event": "summary", **{k: v for k, v in summary.items() if k != "records"}}))
     except Exception as exc:
-        code = exitcodes.RAY_WORKER_LOST if lost_ray_worker(exc) else exitcodes.TRAINING_ERROR
+        if isinstance(exc, InvalidDataError):
+            code = exitcodes.INVALID_DATA
+        elif lost_ray_worker(exc):
+            code = exitcodes.RAY_WORKER_LOST
+        else:
+            code = exitcodes.TRAINING_ERROR
         error = error_text(exc)
         log.debug("training failed", exc_info=True)
         if server is not None:

@@ -134,6 +134,12 @@ class Progress(ApiModel):
         default=None, description="Generated tokens per second over the last 10 steps."
     )
     validation_reward: float | None = Field(default=None, description="Mean reward of the last validation.")
+    reward_failures: int = Field(
+        default=0,
+        ge=0,
+        description="Prompt groups dropped because scoring them failed twice (env.timeoutSeconds or an "
+        "error); never trained on.",
+    )
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
     updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
 
