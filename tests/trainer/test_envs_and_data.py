@@ -6,18 +6,19 @@ import pytest
 
 from asyncgrpo_trainer import data, envs
 from asyncgrpo_trainer.envs import math as math_env
-from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
 def test_arithmetic_rewards_exact_answers_partial_numbers_and_nothing_else() -> None:
     env = envs.build("arithmetic")
     ex = Example("3+4=", "7")
-    assert env.score(ex, "7", finished=True) == 1.0
-    assert env.score(ex, "8", finished=True) == pytest.approx(0.1 + 0.4 * 0.9)
-    assert env.score(ex, "7", finished=False) == 0.0  # truncated
-    assert env.score(ex, "7+", finished=True) == 0.0
-    assert env.score(ex, "", finished=True) == 0.0
+    assert env.score(ex, "7", finished=True) == Score(1.0, True)
+    near = env.score(ex, "8", finished=True)
+    assert near.reward == pytest.approx(0.1 + 0.4 * 0.9) and not near.correct
+    assert env.score(ex, "7", finished=False) == Score(0.0, False)  # truncated
+    assert env.score(ex, "7+", finished=True) == Score(0.0, False)
+    assert env.score(ex, "", finished=True) == Score(0.0, False)
 
 
 def test_arithmetic_validation_pairs_are_held_out_of_training() -> None:
@@ -39,7 +40,8 @@ def test_arithmetic_validation_pairs_are_held_out_of_training() -> None:
     ],
 )
 def test_math_checks_the_last_boxed_answer(response: str, answer: str, reward: float) -> None:
-    assert envs.build("math").score(Example("q", answer), response, finished=True) == reward
+    score = envs.build("math").score(Example("q", answer), response, finished=True)
+    assert score == Score(reward, correct=reward == 1.0)
 
 
 def test_nested_braces_in_boxed_are_balanced() -> None:

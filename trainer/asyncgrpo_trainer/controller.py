@@ -42,7 +42,7 @@ from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
-from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardPool
@@ -96,6 +96,7 @@ class ResumeState:
     loader: dict[str, Any]
     counters: dict[str, float]
     validation_reward: float | None
+    validation_accuracy: float | None
 
 
 @dataclass
@@ -154,6 +155,7 @@ class SingleController:
         self.pending: collections.deque[tuple[Example, int | None]] = collections.deque()
         self.counters: dict[str, float] = collections.defaultdict(float)
         self.validation_reward: float | None = None
+        self.validation_accuracy: float | None = None
         self.last_checkpoint_step: int | None = None
         self.records: list[dict[str, Any]] = []
         self.records_dropped = 0  # older records are trimmed so a long run's memory stays flat
@@ -179,6 +181,7 @@ class SingleController:
         self.a.loader.load_state_dict(r.loader)
         self.counters.update(r.counters)
         self.validation_reward = r.validation_reward
+        self.validation_accuracy = r.validation_accuracy
         self.last_checkpoint_step = r.step
         return len(self.buffer)
 
@@ -239,10 +242,12 @@ class SingleController:
                 "max_steps": self.s.max_steps,
                 "policy_version": self.gen_version,
                 "reward_mean": last.get("reward_mean"),
+                "accuracy": last.get("accuracy"),
                 "mean_staleness": last.get("mean_staleness"),
                 "tokens_per_second": recent_token_rate(recent[::-1]),
                 "last_checkpoint_step": self.last_checkpoint_step,
                 "validation_reward": self.validation_reward,
+                "validation_accuracy": self.validation_accuracy,
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,
@@ -270,6 +275,7 @@ class SingleController:
             "generation_idle_fraction": max(0.0, 1 - gen_busy / wall) if wall else 0.0,
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,
+            "validation_accuracy": self.validation_accuracy,
             "records": self.records,
         }
 
@@ -372,11 +378,12 @@ class SingleController:
         generated_before = self.counters["tokens_generated"]
         step: dict[str, float] = collections.defaultdict(float)
         rewards: list[float] = []
+        correct: list[bool] = []
         staleness: list[int] = []
         taken = tokens = chunks = 0
         while taken < self.s.prompts_per_step:
             groups = await self._select_chunk(self.s.prompts_per_step - taken, step)
-            rows, group_rewards = self._rows(groups)
+            rows = self._rows(groups)
             if self.s.needs_reference_logprobs:
                 t0 = time.perf_counter()
                 refs = await self.a.policy.reference_logprobs([(r.prompt_ids, r.response_ids) for r in rows])
@@ -391,7 +398,10 @@ class SingleController:
             taken += len(groups)
             chunks += 1
             tokens += sum(len(r.response_ids) for r in rows)
-            rewards.extend(group_rewards)
+            for g in groups:
+                if g.record is not None:
+                    rewards.extend(g.record.rewards)
+                    correct.extend(g.record.correct)
             staleness.extend(self.version - g.start_version for g in groups)
         t0 = time.perf_counter()
         metrics = await self.a.policy.finish_step()
@@ -411,6 +421,7 @@ class SingleController:
             "step": self.version,
             "trained_at_version": trained_at,
             "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(correct) / len(correct),
             "mean_staleness": sum(staleness) / len(staleness),
             "max_staleness": max(staleness),
             "chunks": chunks,
@@ -425,19 +436,18 @@ class SingleController:
             **metrics,
         }
 
-    def _rows(self, groups: list[Slot]) -> tuple[list[policy.TrainRow], list[float]]:
-        """Training rows and rewards of whole groups; advantages are exact per group."""
+    def _rows(self, groups: list[Slot]) -> list[policy.TrainRow]:
+        """Training rows of whole groups; advantages are exact per group."""
         records = [g.record for g in groups if g.record is not None]
         rewards = torch.tensor([r.rewards for r in records], dtype=torch.float32)
         adv = advantages.group_relative(
             rewards, leave_one_out=self.s.leave_one_out, normalize=self.s.normalize_rewards
         )
-        rows = [
+        return [
             policy.TrainRow(rec.prompt_ids, rec.response_ids[i], rec.generation_logprobs[i], float(adv[g, i]))
             for g, rec in enumerate(records)
             for i in range(len(rec.response_ids))
         ]
-        return rows, rewards.flatten().tolist()
 
     async def _refit(self) -> None:
         self.permitted.clear()
@@ -480,7 +490,7 @@ class SingleController:
             return
         tok = self.a.tokenizer
 
-        async def one(i: int, example: Example) -> float:
+        async def one(i: int, example: Example) -> Score:
             out = await self.a.generation.generate(
                 tok.encode_prompt(example.prompt), 1, self.a.validation_params, i
             )
@@ -489,9 +499,17 @@ class SingleController:
 
         t0 = time.perf_counter()
         scores = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
-        self.validation_reward = sum(scores) / len(scores)
+        self.validation_reward = sum(s.reward for s in scores) / len(scores)
+        self.validation_accuracy = sum(s.correct for s in scores) / len(scores)
         self.totals.add("validation", time.perf_counter() - t0)
-        self._record({"event": "validation", "step": step, "validation_reward": self.validation_reward})
+        self._record(
+            {
+                "event": "validation",
+                "step": step,
+                "validation_reward": self.validation_reward,
+                "validation_accuracy": self.validation_accuracy,
+            }
+        )
 
     async def _checkpoint(self, step: int) -> None:
         # Snapshot the controller synchronously (no await) so buffer, queue and loader agree.
@@ -503,6 +521,7 @@ class SingleController:
             "loader": self.a.loader.state_dict(),
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,
+            "validation_accuracy": self.validation_accuracy,
         }
         # The policy workers write their own files into the checkpoint's temporary directory (the
         # state never passes through this CPU-only process); state.pt and the rename come last.

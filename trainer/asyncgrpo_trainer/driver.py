@@ -279,6 +279,7 @@ def resume_state(path: str) -> tuple[controller.ResumeState, Path] | None:
         loader=payload["loader"],
         counters=payload["counters"],
         validation_reward=payload["validation_reward"],
+        validation_accuracy=payload["validation_accuracy"],
     )
     return state, checkpoint.step_dir(Path(path), step)
 
@@ -318,7 +319,13 @@ def supervise(
                     state="running" if prog["state"] == "starting" else prog["state"],
                 )
             if bar is not None:
-                bar.show(prog["step"], prog["reward_mean"], prog["mean_staleness"])
+                bar.show(
+                    prog["step"],
+                    prog["reward_mean"],
+                    prog["accuracy"],
+                    prog["validation_accuracy"],
+                    prog["mean_staleness"],
+                )
         if ready:
             if bar is not None:
                 bar.close()

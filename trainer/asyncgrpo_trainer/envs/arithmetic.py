@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from asyncgrpo_trainer.envs.base import Environment, Example
+from asyncgrpo_trainer.envs.base import Environment, Example, Score
 
 MAX_OPERAND = 9
 
@@ -46,10 +46,10 @@ class ArithmeticEnvironment(Environment):
             out.extend(Example(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in pairs)
         return out[:count]
 
-    def score(self, example: Example, response: str, *, finished: bool) -> float:
+    def score(self, example: Example, response: str, *, finished: bool) -> Score:
         if not finished or not response.isdigit() or len(response) > 3:
-            return 0.0
+            return Score(0.0, False)
         if response == example.answer:
-            return 1.0
+            return Score(1.0, True)
         closeness = max(0.0, 1.0 - abs(int(response) - int(example.answer)) / 10.0)
-        return 0.1 + 0.4 * closeness
+        return Score(0.1 + 0.4 * closeness, False)
