@@ -162,15 +162,17 @@ class PromptLoader:
         return order
 
     def next_batch(self) -> list[Example]:
-        batch: list[Example] = []
-        while len(batch) < self.batch_size:
-            if self.position >= len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._epoch_order(self.epoch)
-            batch.append(self.examples[self._order[self.position]])
-            self.position += 1
-        return batch
+        return [self.next_example() for _ in range(self.batch_size)]
+
+    def next_example(self) -> Example:
+        """The next prompt (a batch's, or the replacement of a dropped group)."""
+        if self.position >= len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._epoch_order(self.epoch)
+        example = self.examples[self._order[self.position]]
+        self.position += 1
+        return example
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position}
@@ -275,9 +277,11 @@ def _hold_out(
 def _no_usable_row(report: SourceReport, max_prompt_length: int) -> str:
     if report.rows == 0:
         return f"{report.source}: no rows"
-    why = f"the first bad row is {report.first_bad}" if report.first_bad else "no bad row"
+    why = []
+    if report.first_bad is not None:
+        why.append(f"the first bad row is {report.first_bad}")
     if report.too_long:
-        why += (
-            f"; {report.too_long} prompt(s) are longer than data.maxPromptLength ({max_prompt_length} tokens)"
+        why.append(
+            f"{report.too_long} prompt(s) are longer than data.maxPromptLength ({max_prompt_length} tokens)"
         )
-    return f"{report.source}: no usable row of {report.rows}: {why}"
+    return f"{report.source}: no usable row of {report.rows}: {'; '.join(why)}"

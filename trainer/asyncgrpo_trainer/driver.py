@@ -200,8 +200,11 @@ def build(job: AsyncGRPOJob) -> Built:
     env = envs.build(t.env.name)
     tokenizer = CharTokenizer(env.alphabet)
     recipe = specmap.model_recipe(t, tokenizer)
-    # The data files first: a job whose data is unusable fails in seconds, before any worker starts.
+    # The data files and the reward function first: a job whose data is unusable fails in seconds,
+    # before any worker starts.
     prompts = load_prompts(job, env, tokenizer)
+    if t.env.function is not None:
+        reward_workers.load_function(t.env.function)  # InvalidDataError when it cannot be imported
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
     # Colocated generation runs one engine next to each policy rank (the rules require
@@ -223,7 +226,9 @@ def build(job: AsyncGRPOJob) -> Built:
             cl.generation_workers.gpus_per_replica,
             max_prefix_age=t.async_rl.max_staleness_versions,
         )
-        rewards = reward_workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
+        rewards = reward_workers.RewardPool(
+            t.env.name, t.env.function, t.env.num_workers, t.env.timeout_seconds
+        )
         rollout = RolloutManager(
             generation_group,
             rewards,
@@ -257,7 +262,10 @@ def build(job: AsyncGRPOJob) -> Built:
             validation_params=specmap.sampling_params(t, greedy=True),
         )
         return Built(
-            args, pools, [*policy_ready, *generation_ready], prompts.summary(t.data.max_prompt_length)
+            args,
+            pools,
+            [*policy_ready, *generation_ready, *rewards.ready()],
+            prompts.summary(t.data.max_prompt_length),
         )
     except BaseException:
         cluster.release(*pools)  # the workers started so far die with this driver
