@@ -115,7 +115,7 @@ def test_a_string_answer_stays_the_string_written_even_when_other_rows_hold_numb
     path = _write(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "007"}, {"prompt": "b", "answer": 7}])
     prompts = _load("arithmetic", path)
     assert prompts.train == [Example("a", "007")]
-    assert "line 2: 'answer' is a int, not a string" in (prompts.summary(1000) or "")
+    assert "line 2: 'answer' is an int, not a string" in (prompts.summary(1000) or "")
 
 
 def test_a_file_with_no_usable_row_fails_naming_the_field_the_file_and_the_first_bad_row(

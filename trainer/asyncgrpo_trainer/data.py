@@ -112,7 +112,10 @@ def _text(row: Mapping[Any, Any], key: str, field: str, what: str) -> str:
 
 
 def _kind(value: Any) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
+    if value is None:
+        return "null"
+    name = type(value).__name__
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
 
 def fits(
