@@ -49,7 +49,7 @@ def policy_worker(cfg: Any, dev: torch.device, recipe: Recipe, batch: int) -> To
         logprob_batch_size=batch,
         temperature=1.0,
     )
-    build = ModelBuild(cfg, seed=0, dtype="bfloat16", pad_id=0, eos_id=1)
+    build = ModelBuild(cfg, seed=0, dtype="bfloat16", pad_id=0, eos_ids=(1,))
     return TorchPolicyWorker(build, optim, LossConfig(), rank=0, world_size=1, device=str(dev), recipe=recipe)
 
 

@@ -14,9 +14,14 @@ SUCCEEDED: Final = 0
 TRAINING_ERROR: Final = 1
 """The job itself is wrong (bad data, a bug, a diverged loss): never retried."""
 
-INVALID_DATA: Final = 3
-"""A data file or the reward function the spec names cannot be used (missing, unreadable, no usable
-row, not importable), found by the driver at start: never retried (the same files fail again)."""
+INVALID_MODEL: Final = 3
+"""The model files are unusable (spec.trainer.model.path missing, an unsupported family in
+config.json, a tokenizer without an end-of-sequence token): never retried."""
+
+INVALID_DATA: Final = 4
+"""The data files or the reward function the spec names are unusable (a missing or unreadable file,
+no usable row, an env.function that cannot be imported), found by the driver before any worker
+starts: never retried (the same files would fail again)."""
 
 RAY_HEAD_UNAVAILABLE: Final = 200
 """The Ray head next to the driver never came up: an infrastructure failure, retried."""

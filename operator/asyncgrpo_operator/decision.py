@@ -32,6 +32,7 @@ DEADLINE_EXCEEDED = "DeadlineExceeded"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 TRAINING_ERROR = "TrainingError"
 INVALID_SPEC = "InvalidSpec"
+INVALID_MODEL = "InvalidModel"
 INVALID_DATA = "InvalidData"
 DRIVER_SUCCEEDED = "DriverSucceeded"
 DRIVER_KILLED = "DriverKilled"
@@ -63,6 +64,7 @@ _WARNING_REASONS = frozenset(
         BACKOFF_LIMIT_EXCEEDED,
         TRAINING_ERROR,
         INVALID_SPEC,
+        INVALID_MODEL,
         INVALID_DATA,
         DRIVER_KILLED,
         RAY_HEAD_UNAVAILABLE,

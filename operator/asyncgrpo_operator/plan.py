@@ -12,8 +12,9 @@ The rules, in the order they are applied:
 3. An active job has exactly one RayCluster, named after its attempt; clusters of other attempts
    are deleted. activeDeadlineSeconds (from status.startTime) and startupDeadlineSeconds (from the
    attempt's start, until the driver runs) fail it with DeadlineExceeded, never retried.
-4. The driver's exit decides an attempt: 0 succeeds; 3 is InvalidData (a data file or the reward
-   function the spec names is unusable) and any other code 1-128 a training error, neither retried;
+4. The driver's exit decides an attempt: 0 succeeds; 3 and 4 are InvalidModel and InvalidData (the
+   model files, or the data files or reward function, are unusable) and any other code 1-128 a
+   training error, none of them retried;
    a signal (exit > 128) or a lost head pod or RayCluster is an infrastructure failure, retried
    with a fresh RayCluster while status.restarts < backoffLimit, then BackoffLimitExceeded.
 5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
@@ -41,6 +42,7 @@ from asyncgrpo_operator.decision import (
     FAILED,
     HEAD_POD_LOST,
     INVALID_DATA,
+    INVALID_MODEL,
     INVALID_SPEC,
     PODS_READY,
     PODS_SCHEDULED,
@@ -290,6 +292,13 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     _progressing(ctx, draft, cluster, pods, head)
 
 
+_INPUT_ERRORS = {
+    exitcodes.INVALID_MODEL: (INVALID_MODEL, "the model files cannot be used"),
+    exitcodes.INVALID_DATA: (INVALID_DATA, "the data files or the reward function cannot be used"),
+}
+"""Driver exit codes for inputs only the files could show to be wrong: failed, never retried."""
+
+
 def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverExit) -> None:
     job, observed = ctx.job, ctx.observed
     code = exit_.exit_code
@@ -312,6 +321,9 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
             HEAD_POD_LOST,
             f"head pod {exit_.pod_name} failed as a whole{cause}; the driver's exit code was {code}{detail}",
         )
+    elif code in _INPUT_ERRORS:
+        reason, what = _INPUT_ERRORS[code]
+        _fail(job, draft, observed, reason, f"{what}{detail}; not retried: fix the files or the spec")
     elif code == exitcodes.RAY_HEAD_UNAVAILABLE:
         _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
     elif code == exitcodes.RAY_WORKER_LOST:
@@ -323,15 +335,6 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
             cluster,
             DRIVER_KILLED,
             f"the driver was killed by {_signal_name(code)}{detail}",
-        )
-    elif code == exitcodes.INVALID_DATA:
-        _fail(
-            job,
-            draft,
-            observed,
-            INVALID_DATA,
-            f"the driver in pod {exit_.pod_name} cannot use the job's data{detail}; fix the file or the "
-            "spec (the same files would fail again, so it is not retried)",
         )
     else:
         reason = f" ({exit_.reason})" if exit_.reason and exit_.reason != "Error" else ""

@@ -11,7 +11,7 @@ import torch
 
 from asyncgrpo_trainer.algorithms import advantages, losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
-from asyncgrpo_trainer.models import recipe as modelspec
+from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
@@ -87,7 +87,7 @@ def test_kl_penalty_needs_reference_logprobs_and_is_zero_at_the_reference() -> N
 
 
 TOK = CharTokenizer("0123456789+=")
-BUILD = modelspec.tiny_build(
+BUILD = recipe.tiny_build(
     TOK,
     hidden_size=32,
     num_layers=2,
@@ -95,6 +95,7 @@ BUILD = modelspec.tiny_build(
     num_kv_heads=2,
     intermediate_size=None,
     max_sequence_length=24,
+    position_embedding="rope",
     dtype="float32",
     seed=3,
 )

@@ -45,6 +45,7 @@ from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example, Score
+from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardFailedError, RewardPool
@@ -123,6 +124,8 @@ class ControllerArgs:
     sampler: Sampler
     tokenizer: Tokenizer
     validation_params: sampling.SamplingParams
+    model: ModelBuild
+    """The recipe, recorded in every checkpoint's meta.json (`asyncgrpo export` reads it)."""
     resume: ResumeState | None = None
 
 
@@ -173,6 +176,7 @@ class SingleController:
         self.validation_accuracy: float | None = None
         self.step_reward_failures = 0  # groups dropped while the current step is assembled
         self.last_checkpoint_step: int | None = None
+        self.exported: str | None = None  # the final Hugging Face directory, once written
         self.records: list[dict[str, Any]] = []
         self.records_dropped = 0  # older records are trimmed so a long run's memory stays flat
         self.totals = Timers()
@@ -265,6 +269,7 @@ class SingleController:
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
                 "reward_failures": int(self.counters["reward_failures"]),
+                "gen_logprob_error": last.get("gen_logprob_error"),
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,
@@ -293,6 +298,7 @@ class SingleController:
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,
             "validation_accuracy": self.validation_accuracy,
+            "hf_checkpoint": self.exported,
             "records": self.records,
         }
 
@@ -577,9 +583,17 @@ class SingleController:
         # state never passes through this CPU-only process); state.pt and the rename come last.
         tmp = await asyncio.to_thread(checkpoint.begin, self.s.checkpoint_path, step)
         await self.a.policy.save(str(tmp))
-        await asyncio.to_thread(checkpoint.commit, tmp, step, state, keep_last=self.s.checkpoint_keep)
+        meta = {"model": self.a.model.to_json()}
+        await asyncio.to_thread(
+            checkpoint.commit, tmp, step, state, keep_last=self.s.checkpoint_keep, meta=meta
+        )
         self.last_checkpoint_step = step
         self._record({"event": "checkpoint", "step": step})
+        if step >= self.s.max_steps:
+            final = await asyncio.to_thread(checkpoint.publish_final, self.s.checkpoint_path, step)
+            if final is not None:
+                self.exported = str(final)
+                self._record({"event": "export", "step": step, "path": self.exported})
 
     # --- watchdog -------------------------------------------------------------------------------
 

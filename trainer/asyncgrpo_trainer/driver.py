@@ -8,12 +8,13 @@ replay buffer and sampler -> rollout manager ->
 weight synchronizer (its transport per `weights.transport_of`) ->
 restore the latest checkpoint if there is one -> SingleControllerActor.
 
-Exit codes are the operator's contract (asyncgrpo_api.exitcodes): 0 when training finished; 3 when
-the data files or the reward function the spec names are unusable (InvalidDataError, found before
-any worker starts); 1 for any other training error (an exception in a pump, an invalid spec). The
-error is the last line on stderr and the `error` of /progress, which keeps answering with the
-final state for ASYNCGRPO_EXIT_GRACE_SECONDS (5 s) before the process exits. A driver killed by a
-signal is an infrastructure failure the operator retries; the retry resumes from the newest checkpoint.
+Exit codes are the operator's contract (asyncgrpo_api.exitcodes, `exit_code`): 0 when training
+finished; 3 when the model files are unusable (InvalidModelError); 4 when the data files or the
+reward function the spec names are (InvalidDataError); both are found before any worker starts.
+1 for any other training error (an exception in a pump, an invalid spec). The error is the last
+line on stderr and the `error` of /progress, which keeps answering with the final state for
+ASYNCGRPO_EXIT_GRACE_SECONDS (5 s) before the process exits. A driver killed by a signal is an
+infrastructure failure the operator retries; the retry resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ from asyncgrpo_trainer import (
     workers,
 )
 from asyncgrpo_trainer import rewards as reward_workers
+from asyncgrpo_trainer.backends import vllm_engine
+from asyncgrpo_trainer.backends.generation import EngineLostError
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.datafiles import InvalidDataError
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.config import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer, Tokenizer
 from asyncgrpo_trainer.rollout import RolloutManager
@@ -116,18 +121,10 @@ def load_prompts(job: AsyncGRPOJob, env: envs.Environment, tokenizer: Tokenizer)
 
 
 def check_supported(job: AsyncGRPOJob) -> None:
-    """Reject, before anything starts, what the torch backends of this build cannot run."""
+    """Reject, before anything starts, what the backends of this build cannot run."""
     t = job.spec.trainer
-    if t.model.source != "tiny":
-        raise SpecError(
-            "spec.trainer.model.source: pretrained checkpoints load through the vLLM/Megatron backends; "
-            "the torch backends build the tiny model (source: tiny)"
-        )
-    if t.generation.backend != "torch":
-        raise SpecError(
-            "spec.trainer.generation.backend: this trainer build ships the torch generation engine "
-            "(vLLM is not in it yet, docs/guides/gpu.md); use backend: torch"
-        )
+    if t.generation.backend == "vllm":
+        vllm_engine.check_available()
     if t.weight_sync.transport == "nccl" and t.generation.colocated and _on_gpus(job):
         raise SpecError(
             "spec.trainer.weightSync.transport: nccl cannot connect a colocated engine to the policy "
@@ -143,12 +140,12 @@ def _on_gpus(job: AsyncGRPOJob) -> bool:
 
 
 def _start_torch_policy(
-    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+    job: AsyncGRPOJob, pool: cluster.Pool, model: ModelBuild
 ) -> tuple[workers.PolicyGroup, list[Any]]:
     t = job.spec.trainer
     return workers.start_policy_group(
         pool,
-        recipe,
+        model,
         specmap.optim_config(t),
         specmap.loss_config(t),
         job.spec.cluster.policy_workers.gpus_per_replica,
@@ -156,13 +153,13 @@ def _start_torch_policy(
 
 
 def _start_megatron_policy(
-    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+    job: AsyncGRPOJob, pool: cluster.Pool, model: ModelBuild
 ) -> tuple[workers.PolicyGroup, list[Any]]:
     t = job.spec.trainer
     mp = t.policy.megatron
     return megatron_workers.start_megatron_policy_group(
         pool,
-        recipe,
+        model,
         specmap.optim_config(t),
         specmap.loss_config(t),
         job.spec.cluster.policy_workers.gpus_per_replica,
@@ -193,38 +190,68 @@ POLICY_BACKENDS = {
 """spec.trainer.policy.backend -> how to start it."""
 
 
+def model_of(job: AsyncGRPOJob, env: envs.Environment) -> tuple[ModelBuild, Tokenizer]:
+    """The model recipe and tokenizer: the checkpoint's own (read here once, so a bad checkpoint
+    fails the driver before any worker starts) or the tiny model's character tokenizer."""
+    t = job.spec.trainer
+    if t.model.source == "pretrained":
+        assert t.model.path is not None  # the admission rules require it
+        return recipe.pretrained_build(
+            t.model.path,
+            max_sequence_length=t.model.max_sequence_length,
+            dtype=t.model.dtype,
+            seed=t.grpo.seed,
+            chat_template=t.data.chat_template,
+            system_prompt=t.data.system_prompt,
+        )
+    tokenizer = CharTokenizer(env.alphabet)
+    return specmap.tiny_recipe(t, tokenizer), tokenizer
+
+
+def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
+    """(engines, GPUs per engine). Colocated: one engine next to each policy rank, on its GPU (the
+    rules require generationWorkers.replicas 0 then). Otherwise one torch engine per GPU of the
+    pool, or one vLLM engine per generation.tensorParallelSize GPUs; on CPU one per replica."""
+    t, cl = job.spec.trainer, job.spec.cluster
+    if t.generation.colocated:
+        return policy_ranks, min(cl.policy_workers.gpus_per_replica, 1)
+    pool = cl.generation_workers
+    if pool.gpus_per_replica == 0:
+        return max(pool.replicas, 1), 0
+    per_engine = t.generation.tensor_parallel_size if t.generation.backend == "vllm" else 1
+    return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
+
+
 def build(job: AsyncGRPOJob) -> Built:
     """Every object the controller needs, built here in the driver (see the module docstring)."""
     check_supported(job)
     t, cl = job.spec.trainer, job.spec.cluster
     env = envs.build(t.env.name)
-    tokenizer = CharTokenizer(env.alphabet)
-    recipe = specmap.model_recipe(t, tokenizer)
-    # The data files and the reward function first: a job whose data is unusable fails in seconds,
+    model, tokenizer = model_of(job, env)
+    # The data files and the reward function next: a job whose data is unusable fails in seconds,
     # before any worker starts.
     prompts = load_prompts(job, env, tokenizer)
     if t.env.function is not None:
         reward_workers.load_function(t.env.function)  # InvalidDataError when it cannot be imported
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
-    # Colocated generation runs one engine next to each policy rank (the rules require
-    # generationWorkers.replicas 0 then).
-    gen_ranks = policy_ranks if t.generation.colocated else max(cl.generation_workers.replicas, 1)
+    gen_ranks, gen_gpus = generation_layout(job, policy_ranks)
     pools = cluster.build_pools(
         policy_ranks=policy_ranks,
         policy_gpus=min(cl.policy_workers.gpus_per_replica, 1),
         generation_ranks=gen_ranks,
-        generation_gpus=min(cl.generation_workers.gpus_per_replica, 1),
+        generation_gpus=gen_gpus,
         colocated=t.generation.colocated,
         name=job.metadata.name or "asyncgrpo",
     )
     try:
-        policy_group, policy_ready = backend.start(job, pools[0], recipe)
+        policy_group, policy_ready = backend.start(job, pools[0], model)
         generation_group, generation_ready = workers.start_generation_group(
             pools[1],
-            recipe,
-            cl.generation_workers.gpus_per_replica,
+            model,
+            gen_gpus,
             max_prefix_age=t.async_rl.max_staleness_versions,
+            vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
         rewards = reward_workers.RewardPool(
             t.env.name, t.env.function, t.env.num_workers, t.env.timeout_seconds
@@ -251,6 +278,7 @@ def build(job: AsyncGRPOJob) -> Built:
                 generation_group,
                 on_gpus=_on_gpus(job),
                 colocated=t.generation.colocated,
+                backend=t.policy.backend,
             ),
             loader=data.PromptLoader(
                 prompts.train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle
@@ -260,6 +288,7 @@ def build(job: AsyncGRPOJob) -> Built:
             sampler=specmap.sampler_of(t),
             tokenizer=tokenizer,
             validation_params=specmap.sampling_params(t, greedy=True),
+            model=model,
         )
         return Built(
             args,
@@ -342,6 +371,7 @@ def supervise(
 
 
 _INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    EngineLostError,
     ray.exceptions.RayActorError,
     ray.exceptions.NodeDiedError,
     ray.exceptions.WorkerCrashedError,
@@ -366,6 +396,24 @@ def lost_ray_worker(exc: BaseException) -> bool:
         nested = getattr(current, "cause", None)
         current = nested if isinstance(nested, BaseException) else current.__cause__
     return False
+
+
+def exit_code(exc: BaseException) -> int:
+    """The driver's exit code for a failed run (`asyncgrpo_api.exitcodes`: what the operator retries)."""
+    if lost_ray_worker(exc):
+        return exitcodes.RAY_WORKER_LOST
+    if isinstance(_cause(exc), InvalidModelError):
+        return exitcodes.INVALID_MODEL
+    if isinstance(_cause(exc), InvalidDataError):
+        return exitcodes.INVALID_DATA
+    return exitcodes.TRAINING_ERROR
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The original exception of a Ray task error (what a worker raised), else `exc`."""
+    if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, BaseException):
+        return _cause(exc.cause)
+    return exc
 
 
 def error_text(exc: BaseException) -> str:
@@ -442,12 +490,7 @@ def run_job(
         if not quiet:
             print(json.dumps({"event": "summary", **{k: v for k, v in summary.items() if k != "records"}}))
     except Exception as exc:
-        if isinstance(exc, InvalidDataError):
-            code = exitcodes.INVALID_DATA
-        elif lost_ray_worker(exc):
-            code = exitcodes.RAY_WORKER_LOST
-        else:
-            code = exitcodes.TRAINING_ERROR
+        code = exit_code(exc)
         error = error_text(exc)
         log.debug("training failed", exc_info=True)
         if server is not None:

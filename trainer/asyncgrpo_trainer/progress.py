@@ -57,6 +57,9 @@ class Progress:
     """The data rows skipped at start (bad rows, prompts over maxPromptLength), in one line."""
     validation_accuracy: float | None = None
     """Fraction of the held-out prompts answered exactly, greedily, at the last validation."""
+    gen_logprob_error: float | None = None
+    """The latest step's mean exp|logp_engine - logp_policy| over its tokens (1 = the engine and the
+    policy agree; staleness raises it in async modes)."""
     state: str = "starting"
     error: str | None = None
     mode: str = ""
@@ -85,6 +88,7 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_last_checkpoint_step": p.last_checkpoint_step,
         "asyncgrpo_validation_reward": p.validation_reward,
         "asyncgrpo_validation_accuracy": p.validation_accuracy,
+        "asyncgrpo_gen_logprob_error": p.gen_logprob_error,
     }
     lines: list[str] = []
     for name, value in gauges.items():
