@@ -567,7 +567,7 @@ def drive(
 
 
 def tiny_job(name: str, *, max_steps: int = 24, **trainer: Any) -> JSON:
-    """A job that trains the shipped arithmetic task in well under a minute on 2 busy cores.
+    """A job that trains the shipped digit-reversal task in well under a minute on 2 busy cores.
 
     Checkpoints go to a hostPath volume (a node's disk, which outlives the attempt's pods) every 4
     steps; the operator polls /progress every second.
@@ -586,9 +586,9 @@ def tiny_job(name: str, *, max_steps: int = 24, **trainer: Any) -> JSON:
             "maxBufferedRollouts": 16,
         },
         "policy": {"trainMicroBatchSize": 64, "learningRate": 2.0e-3},
-        "generation": {"maxNewTokens": 4, "temperature": 1.0},
+        "generation": {"maxNewTokens": 5, "temperature": 1.0},
         "data": {"maxPromptLength": 8, "numValidationPrompts": 8},
-        "env": {"name": "arithmetic"},
+        "env": {"name": "reverse"},
     }
     for key, value in trainer.items():
         spec_trainer[key] = {**spec_trainer.get(key, {}), **value}

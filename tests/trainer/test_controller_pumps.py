@@ -120,7 +120,7 @@ def _controller(
         "streaming-oversampled": (1, True, False, 4 * prompts, prompts // 2),
     }[mode]
     s_, over, in_order, cap, min_groups = knobs
-    env = envs.build("arithmetic")
+    env = envs.build("reverse")
     tok = CharTokenizer(env.alphabet)
     pol = FakePolicy()
     rewards = rewards or FakeRewards()
@@ -310,7 +310,7 @@ def _first_prompts(count: int) -> list[str]:
     return [
         e.prompt
         for e in data.PromptLoader(
-            envs.build("arithmetic").builtin_examples(split="train", count=64, seed=0), count, 0
+            envs.build("reverse").builtin_examples(split="train", count=64, seed=0), count, 0
         ).next_batch()
     ]
 

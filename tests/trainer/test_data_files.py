@@ -113,7 +113,7 @@ def test_bad_rows_are_skipped_counted_and_the_first_is_named_in_one_line(tmp_pat
 def test_a_string_answer_stays_the_string_written_even_when_other_rows_hold_numbers(tmp_path: Path) -> None:
     # The datasets JSON loader turns "007" into 7 in a column of mixed types; the rows are read exactly.
     path = _write(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "007"}, {"prompt": "b", "answer": 7}])
-    prompts = _load("arithmetic", path)
+    prompts = _load("reverse", path)
     assert prompts.train == [Example("a", "007")]
     assert "line 2: 'answer' is an int, not a string" in (prompts.summary(1000) or "")
 
@@ -132,13 +132,13 @@ def test_a_file_with_no_usable_row_fails_naming_the_field_the_file_and_the_first
 
 def test_prompts_over_max_prompt_length_are_skipped_and_counted(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.jsonl", [{"prompt": "x" * n, "answer": "1"} for n in (5, 50, 10, 60)])
-    prompts = _load("arithmetic", path, max_prompt_length=20)  # the char tokenizer adds a BOS token
+    prompts = _load("reverse", path, max_prompt_length=20)  # the char tokenizer adds a BOS token
     assert [len(e.prompt) for e in prompts.train] == [5, 10]
     assert prompts.summary(20) == (
         f"data.trainPath {path}: 2 prompt(s) over data.maxPromptLength (20 tokens) skipped; 2 of 4 rows used"
     )
     with pytest.raises(InvalidDataError) as err:
-        _load("arithmetic", path, max_prompt_length=4)
+        _load("reverse", path, max_prompt_length=4)
     assert str(err.value) == (
         f"data.trainPath {path}: no usable row of 4: 4 prompt(s) are longer than data.maxPromptLength "
         f"(4 tokens)"
@@ -159,7 +159,7 @@ def test_a_file_that_cannot_be_used_fails_with_a_message_naming_field_and_file(
 ) -> None:
     path = make(tmp_path)
     with pytest.raises(InvalidDataError) as err:
-        _load("arithmetic", path)
+        _load("reverse", path)
     assert str(err.value).startswith(message.format(path=path))
 
 
@@ -167,14 +167,14 @@ def test_a_dataset_dict_directory_names_its_splits(tmp_path: Path) -> None:
     rows = [{"prompt": "1+1=", "answer": "2"}]
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "d"))
     with pytest.raises(InvalidDataError, match=f"point data.trainPath at one of them: {tmp_path}/d/train"):
-        _load("arithmetic", tmp_path / "d")
+        _load("reverse", tmp_path / "d")
 
 
 def test_a_corrupt_parquet_file_fails_as_invalid_data(tmp_path: Path) -> None:
     path = tmp_path / "bad.parquet"
     path.write_bytes(b"PAR1 not really")
     with pytest.raises(InvalidDataError, match=f"data.trainPath: cannot read {path} as Parquet"):
-        _load("arithmetic", path)
+        _load("reverse", path)
 
 
 def test_without_a_validation_file_held_out_rows_of_the_training_file_are_never_trained_on() -> None:
@@ -200,4 +200,4 @@ def test_a_validation_file_gives_its_first_usable_rows_and_is_checked_like_the_t
 def test_holding_out_every_row_fails_with_the_fix(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.jsonl", [{"prompt": "1+1=", "answer": "2"}] * 4)
     with pytest.raises(InvalidDataError, match=r"would all be held out .* set data\.validationPath"):
-        _load("arithmetic", path, num_validation=4)
+        _load("reverse", path, num_validation=4)

@@ -24,9 +24,9 @@ def _score(pool: rewards.RewardPool, example: Example, responses: list[str]) -> 
 
 
 def test_a_user_function_gives_the_reward_and_the_environment_the_accuracy(ray_address: str) -> None:
-    pool = rewards.RewardPool("arithmetic", f"{FUNCTIONS}:exact", 1, timeout_seconds=30)
-    scores = _score(pool, Example("3+4=", "7"), ["7", "8", "x"])
-    # arithmetic alone would give 1.0, 0.46, 0.0; the function's rewards replace those
+    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:exact", 1, timeout_seconds=30)
+    scores = _score(pool, Example("1234=", "4321"), ["4321", "4329", "x"])
+    # reverse alone would give 1.0, 0.75, 0.0; the function's rewards replace those
     assert scores == [Score(1.0, True), Score(0.25, False), Score(0.0, False)]
 
 
@@ -34,10 +34,10 @@ def test_a_reward_function_that_raises_is_called_twice_then_the_group_fails(
     ray_address: str, tmp_path: Path
 ) -> None:
     calls = tmp_path / "calls.log"
-    pool = rewards.RewardPool("arithmetic", f"{FUNCTIONS}:logs_then_raises", 2, timeout_seconds=30)
+    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:logs_then_raises", 2, timeout_seconds=30)
     with pytest.raises(rewards.RewardFailedError, match="RuntimeError: the reward service is down"):
-        _score(pool, Example(str(calls), "7"), ["7", "8"])
-    assert calls.read_text().splitlines() == ["7", "7"]  # the call and one retry, each failing at once
+        _score(pool, Example(str(calls), "4321"), ["4321", "4329"])
+    assert calls.read_text().splitlines() == ["4321", "4321"]  # the call and one retry, each failing at once
 
 
 @pytest.mark.parametrize(
@@ -50,31 +50,31 @@ def test_a_reward_function_that_raises_is_called_twice_then_the_group_fails(
 def test_a_reward_that_is_not_a_float_or_an_error_is_a_failure_not_a_zero(
     ray_address: str, function: str, error: str
 ) -> None:
-    pool = rewards.RewardPool("arithmetic", f"{FUNCTIONS}:{function}", 1, timeout_seconds=30)
+    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:{function}", 1, timeout_seconds=30)
     with pytest.raises(rewards.RewardFailedError, match=error):
-        _score(pool, Example("1+1=", "2"), ["2"])
+        _score(pool, Example("1234=", "4321"), ["4321"])
 
 
 def test_a_stuck_function_is_cut_at_the_deadline_its_worker_replaced_and_the_pool_keeps_scoring(
     ray_address: str,
 ) -> None:
-    pool = rewards.RewardPool("arithmetic", f"{FUNCTIONS}:hangs_on_hang", 1, timeout_seconds=2)
+    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:hangs_on_hang", 1, timeout_seconds=2)
     first = pool.actors[0]
-    assert _score(pool, Example("1+1=", "2"), ["2"]) == [Score(1.0, True)]  # the worker is up
+    assert _score(pool, Example("1234=", "4321"), ["4321"]) == [Score(1.0, True)]  # the worker is up
 
     async def stuck_then_fine() -> list[Score]:
         with pytest.raises(
             rewards.RewardFailedError, match=re.escape("timed out after 2s (env.timeoutSeconds)")
         ):
-            await pool.score(Example("1+1=", "2"), ["hang"], [True])
-        return await pool.score(Example("1+1=", "2"), ["2"], [True])
+            await pool.score(Example("1234=", "4321"), ["hang"], [True])
+        return await pool.score(Example("1234=", "4321"), ["4321"], [True])
 
     t0 = time.monotonic()
     assert asyncio.run(stuck_then_fine()) == [Score(1.0, True)]
     assert time.monotonic() - t0 < 60  # two deadlines and two fresh workers, not an hour
     assert pool.actors[0] is not first
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(first.score.remote(Example("1+1=", "2"), ["2"], [True]), timeout=30)  # killed
+        ray.get(first.score.remote(Example("1234=", "4321"), ["4321"], [True]), timeout=30)  # killed
 
 
 @pytest.mark.parametrize(

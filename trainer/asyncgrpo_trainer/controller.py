@@ -93,6 +93,8 @@ class Settings:
     checkpoint_every: int
     checkpoint_keep: int
     seed: int
+    log_level: str = "INFO"
+    """spec.trainer.logLevel, for this actor's process (the driver sets its own)."""
     watchdog_interval_seconds: float = 1.0
 
 
@@ -218,6 +220,10 @@ class SingleController:
         self.t_start = time.perf_counter()
         self.started_at = time.time()
         await self._refit_weights(self.version, reset=True)
+        if self.s.val_period and self.version == 0:
+            # The curves start at the untrained model (0 samples); before the pumps, so every
+            # answer comes from the initial weights.
+            await self._validate(0)
         self.permitted.set()
         self.state = "running"
         pumps = [
@@ -466,6 +472,7 @@ class SingleController:
         self.counters["groups_evicted"] += evicted
         return {
             "step": self.version,
+            "samples_trained": self.counters["samples_trained"],
             "trained_at_version": trained_at,
             "reward_mean": sum(rewards) / len(rewards),
             "accuracy": sum(correct) / len(correct),
@@ -537,6 +544,7 @@ class SingleController:
         if not self.a.validation:
             return
         tok = self.a.tokenizer
+        samples = self.counters["samples_trained"]  # at `step`: later steps may finish meanwhile
 
         async def one(i: int, example: Example) -> Score | None:
             out = await self.a.generation.generate(
@@ -562,6 +570,7 @@ class SingleController:
             {
                 "event": "validation",
                 "step": step,
+                "samples_trained": samples,
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
             }
@@ -618,7 +627,8 @@ class SingleControllerActor:
     """SingleController as a CPU-only Ray actor with one asyncio loop (async methods)."""
 
     def __init__(self, args: ControllerArgs) -> None:
-        logging.basicConfig(level=logging.INFO)
+        logging.basicConfig(level=args.settings.log_level)
+        logging.getLogger().setLevel(args.settings.log_level)
         self.c = SingleController(args)
 
     async def run(self) -> dict[str, Any]:

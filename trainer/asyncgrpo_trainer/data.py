@@ -39,7 +39,7 @@ class SourceReport:
     """What became of the rows of one source of prompts (a data file or a built-in set)."""
 
     source: str
-    """How the user names it: `data.trainPath /data/train.jsonl`, `the built-in arithmetic set`."""
+    """How the user names it: `data.trainPath /data/train.jsonl`, `the built-in reverse train set`."""
     rows: int = 0
     used: int = 0
     bad: int = 0

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from asyncgrpo_trainer.envs import arithmetic, gsm8k, math
+from asyncgrpo_trainer.envs import gsm8k, math, reverse
 from asyncgrpo_trainer.envs.base import Environment, Example, Score
 
 REGISTRY: dict[str, type[Environment]] = {
-    "arithmetic": arithmetic.ArithmeticEnvironment,
     "math": math.MathEnvironment,
+    "reverse": reverse.ReverseEnvironment,
     "gsm8k": gsm8k.Gsm8kEnvironment,
 }
 
