@@ -19,12 +19,20 @@ pytestmark = pytest.mark.trainer
 FUNCTIONS = "tests.trainer.reward_functions"
 
 
+def _pool(function: str, workers: int, timeout_seconds: float) -> rewards.RewardPool:
+    """A started pool: the driver waits for its workers too (`RewardPool.ready`), so that a deadline
+    never covers a worker's start."""
+    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:{function}", workers, timeout_seconds)
+    ray.get(pool.ready(), timeout=300)
+    return pool
+
+
 def _score(pool: rewards.RewardPool, example: Example, responses: list[str]) -> list[Score]:
     return asyncio.run(pool.score(example, responses, [True] * len(responses)))
 
 
 def test_a_user_function_gives_the_reward_and_the_environment_the_accuracy(ray_address: str) -> None:
-    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:exact", 1, timeout_seconds=30)
+    pool = _pool("exact", 1, timeout_seconds=30)
     scores = _score(pool, Example("1234=", "4321"), ["4321", "4329", "x"])
     # reverse alone would give 1.0, 0.75, 0.0; the function's rewards replace those
     assert scores == [Score(1.0, True), Score(0.25, False), Score(0.0, False)]
@@ -34,7 +42,7 @@ def test_a_reward_function_that_raises_is_called_twice_then_the_group_fails(
     ray_address: str, tmp_path: Path
 ) -> None:
     calls = tmp_path / "calls.log"
-    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:logs_then_raises", 2, timeout_seconds=30)
+    pool = _pool("logs_then_raises", 2, timeout_seconds=30)
     with pytest.raises(rewards.RewardFailedError, match="RuntimeError: the reward service is down"):
         _score(pool, Example(str(calls), "4321"), ["4321", "4329"])
     assert calls.read_text().splitlines() == ["4321", "4321"]  # the call and one retry, each failing at once
@@ -50,7 +58,7 @@ def test_a_reward_function_that_raises_is_called_twice_then_the_group_fails(
 def test_a_reward_that_is_not_a_float_or_an_error_is_a_failure_not_a_zero(
     ray_address: str, function: str, error: str
 ) -> None:
-    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:{function}", 1, timeout_seconds=30)
+    pool = _pool(function, 1, timeout_seconds=30)
     with pytest.raises(rewards.RewardFailedError, match=error):
         _score(pool, Example("1234=", "4321"), ["4321"])
 
@@ -58,13 +66,13 @@ def test_a_reward_that_is_not_a_float_or_an_error_is_a_failure_not_a_zero(
 def test_a_stuck_function_is_cut_at_the_deadline_its_worker_replaced_and_the_pool_keeps_scoring(
     ray_address: str,
 ) -> None:
-    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:hangs_on_hang", 1, timeout_seconds=2)
+    pool = _pool("hangs_on_hang", 1, timeout_seconds=5)
     first = pool.actors[0]
     assert _score(pool, Example("1234=", "4321"), ["4321"]) == [Score(1.0, True)]  # the worker is up
 
     async def stuck_then_fine() -> list[Score]:
         with pytest.raises(
-            rewards.RewardFailedError, match=re.escape("timed out after 2s (env.timeoutSeconds)")
+            rewards.RewardFailedError, match=re.escape("timed out after 5s (env.timeoutSeconds)")
         ):
             await pool.score(Example("1234=", "4321"), ["hang"], [True])
         return await pool.score(Example("1234=", "4321"), ["4321"], [True])
