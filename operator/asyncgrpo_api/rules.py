@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
-from asyncgrpo_api.v1alpha1.trainer import MegatronSpec, TinyModelSpec, TrainerSpec
+from asyncgrpo_api.v1alpha1.trainer import DataSpec, MegatronSpec, TinyModelSpec, TrainerSpec
 
 TRAINER = "spec.trainer"
 ASYNC_RL = f"{TRAINER}.asyncRL"
@@ -423,6 +423,27 @@ def _data_and_env(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
+def _warn_unread_data_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
+    data = job.spec.trainer.data
+    if data.validation_path is not None and data.num_validation_prompts == 0:
+        yield Finding(
+            f"{TRAINER}.data.validationPath",
+            "is not read while data.numValidationPrompts is 0; set validation prompts or remove it",
+        )
+    if data.train_path is None and data.validation_path is None:
+        defaults = DataSpec()
+        for field, value, default in (
+            ("promptKey", data.prompt_key, defaults.prompt_key),
+            ("answerKey", data.answer_key, defaults.answer_key),
+        ):
+            if value != default:
+                yield Finding(
+                    f"{TRAINER}.data.{field}",
+                    "is ignored without data.trainPath or data.validationPath (the built-in prompts are "
+                    "used); set a data file or remove it",
+                )
+
+
 # --- GPU layout ----------------------------------------------------------------------------------
 
 
@@ -698,6 +719,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _unique_env_names,
 )
 _WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
+    _warn_unread_data_settings,
     _warn_force_in_order_in_sync_mode,
     _inflight_within_buffer,
     _warn_stale_data_without_correction,

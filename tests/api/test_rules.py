@@ -520,3 +520,21 @@ def test_a_gsm8k_job_with_a_data_file_keys_and_a_reward_function_is_accepted() -
         )
     )
     assert report.ok, [str(e) for e in report.errors]
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        (
+            {"validationPath": "/data/val.jsonl", "numValidationPrompts": 0},
+            "spec.trainer.data.validationPath",
+        ),
+        ({"promptKey": "question"}, "spec.trainer.data.promptKey"),
+        ({"answerKey": "solution"}, "spec.trainer.data.answerKey"),
+    ],
+)
+def test_data_settings_that_no_file_reads_are_accepted_with_a_warning(
+    data: dict[str, Any], path: str
+) -> None:
+    report = validate_manifest(job_with(data=data))
+    assert report.ok and [w.path for w in report.warnings if "data" in w.path] == [path]
