@@ -1,6 +1,6 @@
 """The driver with data files and reward functions, as real subprocesses joining the session's Ray
-(as in test_driver_exit): unusable data or an unimportable reward function fails at start with the
-InvalidData exit code and a message naming the field and the file; a GSM8K-shaped file trains by key
+(as in test_driver_exit): unusable data or an unimportable reward function fails before Ray with
+the InvalidData exit code and a message naming the field and the file; a GSM8K-shaped file trains by key
 mapping with a user's reward function, its skipped rows reported once; a reward function that
 always fails stops the run with that reason and is counted, never trained on as 0."""
 
@@ -56,17 +56,21 @@ def _get(port: int, path: str) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10).read().decode()
 
 
+NO_RAY = "127.0.0.1:1"
+"""Nothing listens there: a driver that gets as far as joining Ray fails differently."""
+
+
 def test_a_job_whose_data_file_has_no_usable_row_fails_at_start_with_invalid_data_naming_the_file(
-    ray_address: str, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     train = tmp_path / "train.jsonl"
     train.write_text(json.dumps({"question": "q", "answer": "no final number"}) + "\n")
     job = _gsm8k_job(tmp_path, train, steps=2, function=f"{FUNCTIONS}:exact")
     t0 = time.monotonic()
-    proc = _start(job, tmp_path, ray_address, port=0)
+    proc = _start(job, tmp_path, NO_RAY, port=0)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == exitcodes.INVALID_DATA
-    assert time.monotonic() - t0 < 60  # before any worker starts
+    assert time.monotonic() - t0 < 60  # before Ray, before any worker
     assert err.strip().splitlines()[-1] == (
         f"asyncgrpo: training failed: InvalidDataError: data.trainPath {train}: no usable row of 1: the "
         f"first bad row is line 1: 'answer' has no final number (GSM8K answers end in '#### 42'); got "
@@ -74,11 +78,9 @@ def test_a_job_whose_data_file_has_no_usable_row_fails_at_start_with_invalid_dat
     )
 
 
-def test_a_reward_function_that_cannot_be_imported_fails_at_start_with_invalid_data(
-    ray_address: str, tmp_path: Path
-) -> None:
+def test_a_reward_function_that_cannot_be_imported_fails_at_start_with_invalid_data(tmp_path: Path) -> None:
     job = _gsm8k_job(tmp_path, GSM8K, steps=2, function="no_such_package.rewards:score")
-    proc = _start(job, tmp_path, ray_address, port=0)
+    proc = _start(job, tmp_path, NO_RAY, port=0)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == exitcodes.INVALID_DATA
     last = err.strip().splitlines()[-1]

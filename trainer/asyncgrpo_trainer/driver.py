@@ -1,10 +1,10 @@
 """The driver: parse the job, build everything, run the controller, report, exit with a code.
 
 Setup order (nothing heavy is built inside the controller actor, which only receives built
-objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> Ray -> tokenizer and
-model recipe -> the data files (`load_prompts`) -> placement groups -> policy (per
-`POLICY_BACKENDS`) and generation worker groups (in parallel) and reward workers -> data loader ->
-replay buffer and sampler -> rollout manager ->
+objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> tokenizer and model
+recipe, the data files and the reward function's import (`read_inputs`, no Ray needed) -> Ray ->
+placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in parallel) and
+reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
 weight synchronizer (its transport per `weights.transport_of`) ->
 restore the latest checkpoint if there is one -> SingleControllerActor.
 
@@ -223,17 +223,34 @@ def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
     return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
 
 
-def build(job: AsyncGRPOJob) -> Built:
-    """Every object the controller needs, built here in the driver (see the module docstring)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What the job's files give: the model recipe, its tokenizer and the prompts."""
+
+    model: ModelBuild
+    tokenizer: Tokenizer
+    prompts: data.Prompts
+
+
+def read_inputs(job: AsyncGRPOJob) -> Inputs:
+    """The model, tokenizer and data files, and a check that env.function imports: all that only the
+    files can show to be wrong (InvalidModelError, InvalidDataError). No Ray is needed, so `execute`
+    calls it before Ray starts and such a job fails in seconds, whatever the state of the cluster."""
     check_supported(job)
-    t, cl = job.spec.trainer, job.spec.cluster
+    t = job.spec.trainer
     env = envs.build(t.env.name)
     model, tokenizer = model_of(job, env)
-    # The data files and the reward function next: a job whose data is unusable fails in seconds,
-    # before any worker starts.
     prompts = load_prompts(job, env, tokenizer)
     if t.env.function is not None:
-        reward_workers.load_function(t.env.function)  # InvalidDataError when it cannot be imported
+        reward_workers.load_function(t.env.function)
+    return Inputs(model, tokenizer, prompts)
+
+
+def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
+    """Every object the controller needs, built here in the driver (see the module docstring)."""
+    inputs = inputs if inputs is not None else read_inputs(job)
+    model, tokenizer, prompts = inputs.model, inputs.tokenizer, inputs.prompts
+    t, cl = job.spec.trainer, job.spec.cluster
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
     gen_ranks, gen_gpus = generation_layout(job, policy_ranks)
@@ -457,9 +474,11 @@ def execute(
             policy_version=resumed_at or 0,
             last_checkpoint_step=resumed_at,
         )
-    if not ray.is_initialized():  # after validation: an invalid spec fails without a cluster
+    # The spec, then the files: an invalid spec, model or data set fails without a cluster.
+    inputs = read_inputs(job)
+    if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
-    built = build(job)
+    built = build(job, inputs)
     if server is not None:
         server.update(data_warning=built.data_warning)
     try:
