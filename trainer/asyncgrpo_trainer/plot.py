@@ -2,8 +2,8 @@
 
 A RUN_DIR is a job's checkpoint path (or its `tensorboard` directory, or any directory holding a
 run's TensorBoard event files, `tracking`); each is one run, labelled with its directory name (or
-`--label`). Two panels: exact-match accuracy (held-out greedy as solid lines with markers, the
-training samples' as thin lines of the same color) and the mean reward of the training samples.
+`--label`). Two panels: exact-match accuracy (held-out greedy as lines with markers, the training
+samples' as thin lines of the same color) and the mean reward of the training samples.
 The x axis is trained samples, so runs with different asynchrony compare at equal data.
 """
 
@@ -76,26 +76,29 @@ def draw(runs: list[Run], out: Path, *, title: str | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, (ax_acc, ax_rew) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100)
+    fig, (ax_acc, ax_rew) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=80)
     for i, run in enumerate(runs):
         color = f"C{i}"
         if run.validation_accuracy:
             x, y = zip(*run.validation_accuracy, strict=True)
-            ax_acc.plot(x, y, "-o", color=color, markersize=3, label=f"{run.label} (held-out, greedy)")
+            ax_acc.plot(x, y, "-o", color=color, markersize=3, label=run.label)
         if run.accuracy:
             x, y = zip(*run.accuracy, strict=True)
-            ax_acc.plot(
-                x, y, "-", color=color, alpha=0.35, linewidth=1, label=f"{run.label} (training samples)"
-            )
+            ax_acc.plot(x, y, "-", color=color, alpha=0.3, linewidth=1)
         if run.reward:
             x, y = zip(*run.reward, strict=True)
             ax_rew.plot(x, y, "-", color=color, linewidth=1.2, label=run.label)
-    ax_acc.set(xlabel="trained samples", ylabel="exact-match accuracy", ylim=(-0.02, 1.02))
-    ax_rew.set(xlabel="trained samples", ylabel="mean reward (training samples)", ylim=(-0.02, 1.02))
+    ax_acc.set(
+        xlabel="trained samples",
+        ylabel="exact-match accuracy",
+        ylim=(-0.02, 1.02),
+        title="held-out, greedy (thin: the training samples)",
+    )
+    ax_rew.set(xlabel="trained samples", ylabel="mean reward", ylim=(-0.02, 1.02), title="training samples")
     for ax in (ax_acc, ax_rew):
         ax.grid(alpha=0.3)
-    ax_acc.legend(fontsize=7, loc="lower right")
-    ax_rew.legend(fontsize=7, loc="lower right")
+    ax_acc.legend(fontsize=8, loc="upper left")
+    ax_rew.legend(fontsize=8, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
