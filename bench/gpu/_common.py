@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from asyncgrpo_trainer.models.config import tiny_config
+from asyncgrpo_trainer.models.config import ModelConfig, tiny_config
 from asyncgrpo_trainer.models.network import CausalLM
 
 # The 387M Qwen2 shape of issue 8 (Qwen2.5-0.5B's layout with a 32k vocabulary).

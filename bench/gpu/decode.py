@@ -19,14 +19,17 @@ from typing import Any
 import _common as c
 import torch
 
+from asyncgrpo_trainer.backends.cuda_train import matmul_params
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
-from asyncgrpo_trainer.models.config import tiny_config
+from asyncgrpo_trainer.models.config import ModelConfig
 from asyncgrpo_trainer.models.network import CausalLM
 
 
-def decode_bound(cfg: ModelConfig, n_matmul: int, batch: int, *, ctx: float, bw: float, flops: float) -> float:
+def decode_bound(
+    cfg: ModelConfig, n_matmul: int, batch: int, *, ctx: float, bw: float, flops: float
+) -> float:
     """perf-anchors.md section 4.2: B / [max(2N/BW, 2N*B/F) + B*L*k/BW] tokens/s."""
-    head_dim = cfg.hidden_size // cfg.num_heads
+    head_dim = cfg.head_dim
     k = 2 * cfg.num_layers * cfg.num_kv_heads * head_dim * 2  # K and V bytes per token, bf16
     t_step = max(2 * n_matmul / bw, 2 * n_matmul * batch / flops) + batch * ctx * k / bw
     return batch / t_step
@@ -94,7 +97,7 @@ def main() -> None:
     res.put("ceilings", ceil)
     model = c.build_model(cfg, dev, dtype).eval()
     n_all = sum(p.numel() for p in model.parameters())
-    n_mm = n_all - model.embed_tokens.weight.numel()
+    n_mm = matmul_params(model)
     res.put("model", {"params": n_all, "matmul_params": n_mm, "config": cfg.__dict__})
     if ceil:
         ctx = plen + new / 2
@@ -239,7 +242,7 @@ def hf_baseline(
             max_position_embeddings=cfg.max_positions,
             tie_word_embeddings=False,
             rms_norm_eps=1e-6,
-            rope_theta=cfg.rope_theta,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
         hcfg._attn_implementation = "sdpa"
         torch.manual_seed(0)

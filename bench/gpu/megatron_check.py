@@ -10,6 +10,11 @@ Parts (JSON keys):
   the step; then the median step time of a larger batch.
 - `tp2` and `dp2` (with 2 GPUs): the same step as two ranks (TP=2, whose odd vocabulary is padded
   and sharded, and DP=2), compared with the TP=1 results.
+- `family_<name>`: a tiny random Hugging Face checkpoint of each supported family, tied and untied
+  (`make_tiny_checkpoint`), as a TP=1 GPTModel vs transformers on the same GPU: max |log-prob
+  difference|, whether `weights()` hands back the checkpoint's weights, and after one step the
+  max |log-prob difference| of transformers reloading the checkpoint's hf/ and an `asyncgrpo
+  export` of it against the policy's own.
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=trainer python3 bench/gpu/megatron_check.py --out megatron.json
     PYTHONPATH=trainer python3 bench/gpu/megatron_check.py --tiny     # CPU smoke run (gloo)
@@ -36,7 +41,7 @@ import torch
 
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy, sampling
-from asyncgrpo_trainer.models.config import ModelConfig, tiny_config
+from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 # Odd vocabulary on purpose: TP=2 must pad and mask it.
@@ -197,6 +202,86 @@ def tp1_parts(res: c.Results, args: argparse.Namespace, dev: str, tmp: Path) -> 
         worker.shutdown()
 
 
+FAMILIES: dict[str, dict[str, Any]] = {
+    "qwen2": {"family": "qwen2", "tie_word_embeddings": False},
+    "qwen2_tied": {"family": "qwen2"},
+    "qwen3": {"family": "qwen3", "tie_word_embeddings": False, "num_kv_heads": 2},
+    "qwen3_tied": {"family": "qwen3"},
+    "llama": {"family": "llama", "tie_word_embeddings": False},
+    "llama_tied": {"family": "llama"},
+}
+"""make_tiny_checkpoint arguments of the `family_*` parts."""
+
+
+def hf_logprobs(directory: Path, pairs: list[tuple[list[int], list[int]]], dev: str) -> list[list[float]]:
+    """transformers' log softmax(logits / 0.7) of each response token."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to(dev).eval()
+    out = []
+    with torch.no_grad():
+        for p, r in pairs:
+            logp = (model(torch.tensor([p + r], device=dev)).logits[0].float() / 0.7).log_softmax(-1)
+            out.append([float(logp[len(p) - 1 + j, t]) for j, t in enumerate(r)])
+    return out
+
+
+def family_part(res: c.Results, name: str, dev: str, tmp: Path) -> None:
+    from asyncgrpo_trainer import checkpoint, export  # noqa: PLC0415
+    from asyncgrpo_trainer.backends import megatron_policy  # noqa: PLC0415
+    from asyncgrpo_trainer.models import recipe as recipes  # noqa: PLC0415
+    from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint  # noqa: PLC0415
+
+    def diff(ours: list[list[float]], theirs: list[list[float]]) -> float:
+        return max(abs(a - b) for x, y in zip(ours, theirs, strict=True) for a, b in zip(x, y, strict=True))
+
+    worker = None
+    try:
+        directory = make_tiny_checkpoint(tmp / name, **FAMILIES[name])
+        build, _ = recipes.pretrained_build(
+            str(directory),
+            max_sequence_length=64,
+            dtype="float32",
+            seed=0,
+            chat_template=None,
+            system_prompt=None,
+        )
+        batch = rows(build, 8, 24, 8)
+        pairs = [(r.prompt_ids, r.response_ids) for r in batch]
+        worker = megatron_policy.MegatronPolicyWorker(
+            build, optim(4), losses.LossConfig(), rank=0, world_size=1, device=dev
+        )
+
+        def policy_logprobs() -> list[list[float]]:
+            with torch.no_grad():
+                lp, _ = worker.token_logprobs(worker.model, pairs, grad=False)
+            return [lp[i, : len(r)].tolist() for i, (_, r) in enumerate(pairs)]
+
+        initial = build.instantiate().state_dict()
+        result: dict[str, Any] = {
+            "max_abs_logprob_diff_vs_transformers": diff(
+                policy_logprobs(), hf_logprobs(directory, pairs, dev)
+            ),
+            "weights_equal_checkpoint": max_diff(worker.weights(), initial) == 0.0,
+        }
+        step(worker, batch)
+        trained = policy_logprobs()
+        ckpt = checkpoint.begin(tmp / f"{name}-ckpt", 1)
+        worker.save(str(ckpt))
+        saved = checkpoint.commit(ckpt, 1, {}, keep_last=1, meta={"model": build.to_json()})
+        exported = export.export(saved, tmp / f"{name}-exported")
+        result["after_step_max_abs_logprob_diff_hf_dir"] = diff(
+            hf_logprobs(saved / "hf", pairs, dev), trained
+        )
+        result["after_step_max_abs_logprob_diff_export"] = diff(hf_logprobs(exported, pairs, dev), trained)
+        res.put(f"family_{name}", result)
+    except Exception:
+        res.put(f"family_{name}", {"error": traceback.format_exc()})
+    finally:
+        if worker is not None:
+            worker.shutdown()
+
+
 def two_rank_part(res: c.Results, name: str, tp: int, args: argparse.Namespace, tmp: Path) -> None:
     """Run ranks 0 and 1 of `--rank` mode as subprocesses and compare rank 0's output with TP=1."""
     try:
@@ -293,6 +378,9 @@ def main() -> None:
             tp1_parts(res, args, dev, tmp)
         except Exception:
             res.put("tp1_setup", {"error": traceback.format_exc()})
+        for name in FAMILIES:
+            print(f"family {name} ...", flush=True)
+            family_part(res, name, dev, tmp)
         if (tmp / "tp1.pt").exists() and (gpus >= 2 or dev == "cpu"):
             for name, tp in (("tp2", 2), ("dp2", 1)):
                 print(f"{name} ...", flush=True)

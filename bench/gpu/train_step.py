@@ -28,6 +28,7 @@ from torch._dynamo.utils import counters
 from asyncgrpo_trainer.algorithms.losses import LossConfig
 from asyncgrpo_trainer.backends.cuda_train import Recipe, matmul_params
 from asyncgrpo_trainer.backends.policy import OptimConfig, TorchPolicyWorker, TrainRow
+from asyncgrpo_trainer.models import recipe as recipe_of
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 _AMP = Recipe(master_fp32=True, autocast=torch.bfloat16, fused_adamw=True)
@@ -39,7 +40,7 @@ VARIANTS = {  # the model's dtype is bfloat16 in all of them
 }
 
 
-def policy_worker(cfg: Any, dev: torch.device, recipe: Recipe, batch: int) -> TorchPolicyWorker:
+def policy_worker(build: ModelBuild, dev: torch.device, recipe: Recipe, batch: int) -> TorchPolicyWorker:
     optim = OptimConfig(
         learning_rate=1e-6,
         weight_decay=0.0,
@@ -49,7 +50,6 @@ def policy_worker(cfg: Any, dev: torch.device, recipe: Recipe, batch: int) -> To
         logprob_batch_size=batch,
         temperature=1.0,
     )
-    build = ModelBuild(cfg, seed=0, dtype="bfloat16", pad_id=0, eos_ids=(1,))
     return TorchPolicyWorker(build, optim, LossConfig(), rank=0, world_size=1, device=str(dev), recipe=recipe)
 
 
@@ -61,9 +61,21 @@ def main() -> None:
     ap.add_argument("--seq", type=int)
     ap.add_argument("--iters", type=int)
     ap.add_argument("--variants", help="comma-separated prefixes of variant names")
+    ap.add_argument("--checkpoint", help="a Hugging Face checkpoint to train (default: the 387M shape)")
     args = ap.parse_args()
     dev = c.device()
-    cfg = c.config(args.tiny)
+    if args.checkpoint:
+        build, _ = recipe_of.pretrained_build(
+            args.checkpoint,
+            max_sequence_length=(args.seq or 1024) + 1,
+            dtype="bfloat16",
+            seed=0,
+            chat_template=None,
+            system_prompt=None,
+        )
+    else:
+        build = ModelBuild(c.config(args.tiny), seed=0, dtype="bfloat16", pad_id=0, eos_ids=(1,))
+    cfg = build.config
     batch = args.batch or (2 if args.tiny else 16)
     seq = args.seq or (16 if args.tiny else 1024)
     iters = args.iters or (2 if args.tiny else 10)
@@ -94,7 +106,7 @@ def main() -> None:
             recipe = dataclasses.replace(recipe, fused_adamw=False)
         worker: TorchPolicyWorker | None = None
         try:
-            worker = policy_worker(cfg, dev, recipe, batch)
+            worker = policy_worker(build, dev, recipe, batch)
             n_mm = matmul_params(worker.model)
 
             def step(w: TorchPolicyWorker = worker) -> float:

@@ -28,8 +28,14 @@ def _usable(path: str) -> bool:
     return p.is_dir() and os.access(p, os.W_OK)
 
 
-def localize(manifest: dict[str, Any], checkpoint_dir: str | None, max_steps: int | None) -> dict[str, Any]:
-    """The manifest with a local checkpoint directory (and optional step cap) applied."""
+def localize(
+    manifest: dict[str, Any],
+    checkpoint_dir: str | None,
+    max_steps: int | None,
+    mounts: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The manifest with a local checkpoint directory, an optional step cap and the trainer's paths
+    under `mounts` (see `remap`) applied."""
     spec = manifest.setdefault("spec", {})
     ckpt = spec.setdefault("checkpoint", {})
     name = manifest.get("metadata", {}).get("name", "job")
@@ -43,7 +49,34 @@ def localize(manifest: dict[str, Any], checkpoint_dir: str | None, max_steps: in
         )
     if max_steps is not None:
         spec.setdefault("trainer", {}).setdefault("grpo", {})["maxNumSteps"] = max_steps
+    if mounts:
+        spec["trainer"] = remap(spec.get("trainer", {}), mounts)
     return manifest
+
+
+def parse_mounts(values: list[str]) -> dict[str, str]:
+    """--mount JOB_PATH=LOCAL_DIR values -> {job path: absolute local directory}."""
+    mounts: dict[str, str] = {}
+    for value in values:
+        job_path, sep, local = value.partition("=")
+        if not sep or not job_path.startswith("/") or not local:
+            raise ValueError(f"--mount {value!r}: expected JOB_PATH=LOCAL_DIR with an absolute JOB_PATH")
+        mounts[job_path.rstrip("/") or "/"] = str(Path(local).resolve())
+    return mounts
+
+
+def remap(value: Any, mounts: dict[str, str]) -> Any:
+    """`value` (a spec subtree) with every path under a mounted job path moved to its local
+    directory: a cluster-shaped job (model and data on volumes) runs here unchanged."""
+    if isinstance(value, dict):
+        return {k: remap(v, mounts) for k, v in value.items()}
+    if isinstance(value, list):
+        return [remap(v, mounts) for v in value]
+    if isinstance(value, str):
+        for job_path, local in mounts.items():
+            if value == job_path or value.startswith(job_path + "/"):
+                return local + value[len(job_path) :]
+    return value
 
 
 def required_cpus(manifest: dict[str, Any]) -> int:
@@ -69,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         default=DRIVER_PROGRESS_PORT,
         help="port of /progress and /metrics (0 picks a free one)",
     )
+    parser.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="JOB_PATH=LOCAL_DIR",
+        help="read the trainer's paths under JOB_PATH (a volume mount in the pods, e.g. /models) from "
+        "LOCAL_DIR here; repeatable",
+    )
     parser.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs of the embedded Ray (default 0: CPU)")
     ns = parser.parse_args(argv)
@@ -76,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
-        manifest = localize(driver.read_manifest(ns.job), ns.checkpoint_dir, ns.max_steps)
+        manifest = localize(
+            driver.read_manifest(ns.job), ns.checkpoint_dir, ns.max_steps, parse_mounts(ns.mount)
+        )
     except (OSError, ValueError) as exc:
         print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

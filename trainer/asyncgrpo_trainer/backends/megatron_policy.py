@@ -8,14 +8,21 @@ parallelism (TP): every layer's weight matrices are split over the TP ranks of o
 replica, which all see the same rows.
 
 - The model is a `GPTModel` with the local (non-TransformerEngine) layer spec and no fused kernels
-  (no TE, no apex on the GPU image), shaped exactly like `CausalLM`, and initialised from the
-  same seeded `ModelBuild.instantiate()` weights through `megatron_mapping`, so policy and
-  generation engines start identical, and `weights()` hands the engines CausalLM's names.
+  (no TE, no apex on the GPU image), shaped exactly like `CausalLM` for every model the network
+  runs (Qwen2/2.5, Qwen3, Llama 3, the tiny model; see `build_gpt_model`), and initialised from
+  `ModelBuild.instantiate()` (the tiny model's seeded weights or the pretrained checkpoint's)
+  through `megatron_mapping`, sharded over TP, so policy and generation engines start identical,
+  and `weights()` hands the engines CausalLM's names.
 - Log-probs are computed on the vocab-parallel logits with Megatron's vocab-parallel cross entropy
   (no rank ever materialises the full vocabulary), at the same temperature and with the same
   response masking as `sampling.token_logprobs`.
 - The gradient norm is the norm of the whole model's gradient: TP-split parameters contribute
-  their shards from every rank, replicated ones (norm weights) once.
+  their shards from every rank, replicated ones (norm weights) once. Qwen3's q/k norms are the one
+  replicated weight whose gradient each rank holds only in part (its own heads'): it is summed
+  over the TP group first.
+- A checkpoint is one file per TP rank of replica 0 (`policy-tp{rank}.pt`, Megatron's names and
+  shards, the optimizer's state), plus for a pretrained model the Hugging Face directory `hf/`
+  that TP rank 0 writes from the gathered weights, as the torch backend does.
 - Global ranks are laid out TP-fastest (Megatron's order): rank r is TP rank r % TP of data-parallel
   replica r // TP. `megatron_workers.MegatronPolicyGroup` hands rows out accordingly.
 
@@ -34,6 +41,7 @@ CPU worker computes, which is what lets the tests compare this backend with the 
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import time
 import warnings
@@ -55,6 +63,7 @@ from asyncgrpo_trainer.backends.policy import (
     StepAccumulator,
     TrainRow,
     cpu_copy,
+    hf_export,
     load_optimizer,
     optimizer_step,
 )
@@ -85,28 +94,23 @@ class MegatronLayout:
                 f"attention, which the trainer image does not ship; got {self.context_parallel_size}"
             )
         tp, cfg = self.tensor_parallel_size, build.config
-        unsupported = [
-            what
-            for what, present in (
-                ("learned position embeddings", cfg.position_embedding != "rope"),
-                ("per-head q/k norms (Qwen3)", cfg.qk_norm),
-                ("tied embeddings", cfg.tie_word_embeddings),
-                ("an o_proj or MLP bias", cfg.o_bias or cfg.mlp_bias),
-                ("scaled rotary attention (yarn)", cfg.rope_attention_scaling != 1.0),
-            )
-            if present
-        ]
-        if unsupported:
+        if cfg.o_bias != cfg.mlp_bias or (cfg.o_bias and not cfg.qkv_bias):
+            # Megatron has one switch (add_bias_linear) for the o_proj and MLP biases, and it
+            # implies the q/k/v bias; the layer spec cannot give one of them a bias alone.
             raise InvalidModelError(
-                "spec.trainer.policy.backend megatron does not run this model yet "
-                f"({', '.join(unsupported)}); use policy.backend torch"
+                "spec.trainer.policy.backend megatron cannot run this model: config.json gives the o_proj "
+                f"a bias: {cfg.o_bias} (attention_bias) and the MLP a bias: {cfg.mlp_bias} (mlp_bias), and "
+                "Megatron-core has one switch for both (add_bias_linear, which biases q/k/v too); use "
+                "policy.backend torch for this checkpoint"
             )
         if world_size % tp:
             raise ValueError(f"{MEGATRON}.tensorParallelSize {tp} must divide the {world_size} policy ranks")
         if cfg.num_heads % tp or (cfg.num_kv_heads % tp and tp % cfg.num_kv_heads):
-            raise ValueError(
-                f"{MEGATRON}.tensorParallelSize {tp} must divide the model's numHeads ({cfg.num_heads}) and "
-                f"divide or be a multiple of its numKvHeads ({cfg.num_kv_heads})"
+            # A checkpoint's head counts are known only from its config.json, after admission.
+            error = ValueError if build.checkpoint is None else InvalidModelError
+            raise error(
+                f"{MEGATRON}.tensorParallelSize {tp} must divide the model's {cfg.num_heads} attention heads "
+                f"and divide or be a multiple of its {cfg.num_kv_heads} key/value heads"
             )
 
 
@@ -139,13 +143,24 @@ def _import_megatron() -> Any:
 
 
 def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.device) -> torch.nn.Module:
-    """A GPTModel shaped like `build`'s CausalLM (parameters uninitialised; see `load_full`).
+    """A GPTModel shaped like `build`'s CausalLM (parameters uninitialised; `megatron_mapping`
+    names what goes where).
+
+    The config's parts map onto Megatron's switches: q/k/v bias -> add_qkv_bias, o_proj and MLP
+    biases -> add_bias_linear (`MegatronLayout.check` refuses them apart), Qwen3's per-head q/k
+    RMSNorm -> qk_layernorm (the local spec's norms over head_dim), tied embeddings ->
+    share_embeddings_and_output_weights, learned positions -> "learned_absolute". RoPE: the
+    rotation is the checkpoint's own frequencies (scaled variants included), not Megatron's from a
+    base: `rotary_pos_emb.inv_freq` is what RotaryEmbedding.forward reads on every call (it is not
+    a buffer and nothing precomputes from it before the first forward). Yarn's attention factor s
+    multiplies cos and sin, i.e. q and k, so it is the softmax scale s^2 / sqrt(head_dim).
 
     Needs `parallel_state.initialize_model_parallel` to have run.
     """
     core = _import_megatron()
     cfg = build.config
     dtype = DTYPES[build.dtype]
+    rope = cfg.position_embedding == "rope"
     with warnings.catch_warnings():
         # Deprecation notes ("GPTModel is deprecated": HybridModel needs TE for this shape; cuda
         # graph scopes this model does not use).
@@ -159,8 +174,10 @@ def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.
             ffn_hidden_size=cfg.intermediate_size,
             normalization="RMSNorm",
             layernorm_epsilon=cfg.rms_norm_eps,
-            add_bias_linear=False,
+            add_bias_linear=cfg.o_bias,
             add_qkv_bias=cfg.qkv_bias,
+            qk_layernorm=cfg.qk_norm,
+            softmax_scale=cfg.rope_attention_scaling**2 / math.sqrt(cfg.head_dim),
             gated_linear_unit=True,
             activation_func=F.silu,
             hidden_dropout=0.0,
@@ -183,18 +200,20 @@ def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.
         model: torch.nn.Module = core.models.gpt.gpt_model.GPTModel(
             config,
             transformer_layer_spec=core.models.gpt.gpt_layer_specs.get_gpt_layer_local_spec(
-                normalization="RMSNorm"
+                normalization="RMSNorm", qk_layernorm=cfg.qk_norm
             ),
             vocab_size=mapping.padded_vocab_size(cfg.vocab_size, tensor_parallel_size),
             max_sequence_length=cfg.max_positions,
-            share_embeddings_and_output_weights=False,
-            position_embedding_type="rope",
+            share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+            position_embedding_type="rope" if rope else "learned_absolute",
             rotary_percent=1.0,
         )
-    # The rotation is the checkpoint's own (scaled variants included), not Megatron's from a base.
-    rotary: Any = model.rotary_pos_emb
-    rotary.inv_freq = torch.tensor(cfg.rope_inv_freq, dtype=torch.float32, device=device)
-    return model.to(device)
+    if rope:
+        rotary: Any = model.rotary_pos_emb
+        rotary.inv_freq = torch.tensor(cfg.rope_inv_freq, dtype=torch.float32, device=device)
+    # The local spec's norms are torch.nn.RMSNorm in fp32 whatever params_dtype says; the whole
+    # model in the recipe's dtype is what Megatron's Float16Module does and what the engines hold.
+    return model.to(device=device, dtype=dtype)
 
 
 class MegatronPolicyWorker(PolicyWorker):
@@ -242,9 +261,11 @@ class MegatronPolicyWorker(PolicyWorker):
         self.vocab_size = build.config.vocab_size
         self.reference: torch.nn.Module | None = None
         with _cuda_calls_on_cpu(self.device):
-            self.model = self._initial_model().train()
+            initial = self._initial_shards()
+            self.model = self._model_of(initial).train()
             if loss.reference_policy_kl_penalty > 0:
-                self.reference = self._initial_model().eval().requires_grad_(False)
+                self.reference = self._model_of(initial).eval().requires_grad_(False)
+            del initial
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
         )
@@ -252,18 +273,30 @@ class MegatronPolicyWorker(PolicyWorker):
         self.busy_seconds = 0.0
         self._reset_step()
 
-    def _initial_model(self) -> torch.nn.Module:
-        """The GPTModel holding this rank's shards of the recipe's seeded CausalLM weights."""
-        model = build_gpt_model(self.build, self.tp, self.device)
+    def _initial_shards(self) -> dict[str, torch.Tensor]:
+        """This rank's shards (Megatron names) of the recipe's initial CausalLM weights: the tiny
+        model's seeded ones, or the pretrained checkpoint's, read once for the model and the
+        reference."""
         cfg = self.build.config
-        full = mapping.tiny_to_megatron(
+        full = mapping.from_network(
             self.build.instantiate().state_dict(),
             cfg,
             padded_vocab=mapping.padded_vocab_size(cfg.vocab_size, self.tp),
         )
+        return {name: mapping.shard(name, t, rank=self.tp_rank, size=self.tp) for name, t in full.items()}
+
+    def _model_of(self, shards: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """A GPTModel holding `shards` (copies: the model and the reference never share storage)."""
+        model = build_gpt_model(self.build, self.tp, self.device)
+        params = dict(model.named_parameters())
+        if params.keys() != shards.keys():  # e.g. a megatron-core release that renamed a module
+            raise RuntimeError(
+                f"megatron-core's GPTModel and megatron_mapping disagree on the parameters: "
+                f"{sorted(params.keys() ^ shards.keys())[:6]}"
+            )
         with torch.no_grad():
-            for name, param in model.named_parameters():
-                param.copy_(mapping.shard(name, full[name], rank=self.tp_rank, size=self.tp))
+            for name, param in params.items():
+                param.copy_(shards[name])
         return model
 
     def _reset_step(self) -> None:
@@ -361,6 +394,7 @@ class MegatronPolicyWorker(PolicyWorker):
         params = [p for p in self.model.parameters() if p.requires_grad]
         # The reduce runs over the replicas only: the TP peers of a replica saw the same rows.
         totals = self._step.reduce(params, self.dp_group if self.dp_size > 1 else None)
+        self._sum_qk_norm_grads()
         grad_norm = self._clip(params)
         lr = optimizer_step(self.optimizer, self.optim_cfg, self.steps_taken)
         self.steps_taken += 1
@@ -368,6 +402,26 @@ class MegatronPolicyWorker(PolicyWorker):
         self._reset_step()
         self.busy_seconds += time.perf_counter() - t0
         return out
+
+    def _sum_qk_norm_grads(self) -> None:
+        """Sum the q/k RMSNorm gradients over the TP group (as Megatron's finalize_model_grads does).
+
+        Those weights are replicated, but each rank normalises only its own heads, so each holds the
+        gradient of its heads' share; every other replicated weight sees the whole (all-reduced)
+        activation and already holds the full gradient."""
+        if self.tp == 1 or not self.build.config.qk_norm:
+            return
+        grads = [
+            p.grad
+            for name, p in self.model.named_parameters()
+            if name.endswith(mapping.QK_NORMS) and p.grad is not None
+        ]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.tp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def _clip(self, params: list[torch.nn.Parameter]) -> float:
         """Norm of the whole model's gradient over the TP group, and clip to max_grad_norm the way
@@ -411,7 +465,7 @@ class MegatronPolicyWorker(PolicyWorker):
                     local = mapping.unshard(name, shards)
                 if self.tp_rank == 0:
                     full[name] = local.to(device, copy=True)
-        return mapping.megatron_to_tiny(full, self.build.config) if self.tp_rank == 0 else {}
+        return mapping.to_network(full, self.build.config) if self.tp_rank == 0 else {}
 
     def state(self) -> dict[str, Any]:
         """What `save` writes: this rank's shard of the parameters (Megatron names), optimizer,
@@ -425,9 +479,17 @@ class MegatronPolicyWorker(PolicyWorker):
         }
 
     def save(self, directory: str) -> dict[str, Any]:
-        """Write `policy-tp{TP rank}.pt` (the group calls the TP ranks of replica 0: the other
-        replicas hold the same shards)."""
-        return checkpoint.write_or_return(Path(directory) / shard_file(self.tp_rank), self.state())
+        """Write `policy-tp{TP rank}.pt`, and for a pretrained model the Hugging Face directory
+        `hf`, which TP rank 0 writes from the weights every TP rank joins in gathering (the group
+        calls the TP ranks of replica 0: the other replicas hold the same shards)."""
+        returned = checkpoint.write_or_return(Path(directory) / shard_file(self.tp_rank), self.state())
+        if self.build.checkpoint is None:
+            return returned
+        weights = self.weights()  # a collective over the TP group; TP rank 0 gets them
+        export = hf_export(self.build, weights) if self.tp_rank == 0 else None
+        if export is not None:
+            returned |= checkpoint.write_or_return(Path(directory) / checkpoint.HF_DIR, export)
+        return returned
 
     def load(self, directory: str) -> None:
         path = Path(directory) / shard_file(self.tp_rank)
@@ -496,4 +558,4 @@ def read_full_weights(step: Path, build: ModelBuild) -> dict[str, torch.Tensor]:
         for r in range(1, size)
     ]
     full = {name: mapping.unshard(name, [s[name] for s in shards]) for name in shards[0]}
-    return mapping.megatron_to_tiny(full, build.config)
+    return mapping.to_network(full, build.config)

@@ -32,6 +32,7 @@ against that fraction, and the engine runs eagerly (its compile warm-up takes mi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import itertools
@@ -43,7 +44,7 @@ import torch
 
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.generation import EngineLostError, Generated, GenerationWorker
-from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitSpec
+from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitSpec, refit_plan
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 EXTENSION = "asyncgrpo_trainer.backends.vllm_worker.WorkerExtension"
@@ -143,6 +144,7 @@ class VLLMGenerationWorker(GenerationWorker):
 
     def _sampling(self, prompt_len: int, n: int, params: sampling.SamplingParams, seed: int) -> Any:
         from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
 
         stop = () if params.ignore_eos else self.build.eos_ids
         extra: dict[str, Any] = {} if params.top_k is None else {"top_k": params.top_k}
@@ -156,6 +158,7 @@ class VLLMGenerationWorker(GenerationWorker):
             ignore_eos=True,  # ends only at stop_token_ids: the recipe's EOS ids, all of them
             stop_token_ids=list(stop),
             detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,  # one output, all n samples (streamed: one each)
             **extra,
         )
 
@@ -232,9 +235,9 @@ class VLLMGenerationWorker(GenerationWorker):
         return self.device.type
 
     async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
-        plans = await self._rpc("asyncgrpo_refit_join", spec, rank, self.build)
-        plan: BucketPlan = plans[0]
-        return plan
+        # Every worker checks its plan against the recipe as it joins; the plan is the recipe's.
+        await self._rpc("asyncgrpo_refit_join", dataclasses.asdict(spec), rank, self.build.to_json())
+        return refit_plan(self.build, spec.bucket_bytes)
 
     async def refit_receive(self, version: int) -> None:
         await self._rpc("asyncgrpo_refit_receive")

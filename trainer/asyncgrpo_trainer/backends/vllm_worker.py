@@ -4,8 +4,9 @@ vLLM runs its model in worker processes of its own (one per tensor-parallel rank
 vLLM's `worker_extension_cls`: vLLM mixes it into its worker class, and the generation actor
 reaches its methods with `AsyncLLM.collective_rpc`, which every worker runs between two engine
 steps, so no forward pass sees a half-written update. Each method hands tensors under the
-network's (Hugging Face) names to vLLM's own `model.load_weights`, which fuses q/k/v and
-gate/up and takes its tensor-parallel shard, exactly as when vLLM loads the checkpoint from disk.
+network's (Hugging Face) names to vLLM's own in-place reload (`reload_weights`: the model's
+`load_weights`, which fuses q/k/v and gate/up and takes its tensor-parallel shard as when vLLM
+loads the checkpoint from disk, then vLLM's post-load processing into the same storage).
 Three ways in, one per refit transport:
 
 - `asyncgrpo_load_bytes`: the tensors, serialized (the object store: the actor received them
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from asyncgrpo_trainer.backends import ipc
-from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec
+from asyncgrpo_trainer.backends.nccl_sync import RefitGroup, RefitSpec
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 
@@ -40,8 +41,13 @@ class WorkerExtension:
     _asyncgrpo_refit: RefitGroup | None = None
 
     def _asyncgrpo_load(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
-        loaded = self.model_runner.model.load_weights(weights=named)
-        return len(loaded) if loaded is not None else 0
+        """vLLM's in-place reload of checkpoint-format weights: after the first load vLLM has turned
+        some parameters into kernel layouts (its CPU GEMMs repack them), so a plain
+        `model.load_weights` no longer applies; the reload restores each layer's checkpoint
+        layout, loads, re-processes, and copies into the same storage (CUDA graphs stay valid)."""
+        tensors = list(named)
+        self.model_runner.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
+        return len(tensors)
 
     def asyncgrpo_load_bytes(self, blob: bytes) -> int:
         """Load a `torch.save`d dict of tensors (network names); how many parameters it wrote."""
@@ -50,14 +56,17 @@ class WorkerExtension:
         )
         return self._asyncgrpo_load(state.items())
 
-    def asyncgrpo_refit_join(self, spec: RefitSpec, first_rank: int, build: ModelBuild) -> BucketPlan:
+    def asyncgrpo_refit_join(self, spec: dict[str, Any], first_rank: int, build: dict[str, Any]) -> int:
         """Join the refit group as rank `first_rank` + this worker's tensor-parallel rank (the
-        engine's workers take consecutive ranks); returns the plan, which the sender checks."""
-        named = build.skeleton().named_parameters()
+        engine's workers take consecutive ranks), checking the plan against vLLM's side; its bucket count. The
+        spec and the recipe come as JSON-shaped dicts: vLLM's RPC between its processes carries
+        plain data, not the trainer's dataclasses."""
+        recipe = ModelBuild.from_json(build)
+        named = recipe.skeleton().named_parameters()
         self._asyncgrpo_refit = RefitGroup(
-            spec, rank=first_rank + self.rank, build=build, named=named, device=self.device
+            RefitSpec(**spec), rank=first_rank + self.rank, build=recipe, named=named, device=self.device
         )
-        return self._asyncgrpo_refit.plan
+        return self._asyncgrpo_refit.plan.num_buckets
 
     def asyncgrpo_refit_receive(self) -> int:
         """Receive one refit's buckets and load them (every worker of the engine at once)."""

@@ -165,6 +165,7 @@ def make_tiny_checkpoint(
     intermediate_size: int = 128,
     max_positions: int = 512,
     vocab_size: int = 384,
+    model_vocab_size: int | None = None,
     tie_word_embeddings: bool = True,
     dtype: str = "float32",
     seed: int = 0,
@@ -172,7 +173,8 @@ def make_tiny_checkpoint(
     """Write a random checkpoint of `family` with its tokenizer to `out_dir`; returns the path.
 
     The model's vocabulary is the tokenizer's rounded up to a multiple of 64, as real checkpoints
-    pad it (ids past the tokenizer's exist in the model and are never produced by the tokenizer).
+    pad it (ids past the tokenizer's exist in the model and are never produced by the tokenizer),
+    or `model_vocab_size` rows (e.g. Qwen2.5's 151,936, for benchmarks at a real model's shape).
     head_dim = hidden_size / num_heads should be at least 32 for vLLM's CPU attention.
     """
     import torch  # noqa: PLC0415
@@ -192,7 +194,7 @@ def make_tiny_checkpoint(
     }
     config = hf_config(
         family,
-        vocab_size=-(-len(tokenizer) // 64) * 64,
+        vocab_size=model_vocab_size or -(-len(tokenizer) // 64) * 64,
         hidden_size=hidden_size,
         num_layers=num_layers,
         num_heads=num_heads,
@@ -230,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intermediate-size", type=int, default=128)
     parser.add_argument("--max-positions", type=int, default=512)
     parser.add_argument("--vocab-size", type=int, default=384, help="BPE vocabulary (specials included)")
+    parser.add_argument(
+        "--model-vocab-size", type=int, default=None, help="embedding rows (default: the tokenizer's, padded)"
+    )
     parser.add_argument("--untied", action="store_true", help="a separate output head (default: tied)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
@@ -244,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         intermediate_size=ns.intermediate_size,
         max_positions=ns.max_positions,
         vocab_size=ns.vocab_size,
+        model_vocab_size=ns.model_vocab_size,
         tie_word_embeddings=not ns.untied,
         dtype=ns.dtype,
         seed=ns.seed,

@@ -1,0 +1,82 @@
+"""Loading a Qwen2.5-0.5B-shaped checkpoint: the trainer's loader next to safetensors' own.
+
+Both read the same files in the same run, alternating, with the page cache warm for both (the
+first, untimed, read warms it): `safetensors.torch.load_file` (the floor: the tensors in memory,
+nothing else) vs `ModelBuild.instantiate()` of a pretrained recipe (config, tokenizer, the network
+built on the meta device, every tensor checked and assigned, rotary tables). The checkpoint is made
+here with `make_tiny_checkpoint` at Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV
+heads, intermediate 4864, vocabulary 151,936, tied embeddings, bfloat16) and random weights.
+
+    PYTHONPATH=trainer python bench/models/load.py --dir /tmp/qwen2.5-0.5b-shape --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from asyncgrpo_trainer.models import hf, recipe
+from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
+
+QWEN25_05B = {
+    "hidden_size": 896,
+    "num_layers": 24,
+    "num_heads": 14,
+    "num_kv_heads": 2,
+    "intermediate_size": 4864,
+    "max_positions": 32768,
+    "model_vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "dtype": "bfloat16",
+}
+
+
+def ensure_checkpoint(directory: Path) -> Path:
+    if not (directory / hf.WEIGHTS).is_file():
+        make_tiny_checkpoint(directory, family="qwen2", **QWEN25_05B)
+    return directory
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", default="/tmp/qwen2.5-0.5b-shape")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    ns = parser.parse_args(argv)
+    path = ensure_checkpoint(Path(ns.dir))
+    build, _ = recipe.pretrained_build(
+        str(path), max_sequence_length=4096, dtype="bfloat16", seed=0, chat_template=None, system_prompt=None
+    )
+    load_file(str(path / hf.WEIGHTS))  # warm the page cache for both
+    floor, ours = [], []
+    for _ in range(ns.repeat):
+        t0 = time.perf_counter()
+        tensors = load_file(str(path / hf.WEIGHTS))
+        floor.append(time.perf_counter() - t0)
+        del tensors
+        t0 = time.perf_counter()
+        model = build.instantiate()
+        ours.append(time.perf_counter() - t0)
+        del model
+    result = {
+        "checkpoint_bytes": (path / hf.WEIGHTS).stat().st_size,
+        "load_file_s": statistics.median(floor),
+        "instantiate_s": statistics.median(ours),
+        "ratio": statistics.median(ours) / statistics.median(floor),
+        "runs": {"load_file_s": floor, "instantiate_s": ours},
+        "loadavg": os.getloadavg(),
+    }
+    print(json.dumps(result, indent=2))
+    if ns.out:
+        Path(ns.out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
