@@ -2,6 +2,7 @@
 
 The local control plane fixtures (local_cluster, kubeconfig, kube_api, namespace) live in
 tests/cluster/fixtures.py; registering them here makes them available to every test folder.
+tests/skip_policy.py is `--only-cuda-skips` (CI fails on any skip but "needs a CUDA GPU").
 """
 
-pytest_plugins = ["tests.cluster.fixtures"]
+pytest_plugins = ["tests.cluster.fixtures", "tests.skip_policy"]

@@ -20,6 +20,7 @@ import torch
 from asyncgrpo_trainer.backends import generation, sampling, static_decode
 from asyncgrpo_trainer.backends.model import KVCache, TinyCausalLM, TinyConfig
 from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from tests.skip_policy import requires_cuda
 
 CFG = TinyConfig(
     vocab_size=61,
@@ -38,7 +39,7 @@ PROMPTS = [[5, 9, 2], [7, 1, 8, 3, 3, 4, 11], [13], [2, 4, 6, 8, 10]]
 
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    pytest.param("cuda", marks=requires_cuda()),
 ]
 """On CUDA the batched engine replays CUDA graphs and queues chunks without waiting (the GPU run)."""
 

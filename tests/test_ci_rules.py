@@ -1,0 +1,63 @@
+"""The rules CI holds the suite to, checked on small pytest runs of their own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.skip_policy import CUDA_REASON, OPTION
+
+REPO = Path(__file__).resolve().parents[1]
+
+SKIPS = f"""
+import pytest
+
+def test_on_a_gpu():
+    pytest.skip({CUDA_REASON!r})
+
+def test_with_helm():
+    pytest.skip("no helm binary")
+
+def test_that_runs():
+    pass
+"""
+
+
+def run_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_sample.py").write_text(source)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.skip_policy", "-p", "no:cacheprovider", *args],
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_ci_fails_a_run_with_a_skip_for_want_of_a_tool_and_names_it(tmp_path: Path) -> None:
+    result = run_pytest(tmp_path, SKIPS, OPTION)
+    assert result.returncode == 1, result.stdout
+    assert "test_sample.py::test_with_helm: no helm binary" in result.stdout
+    assert "test_on_a_gpu" not in result.stdout.split("skips other than")[1]
+
+
+def test_ci_accepts_a_run_whose_only_skip_needs_a_cuda_gpu(tmp_path: Path) -> None:
+    source = SKIPS.replace('pytest.skip("no helm binary")', "pass")
+    result = run_pytest(tmp_path, source, OPTION)
+    assert result.returncode == 0, result.stdout
+    assert "1 skipped" in result.stdout
+
+
+def test_a_module_skipped_at_collection_fails_the_ci_run(tmp_path: Path) -> None:
+    source = 'import pytest\npytest.importorskip("a_module_nobody_installed")\n\ndef test_x():\n    pass\n'
+    result = run_pytest(tmp_path, source, OPTION)
+    assert result.returncode == 1, result.stdout
+    assert "a_module_nobody_installed" in result.stdout.split("skips other than")[1]
+
+
+def test_without_the_option_a_local_run_may_skip(tmp_path: Path) -> None:
+    assert run_pytest(tmp_path, SKIPS).returncode == 0
