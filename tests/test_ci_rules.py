@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.leftovers import OPTION as LEFTOVERS_OPTION
 from tests.skip_policy import CUDA_REASON, OPTION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,13 +26,16 @@ def test_that_runs():
 """
 
 
-def run_pytest(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_pytest(
+    tmp_path: Path, source: str, *args: str, plugin: str = "tests.skip_policy"
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_sample.py").write_text(source)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"}  # this run's own, not ours
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.skip_policy", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-p", plugin, "-p", "no:cacheprovider", *args],
         check=False,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**env, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,3 +65,36 @@ def test_a_module_skipped_at_collection_fails_the_ci_run(tmp_path: Path) -> None
 
 def test_without_the_option_a_local_run_may_skip(tmp_path: Path) -> None:
     assert run_pytest(tmp_path, SKIPS).returncode == 0
+
+
+LEAVES = """
+import os, pathlib, tempfile
+
+def test_ray_goes_to_a_folder_of_this_run():
+    ray_dir = pathlib.Path(os.environ["RAY_TMPDIR"])
+    (ray_dir / "ray" / "session_x").mkdir(parents=True)  # what ray.init would write
+    pathlib.Path("ray_dir.txt").write_text(str(ray_dir))
+
+def test_that_forgets_its_folder():
+    pathlib.Path("left.txt").write_text(tempfile.mkdtemp(prefix="asyncgrpo-webhook-forgotten-"))
+"""
+
+
+def test_a_run_removes_its_ray_folder_and_ci_fails_on_a_folder_left_in_tmp(tmp_path: Path) -> None:
+    result = run_pytest(tmp_path, LEAVES, LEFTOVERS_OPTION, plugin="tests.leftovers")
+    left = Path((tmp_path / "left.txt").read_text())
+    try:
+        assert result.returncode == 1, result.stdout
+        assert str(left) in result.stdout.split("left in ")[1], result.stdout
+        ray_dir = Path((tmp_path / "ray_dir.txt").read_text())
+        assert ray_dir.name.startswith("asyncgrpo-ray-") and not ray_dir.exists()
+        assert str(ray_dir) not in result.stdout
+    finally:
+        left.rmdir()
+
+
+def test_without_the_option_a_folder_left_in_tmp_is_listed_but_does_not_fail(tmp_path: Path) -> None:
+    result = run_pytest(tmp_path, LEAVES, plugin="tests.leftovers")
+    left = Path((tmp_path / "left.txt").read_text())
+    left.rmdir()
+    assert result.returncode == 0 and str(left) in result.stdout, result.stdout
