@@ -40,6 +40,8 @@ from asyncgrpo_operator.decision import (
     DRIVER_SUCCEEDED,
     FAILED,
     HEAD_POD_LOST,
+    INVALID_DATA,
+    INVALID_MODEL,
     INVALID_SPEC,
     PODS_READY,
     PODS_SCHEDULED,
@@ -289,6 +291,13 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     _progressing(ctx, draft, cluster, pods, head)
 
 
+_INPUT_ERRORS = {
+    exitcodes.INVALID_MODEL: (INVALID_MODEL, "the model files cannot be used"),
+    exitcodes.INVALID_DATA: (INVALID_DATA, "the data files cannot be used"),
+}
+"""Driver exit codes for inputs only the files could show to be wrong: failed, never retried."""
+
+
 def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverExit) -> None:
     job, observed = ctx.job, ctx.observed
     code = exit_.exit_code
@@ -307,6 +316,9 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
             HEAD_POD_LOST,
             f"head pod {exit_.pod_name} failed as a whole{cause}; the driver's exit code was {code}{detail}",
         )
+    elif code in _INPUT_ERRORS:
+        reason, what = _INPUT_ERRORS[code]
+        _fail(job, draft, observed, reason, f"{what}{detail}; not retried: fix the files or the spec")
     elif code == exitcodes.RAY_HEAD_UNAVAILABLE:
         _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
     elif code == exitcodes.RAY_WORKER_LOST:

@@ -19,8 +19,8 @@ import torch
 from asyncgrpo_trainer import checkpoint, controller, data, envs, sampler, weights
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 from asyncgrpo_trainer.rollout import RolloutFailedError, RolloutManager
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 
 P, N = 4, 2
 

@@ -18,8 +18,8 @@ import torch
 from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
 from asyncgrpo_trainer import controller, driver, weights
 from asyncgrpo_trainer.backends.cuda_train import Recipe
-from asyncgrpo_trainer.backends.model import TinyCausalLM
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, refit_plan, serve_store
+from asyncgrpo_trainer.models.network import CausalLM
 from tests.trainer import jobs
 from tests.trainer.test_grpo_math import BUILD, _rows
 from tests.trainer.test_policy_recipe import _worker
@@ -78,7 +78,7 @@ def test_the_plan_from_the_recipe_fits_the_fp32_policy_and_the_bf16_engine() -> 
     )
     assert plan.num_buckets > 1
     plan.check(master.model.named_parameters())
-    other = TinyCausalLM(dataclasses.replace(BF16.config, intermediate_size=64))
+    other = CausalLM(dataclasses.replace(BF16.config, intermediate_size=64))
     with pytest.raises(ValueError, match="does not match the refit plan"):
         plan.check(other.named_parameters())
 

@@ -43,11 +43,11 @@ from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardPool
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 from asyncgrpo_trainer.weights import WeightSynchronizer
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
@@ -110,7 +110,7 @@ class ControllerArgs:
     validation: list[Example]
     buffer: ReplayBuffer
     sampler: Sampler
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer
     validation_params: sampling.SamplingParams
     resume: ResumeState | None = None
 
@@ -481,7 +481,9 @@ class SingleController:
         tok = self.a.tokenizer
 
         async def one(i: int, example: Example) -> float:
-            out = await self.a.generation.generate(tok.encode(example.prompt), 1, self.a.validation_params, i)
+            out = await self.a.generation.generate(
+                tok.encode_prompt(example.prompt), 1, self.a.validation_params, i
+            )
             texts = [tok.decode(r) for r in out.response_ids]
             return (await self.a.rewards.score(example, texts, out.finished))[0]
 

@@ -46,10 +46,12 @@ from asyncgrpo_trainer import (
     workers,
 )
 from asyncgrpo_trainer import rewards as reward_workers
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.recipe import ModelBuild
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer, Tokenizer
 from asyncgrpo_trainer.rollout import RolloutManager
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 
 log = logging.getLogger("asyncgrpo_trainer")
 GRACE_ENV = "ASYNCGRPO_EXIT_GRACE_SECONDS"
@@ -90,13 +92,8 @@ class Built:
 
 
 def check_supported(job: AsyncGRPOJob) -> None:
-    """Reject, before anything starts, what the torch backends of this build cannot run."""
+    """Reject, before anything starts, what the backends of this build cannot run."""
     t = job.spec.trainer
-    if t.model.source != "tiny":
-        raise SpecError(
-            "spec.trainer.model.source: pretrained checkpoints load through the vLLM/Megatron backends; "
-            "the torch backends build the tiny model (source: tiny)"
-        )
     if t.generation.backend != "torch":
         raise SpecError(
             "spec.trainer.generation.backend: this trainer build ships the torch generation engine "
@@ -117,12 +114,12 @@ def _on_gpus(job: AsyncGRPOJob) -> bool:
 
 
 def _start_torch_policy(
-    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+    job: AsyncGRPOJob, pool: cluster.Pool, model: ModelBuild
 ) -> tuple[workers.PolicyGroup, list[Any]]:
     t = job.spec.trainer
     return workers.start_policy_group(
         pool,
-        recipe,
+        model,
         specmap.optim_config(t),
         specmap.loss_config(t),
         job.spec.cluster.policy_workers.gpus_per_replica,
@@ -130,13 +127,13 @@ def _start_torch_policy(
 
 
 def _start_megatron_policy(
-    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+    job: AsyncGRPOJob, pool: cluster.Pool, model: ModelBuild
 ) -> tuple[workers.PolicyGroup, list[Any]]:
     t = job.spec.trainer
     mp = t.policy.megatron
     return megatron_workers.start_megatron_policy_group(
         pool,
-        recipe,
+        model,
         specmap.optim_config(t),
         specmap.loss_config(t),
         job.spec.cluster.policy_workers.gpus_per_replica,
@@ -167,13 +164,30 @@ POLICY_BACKENDS = {
 """spec.trainer.policy.backend -> how to start it."""
 
 
+def model_of(job: AsyncGRPOJob, env: envs.Environment) -> tuple[ModelBuild, Tokenizer]:
+    """The model recipe and tokenizer: the checkpoint's own (read here once, so a bad checkpoint
+    fails the driver before any worker starts) or the tiny model's character tokenizer."""
+    t = job.spec.trainer
+    if t.model.source == "pretrained":
+        assert t.model.path is not None  # the admission rules require it
+        return recipe.pretrained_build(
+            t.model.path,
+            max_sequence_length=t.model.max_sequence_length,
+            dtype=t.model.dtype,
+            seed=t.grpo.seed,
+            chat_template=t.data.chat_template,
+            system_prompt=t.data.system_prompt,
+        )
+    tokenizer = CharTokenizer(env.alphabet)
+    return specmap.tiny_recipe(t, tokenizer), tokenizer
+
+
 def build(job: AsyncGRPOJob) -> Built:
     """Every object the controller needs, built here in the driver (see the module docstring)."""
     check_supported(job)
     t, cl = job.spec.trainer, job.spec.cluster
     env = envs.build(t.env.name)
-    tokenizer = CharTokenizer(env.alphabet)
-    recipe = specmap.model_recipe(t, tokenizer)
+    model, tokenizer = model_of(job, env)
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
     # Colocated generation runs one engine next to each policy rank (the rules require
@@ -188,10 +202,10 @@ def build(job: AsyncGRPOJob) -> Built:
         name=job.metadata.name or "asyncgrpo",
     )
     try:
-        policy_group, policy_ready = backend.start(job, pools[0], recipe)
+        policy_group, policy_ready = backend.start(job, pools[0], model)
         generation_group, generation_ready = workers.start_generation_group(
             pools[1],
-            recipe,
+            model,
             cl.generation_workers.gpus_per_replica,
             max_prefix_age=t.async_rl.max_staleness_versions,
         )
@@ -350,6 +364,22 @@ def lost_ray_worker(exc: BaseException) -> bool:
     return False
 
 
+def exit_code(exc: BaseException) -> int:
+    """The driver's exit code for a failed run (`asyncgrpo_api.exitcodes`: what the operator retries)."""
+    if lost_ray_worker(exc):
+        return exitcodes.RAY_WORKER_LOST
+    if isinstance(_cause(exc), InvalidModelError):
+        return exitcodes.INVALID_MODEL
+    return exitcodes.TRAINING_ERROR
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The original exception of a Ray task error (what a worker raised), else `exc`."""
+    if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, BaseException):
+        return _cause(exc.cause)
+    return exc
+
+
 def error_text(exc: BaseException) -> str:
     """The user-facing error: the original exception of a Ray task, without Ray's wrapping."""
     if isinstance(exc, ray.exceptions.RayTaskError):
@@ -422,7 +452,7 @@ def run_job(
         for reporter in reporters:
             reporter.summary(summary)
     except Exception as exc:
-        code = exitcodes.RAY_WORKER_LOST if lost_ray_worker(exc) else exitcodes.TRAINING_ERROR
+        code = exit_code(exc)
         error = error_text(exc)
         log.debug("training failed", exc_info=True)
         if server is not None:

@@ -27,9 +27,8 @@ import torch
 from asyncgrpo_trainer import checkpoint, cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
-from asyncgrpo_trainer.backends.model import TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 
 def _node_ip() -> str:
@@ -105,8 +104,7 @@ class RefitSender:
         return host, self._refit_store.port
 
     def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
-        with torch.device("meta"):  # the engines' parameter names and shapes (the plan's check)
-            named = list(TinyCausalLM(self.build.config).named_parameters())
+        named = list(self.build.skeleton().named_parameters())  # the engines' names and shapes
         self._refit = RefitGroup(
             spec, rank=rank, build=self.build, named=named, device=self.device, store=self._refit_store
         )

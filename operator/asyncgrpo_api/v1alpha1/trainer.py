@@ -26,6 +26,12 @@ class TinyModelSpec(ApiModel):
     intermediate_size: int | None = Field(
         default=None, ge=8, le=65536, description="MLP width; unset uses 4 x hiddenSize."
     )
+    position_embedding: Literal["learned", "rope"] = Field(
+        default="learned",
+        description="learned: absolute position embeddings (a 2-layer model learns position-sensitive "
+        "tasks such as digit reversal from random weights with them); rope: rotary, as Qwen2 (learns "
+        "such tasks far more slowly from random weights). Only rope models export to Hugging Face.",
+    )
 
 
 class ModelSpec(ApiModel):
@@ -281,6 +287,17 @@ class DataSpec(ApiModel):
     shuffle: bool = Field(default=True, description="Shuffle the training prompts every epoch.")
     max_prompt_length: int = Field(
         default=64, ge=1, le=1_048_576, description="Prompts longer than this (in tokens) are skipped."
+    )
+    chat_template: bool | None = Field(
+        default=None,
+        description="Wrap each prompt in the checkpoint tokenizer's chat template (one user turn, "
+        "generation prompt appended). Unset: true when the tokenizer has a template. Pretrained "
+        "models only; the tiny model's character tokenizer has none.",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        max_length=65536,
+        description="System turn before each prompt when the chat template is applied.",
     )
 
 

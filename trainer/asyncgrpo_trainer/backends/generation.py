@@ -48,9 +48,9 @@ import torch
 
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.batched import GroupBatcher, distribution
-from asyncgrpo_trainer.backends.model import KVCache, TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
+from asyncgrpo_trainer.models.network import CausalLM, KVCache
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 PREFIX_CACHE_ENTRIES = 512
 
@@ -112,14 +112,13 @@ class TorchGenerationWorker(GenerationWorker):
         torch.set_num_threads(num_threads)
         self.device = torch.device(device)
         self.build = build
-        self.model: TinyCausalLM = build.instantiate().to(self.device).eval()
+        self.model: CausalLM = build.instantiate().to(self.device).eval()
         self.version = -1
-        self.eos_id = build.eos_id
         self.max_prefix_age = max_prefix_age
         self._prefix: OrderedDict[tuple[int, ...], tuple[KVCache, torch.Tensor, int]] = OrderedDict()
         self.weights_lock = asyncio.Lock()
         self.max_batch_rows, self.sync_every = max_batch_rows, sync_every
-        self._decoders: dict[tuple[DecodeParams, int, int | None], StaticDecoder] = {}
+        self._decoders: dict[tuple[DecodeParams, int, tuple[int, ...]], StaticDecoder] = {}
         batched = engine == "batched" or (engine == "auto" and self.device.type == "cuda")
         self._batcher = (
             GroupBatcher(
@@ -141,13 +140,13 @@ class TorchGenerationWorker(GenerationWorker):
         """New tokens a batched decoder of these params reserves (a prompt needs at least one slot)."""
         return min(params.max_new_tokens, self.build.max_positions - 1)
 
-    def _stop_id(self, params: sampling.SamplingParams) -> int | None:
-        """The token that ends a row, None when the params ignore end-of-sequence."""
-        return None if params.ignore_eos else self.eos_id
+    def _stop_ids(self, params: sampling.SamplingParams) -> tuple[int, ...]:
+        """The tokens that end a row; none when the params ignore end-of-sequence."""
+        return () if params.ignore_eos else self.build.eos_ids
 
     def _decoder(self, params: sampling.SamplingParams) -> StaticDecoder:
         """The batched decoder of this distribution, length and stop token, built on first use."""
-        key = (distribution(params), self._budget(params), self._stop_id(params))
+        key = (distribution(params), self._budget(params), self._stop_ids(params))
         dec = self._decoders.get(key)
         if dec is None:
             dec = StaticDecoder(
@@ -156,7 +155,7 @@ class TorchGenerationWorker(GenerationWorker):
                 max_prompt_len=self.build.max_positions - key[1],
                 max_new_tokens=key[1],
                 params=key[0],
-                eos_id=key[2],
+                eos_ids=key[2],
                 pad_id=self.build.pad_id,
                 sync_every=self.sync_every,
                 # The compiled layer halves a decode step on CUDA (bench/gpu: 4.3 -> 2.2 ms for the
@@ -211,7 +210,7 @@ class TorchGenerationWorker(GenerationWorker):
                 cache = sampling.expand_cache(cache, n)
             last = last.expand(n, -1)
             busy = time.perf_counter() - t0
-        state = sampling.DecodeState(n, self._stop_id(params))
+        state = sampling.DecodeState(n, self._stop_ids(params))
         budget = min(params.max_new_tokens, self.build.max_positions - len(prompt_ids))
         for _ in range(budget):
             async with self.weights_lock:

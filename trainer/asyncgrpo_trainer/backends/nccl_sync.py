@@ -36,8 +36,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10dBackend
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
+from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
@@ -129,9 +128,7 @@ class BucketPlan:
 def refit_plan(build: ModelBuild, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketPlan:
     """The plan both sides of a refit derive from the model recipe alone: its parameters in
     `named_parameters` order, in the model's dtype (what the generation engines hold)."""
-    with torch.device("meta"):  # shapes only, no memory and no init work
-        model = TinyCausalLM(build.config)
-    shapes = ((n, tuple(p.shape)) for n, p in model.named_parameters())
+    shapes = ((n, tuple(p.shape)) for n, p in build.skeleton().named_parameters())
     return BucketPlan.build(shapes, dtype=DTYPES[build.dtype], bucket_bytes=bucket_bytes)
 
 
@@ -187,7 +184,7 @@ class BucketedBroadcast:
             opts.rootRank = self.src
             direct: dist.Work = self.group.broadcast([buf], opts)  # type: ignore[attr-defined]
             return direct
-        work = dist.broadcast(buf, self.src, group=self.group, async_op=True)
+        work: dist.Work | None = dist.broadcast(buf, self.src, group=self.group, async_op=True)
         assert work is not None
         return work
 

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
-from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
+from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 POLICY_FILE = "policy.pt"
 """The torch backend's file in a checkpoint directory (`checkpoint`)."""
