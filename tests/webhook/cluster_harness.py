@@ -345,7 +345,11 @@ def running_chart(cluster: LocalCluster, helm_bin: Path) -> Iterator[Installatio
     on exit the operator's log tail goes to stderr (shown when a test fails) and the chart is
     uninstalled."""
     installation = Installation(cluster, helm_bin)
-    installation.install()
+    try:
+        installation.install()
+    except BaseException:  # interrupted or failed: nothing to uninstall, but the work folder exists
+        shutil.rmtree(installation.workdir, ignore_errors=True)
+        raise
     try:
         installation.start_operator()
         yield installation
