@@ -3,8 +3,11 @@
 Ray writes a session folder (logs, sockets, spilled objects) for every cluster it starts and never
 removes it: the trainer tests' Ray, each driver subprocess's embedded Ray, `asyncgrpo run`. For
 the whole run RAY_TMPDIR points every Ray started by the tests (in this process or a child) into
-one folder, removed when pytest exits; a RAY_TMPDIR the user set is left alone. The webhook
-fixtures remove their own folders (cluster_harness.Installation, e2e.test_operator.OperatorProcess).
+one folder, removed when pytest exits; a RAY_TMPDIR the user set is left alone. A Ray process
+that outlives its run (the embedded Ray of a driver whose start failed, still exiting) can write
+into that folder once more after it is gone; a later run removes such folders when no live
+process names them (`sweep_unused_ray_folders`). The webhook fixtures remove their own folders
+(cluster_harness.Installation, e2e.test_operator.OperatorProcess).
 
 At the end, what appeared in /tmp during the run is listed: /tmp/asyncgrpo-webhook-* folders
 (only the tests make them; `--fail-on-leftovers`, which CI sets, fails the run on one) and
@@ -14,7 +17,9 @@ and demos a new one is usually theirs, since this run's Ray sessions never go th
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -40,11 +45,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Leftovers(Path(tempfile.gettempdir())), "asyncgrpo-leftovers")
 
 
+def sweep_unused_ray_folders(tmp: Path) -> list[Path]:
+    """Remove the asyncgrpo-ray-* folders that no live process has in its command line or
+    environment (a run's own pytest has it in RAY_TMPDIR, its Ray processes in their arguments)."""
+    named: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        for part in ("cmdline", "environ"):
+            with contextlib.suppress(OSError):
+                named.update(re.findall(rb"asyncgrpo-ray-[A-Za-z0-9_]+", (proc / part).read_bytes()))
+    unused = [p for p in tmp.glob("asyncgrpo-ray-*") if p.name.encode() not in named]
+    for path in unused:
+        shutil.rmtree(path, ignore_errors=True)
+    return unused
+
+
 class Leftovers:
     """Ray's folder for this run, and the /tmp entries that were there before it."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
+        sweep_unused_ray_folders(tmp)
         self.before = self._present(FAILING + NOTED)
         self.ray_dir: Path | None = None
         if "RAY_TMPDIR" not in os.environ:
