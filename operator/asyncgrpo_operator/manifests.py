@@ -392,6 +392,7 @@ def _env_block(job: AsyncGRPOJob, extra: list[Manifest]) -> Manifest:
     env: list[Manifest] = list(extra)
     env += [{"name": var.name, "value": var.value} for var in spec.env]
     env += _network_env(job)
+    env += _ray_usage_stats_env(job)
     env_from: list[Manifest] = []
     for secret in spec.secrets:
         if not secret.keys:
@@ -406,6 +407,16 @@ def _env_block(job: AsyncGRPOJob, extra: list[Manifest]) -> Manifest:
     if env_from:
         block["envFrom"] = env_from
     return block
+
+
+RAY_USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
+
+
+def _ray_usage_stats_env(job: AsyncGRPOJob) -> list[Manifest]:
+    """Ray's usage-stats reporting off (`ray start` on the head would otherwise phone home; the
+    clusters this runs in are often offline), unless spec.env or a secret key sets the variable."""
+    named = {var.name for var in job.spec.env} | {ref.env for s in job.spec.secrets for ref in s.keys}
+    return [] if RAY_USAGE_STATS_ENV in named else [{"name": RAY_USAGE_STATS_ENV, "value": "0"}]
 
 
 def _network_env(job: AsyncGRPOJob) -> list[Manifest]:

@@ -16,7 +16,8 @@ The rules, in the order they are applied:
    model files, or the data files or reward function, are unusable) and any other code 1-128 a
    training error, none of them retried;
    a signal (exit > 128) or a lost head pod or RayCluster is an infrastructure failure, retried
-   with a fresh RayCluster while status.restarts < backoffLimit, then BackoffLimitExceeded.
+   with a fresh RayCluster while status.restarts < backoffLimit, then BackoffLimitExceeded. A retry
+   sets status.progress.step back to the last checkpoint seen, where the next attempt resumes.
 5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
    scheduler's message), PodsReady (ImagePullBackOff, HeadNotReady, ...), Running (driver running
    on a provisioned cluster) and Stalled (the step stopped advancing for stallAfterSeconds).
@@ -396,6 +397,7 @@ def _infra_failure(ctx: _Ctx, draft: Draft, cluster: ClusterView | None, reason:
         return
     draft.set_field("restarts", draft.restarts + 1)
     draft.set_field("attempt", attempt + 1)
+    _rewind_to_checkpoint(draft)
     draft.set(
         RESTARTING,
         True,
@@ -418,6 +420,23 @@ def _infra_failure(ctx: _Ctx, draft: Draft, cluster: ClusterView | None, reason:
         )
     _create_cluster(job, draft, owner)
     draft.set(RUNNING, False, reason, "restarting with a fresh RayCluster")
+
+
+def _rewind_to_checkpoint(draft: Draft) -> None:
+    """A retry resumes from the newest checkpoint: STEP (and the version) fall back to it now, in
+    the same status write that counts the restart, so `kubectl get` steps back once, at the restart,
+    and only rises after it (the steps trained after that checkpoint are lost and trained again).
+
+    The checkpoint is the newest the operator saw; one written after its last poll makes the new
+    attempt report a higher step, which STEP then rises to. No checkpoint seen: step 0."""
+    progress: Progress | None = draft.get("progress")
+    if progress is None:
+        return
+    resumed = progress.last_checkpoint_step or 0
+    draft.set_field(
+        "progress",
+        progress.model_copy(update={"step": resumed, "policy_version": resumed, "updated_at": draft.now}),
+    )
 
 
 # --- an attempt on its way: scheduling, readiness, the driver, progress ----------------------------

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -112,14 +113,20 @@ def test_trainer_image_cmd_is_the_driver_module() -> None:
     assert '".[gpu]"' in TRAINER.read_text()
 
 
+def venv_uv() -> Path:
+    """uv where `make venv` installs it: inside the virtualenv that runs the tests (.venv/bin/uv)."""
+    uv = Path(sysconfig.get_path("scripts")) / "uv"
+    assert uv.is_file(), f"{uv} is missing: `make venv` installs uv into the virtualenv"
+    return uv
+
+
 def test_operator_extra_installs_in_a_clean_venv_without_torch_or_ray(tmp_path: Path) -> None:
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.skip("uv is not on PATH")
+    uv = str(venv_uv())
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
     start = time.monotonic()
-    subprocess.run([uv, "venv", "--python", "3.11", str(venv)], check=True, capture_output=True)
+    # The tests' own interpreter: uv never has to find (or download) another Python.
+    subprocess.run([uv, "venv", "--python", sys.executable, str(venv)], check=True, capture_output=True)
     subprocess.run(
         [uv, "pip", "install", "--python", str(python), f"{REPO}[operator]"],
         check=True,

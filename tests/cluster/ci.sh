@@ -6,8 +6,8 @@
 #                                      on failure prints the tail of every component log
 #
 # Env: PYTHON (default .venv/bin/python), ASYNCGRPO_CACHE (cache root, default ~/.cache/asyncgrpo),
-# ASYNCGRPO_CLUSTER_STATE (state folder), ASYNCGRPO_BUILD_TIMEOUT (seconds, default 2400: a cold
-# build took about 9.5 min on 2 cores, see docs/benchmarks.md).
+# ASYNCGRPO_CLUSTER_STATE (state folder), ASYNCGRPO_BUILD_TIMEOUT (seconds, default 2400: the
+# first build on a fresh 2-core machine took 23.4 min under load 4-8, see docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-.venv/bin/python}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -123,7 +124,8 @@ def run(job_file: Path, *, keep: bool) -> int:
     helm_bin = find_helm()
     if helm_bin is None:
         raise SystemExit(f"error: {NO_HELM}")
-    installation = DemoInstallation(cluster, helm_bin)
+    workdir = Path(tempfile.mkdtemp(prefix="asyncgrpo-demo-"))  # kept: the logs printed are in it
+    installation = DemoInstallation(cluster, helm_bin, workdir=workdir, keep_workdir=True)
     driver: list[LocalDriver] = []
     try:
         say(

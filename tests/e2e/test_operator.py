@@ -80,8 +80,13 @@ class OperatorProcess:
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
 
     def start(self) -> None:
+        # Self-signed mode writes a throwaway certificate folder into the temp directory: the one
+        # next to the log (the test's tmp_path), not /tmp, where nothing would remove it.
+        tmp = self.log.parent / f"{self.log.stem}-tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(
+            TMPDIR=str(tmp),
             KUBECONFIG=str(self.kubeconfig),
             ASYNCGRPO_WEBHOOK_SELF_SIGNED="1",
             ASYNCGRPO_WEBHOOK_ADDR="127.0.0.1",

@@ -370,15 +370,16 @@ CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager@v1.16.2"
 def cert_manager_crds() -> list[dict[str, Any]]:
     """cert-manager's CRDs from its Go module (the Go module cache, or the module proxy)."""
     try:
-        out = subprocess.run(
-            ["go", "mod", "download", "-json", CERT_MANAGER_MODULE],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=True,
-            cwd=tempfile.mkdtemp(),
-            env={**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"},
-        ).stdout
+        with tempfile.TemporaryDirectory() as outside_any_module:
+            out = subprocess.run(
+                ["go", "mod", "download", "-json", CERT_MANAGER_MODULE],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                check=True,
+                cwd=outside_any_module,
+                env={**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"},
+            ).stdout
     except (OSError, subprocess.SubprocessError) as err:
         pytest.skip(f"cannot fetch {CERT_MANAGER_MODULE} for its CRDs: {err}")
     folder = Path(json.loads(out)["Dir"]) / "deploy" / "crds"

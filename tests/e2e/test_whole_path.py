@@ -10,12 +10,9 @@ Ray (tests/e2e/whole_path.py lists every translation). The operator polls the dr
 
 from __future__ import annotations
 
-import itertools
-import json
 import signal
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from tests.e2e.whole_path import (
     DriverKubelet,
     LocalDriver,
     drive,
+    job_status,
     tiny_job,
     wait_terminal,
     wait_with_watch,
@@ -64,14 +62,10 @@ def apply(chart: Installation, manifest: dict[str, object]) -> None:
     assert "created" in outcome.stdout, outcome.stdout
 
 
-def driver_progress(driver: LocalDriver) -> dict[str, Any]:
-    """The driver's own /progress ({} until it serves)."""
-    try:
-        with urllib.request.urlopen(driver.progress_url, timeout=2) as response:
-            doc: dict[str, Any] = json.loads(response.read())
-            return doc
-    except OSError:
-        return {}
+def checkpoint_shown(chart: Installation, name: str) -> int:
+    """status.progress.lastCheckpointStep of the job (0 while none)."""
+    progress = job_status(chart.api, chart.jobs_ns, name).get("progress") or {}
+    return int(progress.get("lastCheckpointStep") or 0)
 
 
 def show(driver: LocalDriver) -> None:
@@ -131,16 +125,17 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
     started = time.monotonic()
 
     def kill_after_a_checkpoint(driver: LocalDriver, watch: AgjWatch) -> None:
-        """SIGKILL the first attempt's container once its /progress reports the step-8 checkpoint
-        (read from the driver itself: the steps are faster than the operator's 1 s poll)."""
+        """SIGKILL the first attempt's container once the job's status shows a checkpoint at step 8
+        or later (the operator has read it from /progress, as a user would see it). A driver that
+        exits first (e.g. its Ray did not start) is left to the exit-code assertion below."""
         if driver.cluster != f"{name}-0":
             return
         wait_with_watch(
             watch,
-            lambda: (driver_progress(driver).get("lastCheckpointStep") or 0) >= 8,
-            "a checkpoint at step 8",
+            lambda: checkpoint_shown(chart, name) >= 8 or not driver.running(),
+            "a checkpoint at step 8 in the job's status",
             timeout=SCENARIO_TIMEOUT,
-            interval=0.1,
+            interval=0.2,
         )
         driver.kill(signal.SIGKILL)
 
@@ -156,14 +151,13 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
     assert resumed and resumed[0] > 8, (first.steps(), resumed)
     assert resumed[0] % 4 == 1 and resumed[-1] == STEPS
     assert f"resuming from the checkpoint of step {resumed[0] - 1}" in second.log.read_text()
-    # After the restart, kubectl get's STEP never fell back to 0 while the new driver started: it
-    # kept the last step read from the first attempt (if any), then went on from the checkpoint.
+    # kubectl get's STEP (docs/guides/job-lifecycle.md, "Retries"): the restart shows the newest
+    # checkpoint the operator saw (8 or later, never 0, never a step trained after it), and from
+    # then on STEP never steps back: the second attempt resumes from that checkpoint or a later one.
     after = [r.step for r in watch.rows if r.restarts == 1 and r.step is not None]
-    # It may step back once, to where the second attempt resumed (steps past the checkpoint are
-    # trained again), and only forward after that.
-    assert after and 0 not in after, [r.line for r in watch.rows]
-    drops = [(a, b) for a, b in itertools.pairwise(after) if b < a]
-    assert len(drops) <= 1 and all(b >= resumed[0] for _, b in drops), [r.line for r in watch.rows]
+    lines = [r.line for r in watch.rows]
+    assert after and 8 <= after[0] <= resumed[0] - 1 and after[0] % 4 == 0, lines
+    assert after == sorted(after), lines
 
     status = wait_terminal(chart.api, ns, name)
     assert (status["phase"], status["restarts"], status["attempt"]) == ("Succeeded", 1, 1)

@@ -432,6 +432,50 @@ def test_restarting_ends_when_the_new_attempt_runs() -> None:
     assert again.status.restarts == 1
 
 
+def test_a_retry_steps_back_to_the_checkpoint_at_the_restart_and_only_forward_after_it() -> None:
+    """Attempt 0 trained step 9 after its step-8 checkpoint and was killed: from the restart on,
+    STEP shows 8 (what attempt 1 resumes from), then follows attempt 1 up."""
+    before = running()
+    rc0 = cluster(0, provisioned=True)
+    doc = {"step": 9, "policyVersion": 9, "lastCheckpointStep": 8, "rewardMean": 0.3, "state": "running"}
+    trained = step(job(), before.status, observe(40, rc0, pods=healthy_pods(rc0), progress=doc))
+    killed = step(job(), trained.status, observe(45, rc0, pods=healthy_pods(rc0, driver=terminated(137))))
+    progress = killed.status.progress
+    assert (killed.status.phase, killed.status.restarts) == ("Restarting", 1)
+    assert progress is not None
+    assert (progress.step, progress.policy_version, progress.last_checkpoint_step) == (8, 8, 8)
+    assert progress.reward_mean == 0.3  # the last reward measured stays until attempt 1 reports one
+
+    rc1 = cluster(1, provisioned=True, created=45)
+    shown = []
+    status = killed.status
+    for t, attempt_doc in [
+        (60, {"step": 0, "state": "starting"}),  # the driver before it looked for a checkpoint
+        (61, {"step": 8, "lastCheckpointStep": 8, "state": "starting"}),
+        (70, {"step": 8, "lastCheckpointStep": 8, "state": "running"}),
+        (71, {"step": 9, "lastCheckpointStep": 8, "state": "running"}),
+    ]:
+        status = step(job(), status, observe(t, rc1, pods=healthy_pods(rc1), progress=attempt_doc)).status
+        assert status.progress is not None
+        shown.append(status.progress.step)
+    assert shown == [8, 8, 8, 9]
+
+
+def test_a_retry_without_a_checkpoint_shows_step_0_and_a_later_checkpoint_raises_it() -> None:
+    """The operator rewinds to the newest checkpoint it has seen; a checkpoint written after its
+    last poll is where attempt 1 really resumes, and STEP rises to it."""
+    before = running()
+    rc0 = cluster(0, provisioned=True)
+    doc = {"step": 3, "state": "running"}
+    trained = step(job(), before.status, observe(40, rc0, pods=healthy_pods(rc0), progress=doc))
+    killed = step(job(), trained.status, observe(45, rc0, pods=healthy_pods(rc0, driver=terminated(137))))
+    assert killed.status.progress is not None and killed.status.progress.step == 0
+    rc1 = cluster(1, provisioned=True, created=45)
+    later = {"step": 4, "lastCheckpointStep": 4, "state": "starting"}
+    resumed = step(job(), killed.status, observe(60, rc1, pods=healthy_pods(rc1), progress=later))
+    assert resumed.status.progress is not None and resumed.status.progress.step == 4
+
+
 def test_a_lost_head_pod_after_provisioning_is_an_infrastructure_failure() -> None:
     before = running()
     rc = cluster(0, provisioned=True)

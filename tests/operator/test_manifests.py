@@ -85,6 +85,25 @@ def test_pods_have_a_minimal_environment_and_no_token_unless_a_service_account_i
             assert "automountServiceAccountToken" not in spec
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ray_in_every_container_reports_no_usage_stats(name: str) -> None:
+    cluster = manifests.ray_cluster(load(CASES[name]), 0)
+    for template in every_pod_template(cluster):
+        for container in template["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["RAY_USAGE_STATS_ENABLED"] == "0", container["name"]
+
+
+def test_a_job_that_sets_ray_usage_stats_keeps_its_own_value() -> None:
+    manifest = json.loads(json.dumps(EVERY_FIELD))
+    manifest["spec"]["env"].append({"name": "RAY_USAGE_STATS_ENABLED", "value": "1"})
+    cluster = manifests.ray_cluster(load(manifest), 0)
+    for template in every_pod_template(cluster):
+        for container in template["spec"]["containers"]:
+            values = [e.get("value") for e in container["env"] if e["name"] == "RAY_USAGE_STATS_ENABLED"]
+            assert values == ["1"], container["name"]
+
+
 def test_the_head_runs_ray_in_container_zero_and_the_driver_beside_it_never_restarted() -> None:
     cluster = manifests.ray_cluster(load(EVERY_FIELD), 0)
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]

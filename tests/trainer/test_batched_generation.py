@@ -21,6 +21,7 @@ from asyncgrpo_trainer.backends import generation, sampling, static_decode
 from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.network import CausalLM, KVCache
 from asyncgrpo_trainer.models.recipe import ModelBuild
+from tests.skip_policy import requires_cuda
 
 CFG = tiny_config(
     vocab_size=61,
@@ -40,7 +41,7 @@ PROMPTS = [[5, 9, 2], [7, 1, 8, 3, 3, 4, 11], [13], [2, 4, 6, 8, 10]]
 
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    pytest.param("cuda", marks=requires_cuda()),
 ]
 """On CUDA the batched engine replays CUDA graphs and queues chunks without waiting (the GPU run)."""
 

@@ -15,6 +15,7 @@ import torch
 from asyncgrpo_trainer import checkpoint, progress
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy
+from tests.skip_policy import requires_cuda
 from tests.trainer.test_grpo_math import BUILD, _rows
 
 OPTIM = policy.OptimConfig(
@@ -150,7 +151,7 @@ def test_a_worker_without_the_checkpoint_volume_hands_its_file_to_the_controller
     assert all(torch.equal(v, want[k]) for k, v in resumed.model.state_dict().items())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@requires_cuda()
 def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_and_the_other_way_round(tmp_path: Path) -> None:
     """The controller and a CPU process can open a GPU rank's file, and each side keeps its own
     AdamW kernel (fused on CUDA) after loading the other's optimizer state."""

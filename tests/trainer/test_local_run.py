@@ -1,12 +1,27 @@
-"""`asyncgrpo run` helpers: where checkpoints go on a laptop, and how many CPUs Ray is given."""
+"""`asyncgrpo run`: where checkpoints go on a laptop, how many CPUs Ray is given, and what a
+person sees (where to look, a bar, a summary; JSON lines only with --jsonl)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from asyncgrpo_trainer import local_run
+from asyncgrpo_api import rules
+from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT
+from asyncgrpo_trainer import console, driver, local_run, progress
+from asyncgrpo_trainer.console import HumanProgress
+from tests.trainer import jobs
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "async-exact.yaml"
 
 
 def test_a_checkpoint_mount_path_missing_here_is_redirected_to_a_local_directory(
@@ -34,3 +49,104 @@ def test_required_cpus_counts_one_per_rank_plus_the_controller() -> None:
     job = {"spec": {"cluster": {"policyWorkers": {"replicas": 2}, "generationWorkers": {"replicas": 1}}}}
     assert local_run.required_cpus(job) == 4
     assert local_run.required_cpus({"spec": {}}) == 3
+
+
+def test_a_local_checkpoint_directory_stands_in_for_the_volume_so_the_job_gets_no_checkpoint_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example mounts a hostPath at /checkpoints; here checkpoints go to a local directory,
+    which is this machine's disk: validation has nothing to warn about."""
+    monkeypatch.chdir(tmp_path)
+    manifest = local_run.localize(driver.read_manifest(EXAMPLE), None, None)
+    report = rules.validate_manifest(manifest)
+    assert not report.errors
+    assert not [w for w in report.warnings if "checkpoint" in str(w)], report.warnings
+    local = str(tmp_path / ".asyncgrpo" / "tiny-async-exact" / "checkpoints")
+    assert manifest["spec"]["storage"]["checkpoints"] == {"hostPath": {"path": local}, "mountPath": local}
+
+
+def test_jsonl_writes_the_step_lines_to_its_file_and_dash_means_stdout(tmp_path: Path) -> None:
+    with contextlib.ExitStack() as stack:
+        human, to_file = local_run.reporters_for(str(tmp_path / "steps.jsonl"), io.StringIO(), None, stack)
+        to_file.update({}, [{"step": 1, "reward_mean": 0.5}])
+        to_file.summary({"steps": 1, "records": []})
+        assert isinstance(human, HumanProgress)
+        (only_human,) = local_run.reporters_for(None, io.StringIO(), None, stack)
+        assert isinstance(only_human, HumanProgress)
+        _, to_stdout = local_run.reporters_for("-", io.StringIO(), None, stack)
+        assert isinstance(to_stdout, progress.JsonLines) and to_stdout.stream is sys.stdout
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert lines == [{"event": "step", "step": 1, "reward_mean": 0.5}, {"event": "summary", "steps": 1}]
+
+
+def test_the_driver_turns_off_rays_usage_stats_unless_the_user_set_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[str | None] = []
+    monkeypatch.setattr(driver.ray, "init", lambda **_: seen.append(os.environ.get(driver.USAGE_STATS_ENV)))
+    monkeypatch.delenv(driver.USAGE_STATS_ENV, raising=False)
+    driver.init_ray(num_cpus=1)
+    monkeypatch.setenv(driver.USAGE_STATS_ENV, "1")
+    driver.init_ray(num_cpus=1)
+    assert seen == ["0", "1"]
+
+
+@pytest.mark.trainer
+def test_a_run_relays_a_bar_and_a_summary_for_a_person_and_one_json_line_per_step(
+    ray_address: str, tmp_path: Path
+) -> None:
+    person, machine = io.StringIO(), io.StringIO()
+    reporters = [HumanProgress(person, checkpoints=str(tmp_path), tty=False), progress.JsonLines(machine)]
+    job = jobs.manifest("async-in-order", steps=6, checkpoint_dir=str(tmp_path), name="relay")
+    summary = driver.execute(job, reporters=reporters)
+    for reporter in reporters:
+        reporter.summary(summary)
+    text = person.getvalue()
+    bars = [line for line in text.splitlines() if line.startswith("[")]
+    assert bars and bars[-1].startswith("[" + "#" * console.BAR_WIDTH + "] 6/6  reward "), text
+    assert "trained 6/6 steps (async-in-order) in " in text and " with start-up)" in text, text
+    assert "  reward              " in text and "at step 1 -> " in text and "at step 6" in text, text
+    assert f"  checkpoint          step 6 in {tmp_path}" in text, text
+    assert "{" not in text
+    events = [json.loads(line) for line in machine.getvalue().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 7))
+    assert events[-1]["event"] == "summary" and events[-1]["steps"] == 6
+
+
+@pytest.mark.trainer
+def test_asyncgrpo_run_says_where_to_look_then_shows_a_bar_and_a_summary_and_no_json(tmp_path: Path) -> None:
+    """The README's `asyncgrpo run` for a newcomer, as a real process with its own embedded Ray:
+    the first lines name the checkpoint directory and /progress (127.0.0.1, a free port), which
+    answers while it runs; no warning about the checkpoint directory it chose; no JSON lines."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", driver.USAGE_STATS_ENV)}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "asyncgrpo"), "run", str(EXAMPLE), "--max-steps", "6"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its Ray processes too are ended if the test fails midway
+    )
+    try:
+        assert proc.stdout is not None
+        banner = [proc.stdout.readline() for _ in range(3)]
+        url = banner[2].split()[1]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/progress"), banner
+        assert not url.startswith(f"http://127.0.0.1:{DRIVER_PROGRESS_PORT}/"), banner
+        with urllib.request.urlopen(url, timeout=10) as response:
+            answer = json.loads(response.read())
+        assert answer["state"] in ("starting", "running") and "step" in answer, answer
+        out, err = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(banner) + out
+    assert proc.returncode == 0, (text, err)
+    checkpoints = tmp_path / ".asyncgrpo" / "tiny-async-exact" / "checkpoints"
+    assert banner[0].startswith("asyncgrpo run tiny-async-exact: 6 steps on an embedded Ray ("), banner
+    assert banner[1].split() == ["checkpoints", str(checkpoints)], banner
+    assert "] 6/6  reward " in text and "trained 6/6 steps (async-in-order) in " in text, text
+    assert f"  checkpoint          step 6 in {checkpoints}" in text, text
+    assert not [line for line in (text + err).splitlines() if line.lstrip().startswith("{")], text
+    assert "checkpoint" not in err, err

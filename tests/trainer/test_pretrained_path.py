@@ -32,6 +32,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=900,
+        check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result

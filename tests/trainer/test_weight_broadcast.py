@@ -50,7 +50,7 @@ def test_a_run_refitting_by_broadcast_leaves_every_engine_with_exactly_the_polic
         actor = controller.SingleControllerActor.remote(built.args)  # type: ignore[attr-defined]
         try:
             ray.get(built.ready)
-            summary = driver.supervise(actor, None, stall_seconds=120, quiet=True)
+            summary = driver.supervise(actor, None, stall_seconds=120)
         finally:
             ray.kill(actor, no_restart=True)
         steps = [r for r in summary["records"] if "reward_mean" in r]

@@ -15,6 +15,7 @@ import base64
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -98,6 +99,8 @@ class Installation:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="asyncgrpo-webhook-e2e-")))
     process: subprocess.Popen[bytes] | None = None
     module: str = ""
+    keep_workdir: bool = False
+    """Keep `workdir` after `uninstall` (the demo prints log paths in it); tests leave nothing."""
 
     @property
     def release(self) -> str:
@@ -171,22 +174,28 @@ class Installation:
         )
 
     def uninstall(self) -> None:
-        self.stop_operator()
-        self.delete_namespace(self.jobs_ns)
-        helm(
-            "uninstall",
-            self.release,
-            "--namespace",
-            self.namespace,
-            "--kubeconfig",
-            str(self.cluster.kubeconfig),
-            helm_bin=self.helm_bin,
-        )
+        """Stop the operator, uninstall the release and remove the local work folder (credentials,
+        the operator's log, kubectl's cache) unless `keep_workdir`."""
         try:
-            self.api.delete(f"/api/v1/namespaces/{self.namespace}")
-        except ApiError as err:
-            if err.status != 404:
-                raise
+            self.stop_operator()
+            self.delete_namespace(self.jobs_ns)
+            helm(
+                "uninstall",
+                self.release,
+                "--namespace",
+                self.namespace,
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                helm_bin=self.helm_bin,
+            )
+            try:
+                self.api.delete(f"/api/v1/namespaces/{self.namespace}")
+            except ApiError as err:
+                if err.status != 404:
+                    raise
+        finally:
+            if not self.keep_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
     # --- the chart's credentials, as the pod would get them --------------------------------------
 
@@ -336,7 +345,11 @@ def running_chart(cluster: LocalCluster, helm_bin: Path) -> Iterator[Installatio
     on exit the operator's log tail goes to stderr (shown when a test fails) and the chart is
     uninstalled."""
     installation = Installation(cluster, helm_bin)
-    installation.install()
+    try:
+        installation.install()
+    except BaseException:  # interrupted or failed: nothing to uninstall, but the work folder exists
+        shutil.rmtree(installation.workdir, ignore_errors=True)
+        raise
     try:
         installation.start_operator()
         yield installation

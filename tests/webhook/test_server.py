@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,8 @@ def test_missing_certificate_files_fail_at_startup_with_the_fix(tmp_path: Path) 
         configure_admission(settings, WebhookConfig(cert_dir=tmp_path / "nothing"))
 
 
-def test_self_signed_mode_serves_tls_for_local_runs() -> None:
+def test_self_signed_mode_serves_tls_for_local_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its throwaway folder, removed with tmp_path
     settings = kopf.OperatorSettings()
     config = configure_admission(
         settings, WebhookConfig(addr="127.0.0.1", port=free_port(), self_signed=True)

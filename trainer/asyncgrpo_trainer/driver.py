@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -319,6 +319,17 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
         raise
 
 
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
+
+
+def init_ray(**options: Any) -> None:
+    """ray.init with Ray's usage-stats reporting off unless the user set RAY_USAGE_STATS_ENABLED:
+    the product runs in offline clusters, where a phone-home is at best a timeout. (Set in the
+    environment, so the Ray processes started here inherit it.)"""
+    os.environ.setdefault(USAGE_STATS_ENV, "0")
+    ray.init(**options)
+
+
 def resume_state(path: str) -> tuple[controller.ResumeState, Path] | None:
     """The controller's state of the newest checkpoint under `path`, and its step directory, from
     which the policy workers read their own files (`workers.PolicyGroup.load`)."""
@@ -344,14 +355,24 @@ def supervise(
     server: progress.ProgressServer | None,
     *,
     stall_seconds: float,
-    quiet: bool = False,
-    curves: tracking.Curves | None = None,
+    reporters: Sequence[progress.Reporter] = (),
 ) -> dict[str, Any]:
-    """Wait for the controller, relaying its step records (to the log and the curves) and
-    progress; returns its summary."""
+    """Wait for the controller, relaying its step records and progress; returns its summary."""
+    try:
+        return _supervise(actor, server, stall_seconds, reporters)
+    finally:
+        for reporter in reporters:
+            reporter.end()
+
+
+def _supervise(
+    actor: Any,
+    server: progress.ProgressServer | None,
+    stall_seconds: float,
+    reporters: Sequence[progress.Reporter],
+) -> dict[str, Any]:
     run_ref = actor.run.remote()
     since = 0
-    bar: progress.ProgressBar | None = None
     last_answer = time.monotonic()
     while True:
         ready, _ = ray.wait([run_ref], timeout=POLL_SECONDS)
@@ -369,29 +390,14 @@ def supervise(
         if poll is not None:
             since += len(poll["records"])
             prog = poll["progress"]
-            if bar is None and not quiet:
-                bar = progress.ProgressBar(prog["max_steps"])
-            for record in poll["records"]:
-                if not quiet:
-                    progress.log_step(record)
-                if curves is not None:
-                    curves.write(record)
             if server is not None:
                 server.update(
                     **{k: v for k, v in prog.items() if k not in ("state", "error")},
                     state="running" if prog["state"] == "starting" else prog["state"],
                 )
-            if bar is not None:
-                bar.show(
-                    prog["step"],
-                    prog["reward_mean"],
-                    prog["accuracy"],
-                    prog["validation_accuracy"],
-                    prog["mean_staleness"],
-                )
+            for reporter in reporters:
+                reporter.update(prog, poll["records"])
         if ready:
-            if bar is not None:
-                bar.close()
             summary: dict[str, Any] = ray.get(run_ref)
             return summary
 
@@ -456,7 +462,7 @@ def execute(
     manifest: dict[str, Any],
     server: progress.ProgressServer | None = None,
     *,
-    quiet: bool = True,
+    reporters: Sequence[progress.Reporter] = (),
     ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Validate, build, restore, run the controller and tear down; the run summary, or raise."""
@@ -477,7 +483,7 @@ def execute(
     # The spec, then the files: an invalid spec, model or data set fails without a cluster.
     inputs = read_inputs(job)
     if not ray.is_initialized():
-        ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
+        init_ray(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
     built = build(job, inputs)
     if server is not None:
         server.update(data_warning=built.data_warning)
@@ -499,7 +505,10 @@ def execute(
             if resume is not None:
                 asyncio.run(built.args.policy.load(str(resume[1])))
             return supervise(
-                actor, server, stall_seconds=t.async_rl.stall_timeout_seconds, quiet=quiet, curves=curves
+                actor,
+                server,
+                stall_seconds=t.async_rl.stall_timeout_seconds,
+                reporters=[*reporters, curves],
             )
         finally:
             curves.close()
@@ -511,22 +520,20 @@ def execute(
 def run_job(
     manifest: dict[str, Any],
     *,
-    progress_port: int | None = DRIVER_PROGRESS_PORT,
+    server: progress.ProgressServer | None,
     grace_seconds: float | None = None,
-    quiet: bool = False,
+    reporters: Sequence[progress.Reporter] = (),
     ray_address: str | None = None,
 ) -> int:
-    """Run one job to completion in the current Ray cluster; the process exit code."""
-    server = progress.ProgressServer(progress_port) if progress_port is not None else None
-    if server is not None:
-        log.info("progress on http://0.0.0.0:%d/progress", server.port)
+    """Run one job to completion in the current Ray cluster; the process exit code. `server`
+    answers /progress until the end (the grace period after it) and is closed here."""
     code, error = 0, None
     try:
-        summary = execute(manifest, server, quiet=quiet, ray_address=ray_address)
+        summary = execute(manifest, server, reporters=reporters, ray_address=ray_address)
         if server is not None:
             server.update(state="succeeded")
-        if not quiet:
-            print(json.dumps({"event": "summary", **{k: v for k, v in summary.items() if k != "records"}}))
+        for reporter in reporters:
+            reporter.summary(summary)
     except Exception as exc:
         code = exit_code(exc)
         error = error_text(exc)
@@ -590,4 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    return run_job(manifest, progress_port=ns.progress_port, ray_address=ns.ray_address)
+    server = progress.ProgressServer(ns.progress_port)
+    log.info("progress on http://0.0.0.0:%d/progress", server.port)
+    return run_job(
+        manifest, server=server, reporters=[progress.JsonLines(sys.stdout)], ray_address=ns.ray_address
+    )

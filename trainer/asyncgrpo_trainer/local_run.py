@@ -1,24 +1,31 @@
 """`asyncgrpo run job.yaml`: the same job file `kubectl apply` takes, run on this machine.
 
-Starts an embedded Ray (CPU by default; `--gpus` to use local GPUs), points checkpoints at
-.asyncgrpo/<name>/checkpoints unless the job's path (usually a volume mount such as /checkpoints)
-exists here as a writable directory or --checkpoint-dir is given,
-and runs the driver in this process with the /progress server on DRIVER_PROGRESS_PORT.
+Starts an embedded Ray (CPU by default; `--gpus` to use local GPUs) and runs the driver in this
+process. What it prints is for a person: where checkpoints and /progress are, a progress bar and a
+summary; `--jsonl FILE` writes the driver's JSON step lines as well ("-": stdout, and the bar goes
+to stderr). /progress and /metrics are served on 127.0.0.1 and a free port (`--progress-port`).
+
+Checkpoints go to the job's checkpoint.path only if it exists here as a writable directory (in a
+pod it is a volume mount such as /checkpoints); otherwise to .asyncgrpo/<name>/checkpoints, or
+--checkpoint-dir. Either local directory then stands in for the job's checkpoint volume
+(storage.checkpoints), as a hostPath mounted at itself: it is this machine's disk, so the warning
+that checkpoints would miss a durable volume does not apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import ray
 
-from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT
-from asyncgrpo_trainer import driver
+from asyncgrpo_trainer import driver, progress
+from asyncgrpo_trainer.console import HumanProgress
 
 
 def _usable(path: str) -> bool:
@@ -39,14 +46,14 @@ def localize(
     spec = manifest.setdefault("spec", {})
     ckpt = spec.setdefault("checkpoint", {})
     name = manifest.get("metadata", {}).get("name", "job")
+    local = None
     if checkpoint_dir is not None:
-        ckpt["path"] = str(Path(checkpoint_dir).resolve())
+        local = str(Path(checkpoint_dir).resolve())
     elif not _usable(ckpt.get("path", "/checkpoints")):
-        ckpt["path"] = str((Path(".asyncgrpo") / name / "checkpoints").resolve())
-        print(
-            f"asyncgrpo: checkpoints go to {ckpt['path']} (the job's path is not a directory here)",
-            file=sys.stderr,
-        )
+        local = str((Path(".asyncgrpo") / name / "checkpoints").resolve())
+    if local is not None:
+        ckpt["path"] = local
+        spec.setdefault("storage", {})["checkpoints"] = {"hostPath": {"path": local}, "mountPath": local}
     if max_steps is not None:
         spec.setdefault("trainer", {}).setdefault("grpo", {})["maxNumSteps"] = max_steps
     if mounts:
@@ -99,8 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--progress-port",
         type=int,
-        default=DRIVER_PROGRESS_PORT,
-        help="port of /progress and /metrics (0 picks a free one)",
+        default=0,
+        help="port of /progress and /metrics on 127.0.0.1 (default 0: a free one, printed at start)",
+    )
+    parser.add_argument(
+        "--jsonl",
+        metavar="FILE",
+        default=None,
+        help="also write one JSON line per step and a JSON summary to FILE ('-': stdout)",
     )
     parser.add_argument(
         "--mount",
@@ -113,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs of the embedded Ray (default 0: CPU)")
     ns = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.WARNING, format="asyncgrpo: %(message)s", stream=sys.stderr)
+    logging.getLogger("asyncgrpo_trainer").setLevel(logging.INFO)
     try:
         manifest = localize(
             driver.read_manifest(ns.job), ns.checkpoint_dir, ns.max_steps, parse_mounts(ns.mount)
@@ -123,12 +135,46 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    cpus = ns.num_cpus or max(os.cpu_count() or 1, required_cpus(manifest))
-    ray.init(num_cpus=cpus, num_gpus=ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
-    try:
-        return driver.run_job(manifest, progress_port=ns.progress_port, grace_seconds=0)
-    finally:
-        ray.shutdown()
+    human = sys.stderr if ns.jsonl == "-" else sys.stdout
+    with contextlib.ExitStack() as stack:
+        reporters = reporters_for(ns.jsonl, human, manifest["spec"]["checkpoint"].get("path"), stack)
+        cpus = ns.num_cpus or max(os.cpu_count() or 1, required_cpus(manifest))
+        server = progress.ProgressServer(ns.progress_port, host="127.0.0.1")
+        _banner(human, manifest, cpus, ns.gpus, server.port)
+        try:
+            driver.init_ray(
+                num_cpus=cpus, num_gpus=ns.gpus, include_dashboard=False, logging_level=logging.WARNING
+            )
+            return driver.run_job(manifest, server=server, reporters=reporters, grace_seconds=0)
+        finally:
+            ray.shutdown()
+
+
+def reporters_for(
+    jsonl: str | None, human: TextIO, checkpoints: str | None, stack: contextlib.ExitStack
+) -> list[progress.Reporter]:
+    """The bar and summary on `human`; with `jsonl`, the JSON step lines too (to the file, which
+    `stack` closes, or to stdout for "-")."""
+    out: list[progress.Reporter] = [HumanProgress(human, checkpoints=checkpoints)]
+    if jsonl is not None:
+        # The file is closed by `stack`, the caller's ExitStack.
+        stream: TextIO = sys.stdout if jsonl == "-" else stack.enter_context(Path(jsonl).open("w"))  # noqa: SIM115
+        out.append(progress.JsonLines(stream))
+    return out
+
+
+def _banner(out: TextIO, manifest: dict[str, Any], cpus: int, gpus: int, port: int) -> None:
+    """What runs, and where to look: the checkpoint directory and the /progress URL."""
+    spec = manifest.get("spec", {})
+    name = manifest.get("metadata", {}).get("name", "job")
+    steps = spec.get("trainer", {}).get("grpo", {}).get("maxNumSteps")
+    devices = f"{cpus} CPUs" + (f", {gpus} GPUs" if gpus else "")
+    out.write(
+        f"asyncgrpo run {name}: {f'{steps} steps ' if steps else ''}on an embedded Ray ({devices})\n"
+        f"  checkpoints  {spec.get('checkpoint', {}).get('path')}\n"
+        f"  progress     http://127.0.0.1:{port}/progress (and /metrics)\n"
+    )
+    out.flush()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the driver tells the world: /progress (JSON), /metrics (Prometheus), step logs, a bar.
+"""What the driver tells the world: /progress (JSON), /metrics (Prometheus), JSON step lines.
 
 The operator polls /progress on DRIVER_PROGRESS_PORT and is the only writer of the job's status;
 the field names here are the contract it reads (camelCase, as in status.progress). After the run
@@ -9,13 +9,11 @@ period so the operator can read the final state before the pod goes away.
 from __future__ import annotations
 
 import json
-import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 STATES = ("starting", "running", "succeeded", "failed")
 
@@ -159,45 +157,36 @@ class ProgressServer:
         self._httpd.server_close()
 
 
-def log_step(record: dict[str, Any], stream: TextIO = sys.stdout) -> None:
-    """One structured JSON line per step (machine-readable; `jq` friendly)."""
-    stream.write(json.dumps({"event": "step", **record}, default=float) + "\n")
-    stream.flush()
+class Reporter(Protocol):
+    """Where the driver relays the run as it goes: step lines for machines (`JsonLines`), a bar
+    and a summary for a person (`console.HumanProgress`)."""
+
+    def update(self, progress: dict[str, Any], records: list[dict[str, Any]]) -> None:
+        """The controller's latest progress and the step records since the previous update."""
+
+    def end(self) -> None:
+        """The run stopped (finished or failed); nothing live is drawn after this."""
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        """The controller's run summary, once training finished."""
 
 
-class ProgressBar:
-    """A one-line progress bar on stderr when it is a terminal; silent otherwise."""
+class JsonLines:
+    """One JSON line per step record and one for the summary (`jq` friendly): the in-cluster
+    driver's stdout, and `asyncgrpo run --jsonl`."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.total, self.stream = total, stream
-        self.enabled = stream.isatty()
-        self.start = time.monotonic()
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
 
-    def show(
-        self,
-        step: int,
-        reward: float | None,
-        accuracy: float | None,
-        validation_accuracy: float | None,
-        staleness: float | None,
-    ) -> None:
-        if not self.enabled:
-            return
-        width = 30
-        done = int(width * step / max(self.total, 1))
-        elapsed = time.monotonic() - self.start
-
-        def fmt(value: float | None, digits: int) -> str:
-            return "-" if value is None else f"{value:.{digits}f}"
-
-        self.stream.write(
-            f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total} reward {fmt(reward, 3)} "
-            f"acc {fmt(accuracy, 3)} val-acc {fmt(validation_accuracy, 3)} "
-            f"staleness {fmt(staleness, 2)} {elapsed:.0f}s"
-        )
+    def update(self, progress: dict[str, Any], records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self.stream.write(json.dumps({"event": "step", **record}, default=float) + "\n")
         self.stream.flush()
 
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+    def end(self) -> None:
+        self.stream.flush()
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        body = {k: v for k, v in summary.items() if k != "records"}
+        self.stream.write(json.dumps({"event": "summary", **body}, default=float) + "\n")
+        self.stream.flush()

@@ -112,7 +112,8 @@ class WandbSink:
 
 
 class Curves:
-    """Every sink the driver writes to; see the module docstring."""
+    """Every sink the driver writes to; see the module docstring. A `progress.Reporter`: the
+    driver relays each step record to it as it relays them to the console."""
 
     def __init__(self, sinks: list[Sink]) -> None:
         self.sinks = sinks
@@ -125,8 +126,20 @@ class Curves:
         for sink in self.sinks:
             sink.log(step, values)
 
+    def update(self, progress: Mapping[str, Any], records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self.write(record)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        return
+
+    def end(self) -> None:
+        self.close()
+
     def close(self) -> None:
-        for sink in self.sinks:
+        """Close every sink (once: later calls do nothing)."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
             try:
                 sink.close()
             except Exception:  # closing a curve sink must not fail a finished run

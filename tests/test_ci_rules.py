@@ -1,0 +1,116 @@
+"""The rules CI holds the suite to, checked on small pytest runs of their own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.leftovers import OPTION as LEFTOVERS_OPTION
+from tests.leftovers import sweep_unused_ray_folders
+from tests.skip_policy import CUDA_REASON, OPTION
+
+REPO = Path(__file__).resolve().parents[1]
+
+SKIPS = f"""
+import pytest
+
+def test_on_a_gpu():
+    pytest.skip({CUDA_REASON!r})
+
+def test_with_helm():
+    pytest.skip("no helm binary")
+
+def test_that_runs():
+    pass
+"""
+
+
+def run_pytest(
+    tmp_path: Path, source: str, *args: str, plugin: str = "tests.skip_policy"
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_sample.py").write_text(source)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"}  # this run's own, not ours
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", plugin, "-p", "no:cacheprovider", *args],
+        check=False,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_ci_fails_a_run_with_a_skip_for_want_of_a_tool_and_names_it(tmp_path: Path) -> None:
+    result = run_pytest(tmp_path, SKIPS, OPTION)
+    assert result.returncode == 1, result.stdout
+    assert "test_sample.py::test_with_helm: no helm binary" in result.stdout
+    assert "test_on_a_gpu" not in result.stdout.split("skips other than")[1]
+
+
+def test_ci_accepts_a_run_whose_only_skip_needs_a_cuda_gpu(tmp_path: Path) -> None:
+    source = SKIPS.replace('pytest.skip("no helm binary")', "pass")
+    result = run_pytest(tmp_path, source, OPTION)
+    assert result.returncode == 0, result.stdout
+    assert "1 skipped" in result.stdout
+
+
+def test_a_module_skipped_at_collection_fails_the_ci_run(tmp_path: Path) -> None:
+    source = 'import pytest\npytest.importorskip("a_module_nobody_installed")\n\ndef test_x():\n    pass\n'
+    result = run_pytest(tmp_path, source, OPTION)
+    assert result.returncode == 1, result.stdout
+    assert "a_module_nobody_installed" in result.stdout.split("skips other than")[1]
+
+
+def test_without_the_option_a_local_run_may_skip(tmp_path: Path) -> None:
+    assert run_pytest(tmp_path, SKIPS).returncode == 0
+
+
+LEAVES = """
+import os, pathlib, tempfile
+
+def test_ray_goes_to_a_folder_of_this_run():
+    ray_dir = pathlib.Path(os.environ["RAY_TMPDIR"])
+    (ray_dir / "ray" / "session_x").mkdir(parents=True)  # what ray.init would write
+    pathlib.Path("ray_dir.txt").write_text(str(ray_dir))
+
+def test_that_forgets_its_folder():
+    pathlib.Path("left.txt").write_text(tempfile.mkdtemp(prefix="asyncgrpo-webhook-forgotten-"))
+"""
+
+
+def test_a_run_removes_its_ray_folder_and_ci_fails_on_a_folder_left_in_tmp(tmp_path: Path) -> None:
+    result = run_pytest(tmp_path, LEAVES, LEFTOVERS_OPTION, plugin="tests.leftovers")
+    left = Path((tmp_path / "left.txt").read_text())
+    try:
+        assert result.returncode == 1, result.stdout
+        assert str(left) in result.stdout.split("left in ")[1], result.stdout
+        ray_dir = Path((tmp_path / "ray_dir.txt").read_text())
+        assert ray_dir.name.startswith("asyncgrpo-ray-") and not ray_dir.exists()
+        assert str(ray_dir) not in result.stdout
+    finally:
+        left.rmdir()
+
+
+def test_without_the_option_a_folder_left_in_tmp_is_listed_but_does_not_fail(tmp_path: Path) -> None:
+    result = run_pytest(tmp_path, LEAVES, plugin="tests.leftovers")
+    left = Path((tmp_path / "left.txt").read_text())
+    left.rmdir()
+    assert result.returncode == 0 and str(left) in result.stdout, result.stdout
+
+
+def test_a_ray_folder_no_live_process_names_is_swept_and_one_in_use_is_kept(tmp_path: Path) -> None:
+    stale, in_use = tmp_path / "asyncgrpo-ray-stale", tmp_path / "asyncgrpo-ray-inuse"
+    for folder in (stale, in_use):
+        (folder / "ray").mkdir(parents=True)
+    user = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RAY_TMPDIR": str(in_use)}
+    )
+    try:
+        assert sweep_unused_ray_folders(tmp_path) == [stale]
+    finally:
+        user.kill()
+        user.wait()
+    assert not stale.exists() and in_use.exists()
