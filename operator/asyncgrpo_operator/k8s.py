@@ -9,6 +9,7 @@ late delete can never hit a newer object that reused the name.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from collections.abc import Mapping
@@ -33,11 +34,14 @@ kopf's watches (user agent kopf/...) and from other controllers using the same c
 
 
 class ApiError(Exception):
-    """A failed API call: `status` is the HTTP code (0 when there was no answer)."""
+    """A failed API call: `status` is the HTTP code (0 when there was no answer), `message` the
+    API server's own words (the Status object's message), `reason` its reason (e.g. Invalid)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+        self.message = message
+        self.reason = reason
 
 
 class Api:
@@ -88,7 +92,8 @@ class Api:
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
         except ApiException as exc:
-            raise ApiError(int(exc.status or 0), _message(exc)) from exc
+            message, reason = _status_of(exc)
+            raise ApiError(int(exc.status or 0), message, reason) from exc
         except (OSError, TimeoutError) as exc:
             raise ApiError(0, f"{method} {path}: {exc!r}") from exc
         return result if isinstance(result, dict) else {}
@@ -247,8 +252,16 @@ def _job_path(namespace: str, name: str) -> str:
     return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
 
-def _message(exc: ApiException) -> str:
+def _status_of(exc: ApiException) -> tuple[str, str]:
+    """(message, reason) of a failed call: from the metav1.Status body the API server sends, else
+    the raw body or the HTTP reason phrase."""
     body = getattr(exc, "body", None)
     if isinstance(body, bytes):
         body = body.decode(errors="replace")
-    return str(body or exc.reason or exc)
+    try:
+        status = json.loads(body) if isinstance(body, str) else None
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("kind") == "Status" and status.get("message"):
+        return str(status["message"]), str(status.get("reason") or "")
+    return str(body or exc.reason or exc), ""
