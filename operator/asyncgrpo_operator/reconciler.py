@@ -70,8 +70,11 @@ class Memory:
     written: dict[Key, str] = field(default_factory=dict)
     """The resourceVersion of the job as this operator's last status write left it."""
     create_failures: dict[Key, CreateFailure] = field(default_factory=dict)
+    phases: dict[Key, str] = field(default_factory=dict)
+    """Each job's phase as the last pass left it (the jobs-by-phase metric)."""
 
     def forget(self, key: Key) -> None:
+        self.phases.pop(key, None)
         self.exits.pop(key, None)
         self.marks.pop(key, None)
         self.polls.pop(key, None)
@@ -268,6 +271,7 @@ class Reconciler:
             done = await asyncio.gather(*(self._act(key, meta, action, now, generation) for action in group))
             failures += [f for f in done if f is not None]
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
+        self.memory.phases[key] = outcome.status.phase
         if outcome.progress_mark is not None:
             self.memory.marks[key] = outcome.progress_mark
         if outcome.status.phase in ("Succeeded", "Failed"):

@@ -20,23 +20,38 @@ Design choices, each to keep the webhook from ever wedging the cluster:
   it is a service reference with a CA bundle, which kopf's managed mode cannot produce, and
   `helm uninstall` removes it together with the operator, so no orphaned webhook blocks the API.
 
+After the rules, a job that passes them is checked once more by the API server itself: the
+RayCluster the operator would create for it is POSTed with dryRun=All (schema, CEL, every
+admission webhook and ValidatingAdmissionPolicy on RayClusters run; nothing is stored), so what
+the API server would refuse at create time is refused at `kubectl apply`, with its message. Only a
+verdict about the object refuses the job (400/422, or a 403 from an admission webhook or policy).
+Everything else fails open, with a warning: quota and the operator's own RBAC (403) describe the
+moment, not the job, and a Kueue-queued job must still be creatable; KubeRay not installed (404)
+is reported on the job (KubeRayMissing); no answer within DRY_RUN_TIMEOUT_SECONDS, 429 and 5xx
+must not make admission depend on the API server's load. What slips through that way is shown on
+the job as ClusterCreateFailed within one reconcile pass. Updates are dry-run only when they change
+the RayCluster the job would get (e.g. a suspended job's placement).
+
 The operator's `main.py` calls `configure_admission(settings)` from its `@kopf.on.startup` handler;
 importing this module registers the handler with kopf's default registry.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import kopf
 
 from asyncgrpo_api.rules import Finding, locked_changes, validate_manifest
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, AsyncGRPOJob
+from asyncgrpo_operator import k8s, manifests, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +72,10 @@ DENIAL_CODE = 422
 (kopf's AdmissionError defaults to 500, which kubectl would print as an internal error.)"""
 
 MAX_FINDINGS_SHOWN = 50
+DRY_RUN_TIMEOUT_SECONDS = 2.0
+"""Budget of the RayCluster dry-run inside the API server's admission timeout (chart default 5 s)."""
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+"""The ownerReference UID of a dry-run RayCluster when the request carries no job UID yet."""
 
 
 # --- the decision (pure) -------------------------------------------------------------------------
@@ -81,13 +100,8 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
     Kept free of kopf so the exact rules (what is skipped, what is locked, how the message reads)
     are unit-tested directly; `validate_job` only adapts it to kopf.
     """
-    if new is None:
-        return ALLOW  # DELETE/CONNECT: never hooked, and never blocked if someone hooks them
-    if operation == "UPDATE" and old is not None:
-        if _being_deleted(new) or _being_deleted(old):
-            return ALLOW  # finalizer removal and the like must always pass
-        if old.get("spec") == new.get("spec"):
-            return ALLOW  # metadata-only: validated when the spec was written; rules may have moved on
+    if new is None or _not_judged(operation, new, old):
+        return ALLOW
     report = validate_manifest(_user_input(new))
     errors = list(report.errors)
     if operation == "UPDATE" and old is not None:
@@ -97,6 +111,14 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
         return Decision(allowed=True, warnings=warnings)
     message = denial_message(new, errors)
     return Decision(allowed=False, message=message, warnings=warnings, errors=tuple(errors))
+
+
+def _not_judged(operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Updates that always pass: of an object being deleted (finalizer removal and the like), and
+    metadata-only ones (validated when the spec was written; the rules may have moved on)."""
+    if operation != "UPDATE" or old is None:
+        return False
+    return _being_deleted(new) or _being_deleted(old) or old.get("spec") == new.get("spec")
 
 
 def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:
@@ -181,25 +203,121 @@ def _being_deleted(obj: Mapping[str, Any]) -> bool:
     return isinstance(metadata, Mapping) and bool(metadata.get("deletionTimestamp"))
 
 
+# --- the server-side dry-run of the RayCluster ----------------------------------------------------
+
+
+def dry_run_target(
+    operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The RayCluster to dry-run for an allowed request, or None when there is nothing new to ask:
+    every CREATE; an UPDATE only when it changes the RayCluster the job gets (pure)."""
+    job = _parse(new)
+    if job is None:
+        return None
+    metadata = _mapping(new.get("metadata"))
+    owner = manifests.Owner(name=job.metadata.name, uid=str(metadata.get("uid") or PLACEHOLDER_UID))
+    cluster = manifests.ray_cluster(job, 0, owner)
+    if operation == "UPDATE" and old is not None:
+        before = _parse(old)
+        if before is not None and manifests.ray_cluster(before, 0, owner) == cluster:
+            return None
+    return cluster
+
+
+DryRunResult = Literal["accepted", "refused", "skipped", "unchanged"]
+
+
+def judge_dry_run(
+    error: k8s.ApiError | None, cluster: str
+) -> tuple[DryRunResult, Finding | None, str | None]:
+    """What the API server's answer to the dry-run means for the job: (result, finding, warning).
+
+    Pure: only a verdict about the object refuses the job; see the module docstring for why the
+    rest fails open.
+    """
+    if error is None:
+        return "accepted", None, None
+    said = f"the API server refused the RayCluster {cluster} this job would create "
+    said += f"(dry run, HTTP {error.status}): "
+    by_policy = error.status == 403 and (
+        "admission webhook" in error.message or "ValidatingAdmissionPolicy" in error.message
+    )
+    if error.status in (400, 422) or by_policy:
+        return "refused", Finding("spec", said + error.message), None
+    if error.status == 409:
+        return "unchanged", None, None  # the attempt's cluster exists already: nothing new to learn
+    if error.status == 404:
+        why = "KubeRay's RayCluster API is not installed; the job waits (KubeRayMissing) until it is"
+    elif error.status == 403:
+        why = (
+            "refused for now (quota or the operator's permissions); the job shows ClusterCreateFailed "
+            "if it persists"
+        )
+    else:
+        why = "could not be checked; the operator reports a refused create on the job (ClusterCreateFailed)"
+    return "skipped", None, f"RayCluster {cluster}: {why} (HTTP {error.status}: {error.message})"[:500]
+
+
+async def dry_run(api: k8s.Api, cluster: dict[str, Any]) -> k8s.ApiError | None:
+    """POST the RayCluster with dryRun=All; the API server's refusal, or None when it accepts."""
+    try:
+        await asyncio.wait_for(api.dry_run_raycluster(cluster), timeout=DRY_RUN_TIMEOUT_SECONDS)
+    except k8s.ApiError as err:
+        return err
+    except TimeoutError:
+        return k8s.ApiError(0, f"no answer within {DRY_RUN_TIMEOUT_SECONDS:g} s")
+    return None
+
+
 # --- kopf adapter --------------------------------------------------------------------------------
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id=HANDLER_ID, operations=["CREATE", "UPDATE"])
-async def validate_job(*, body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
+async def validate_job(*, body: kopf.Body, warnings: list[str], memo: Any = None, **kwargs: Any) -> None:
     """Deny an invalid or locked-field change with every finding; pass warnings on to kubectl.
 
     async on purpose: validation is a few milliseconds of pure CPU, cheaper on the event loop than
-    a hop through kopf's thread pool, and it keeps admission latency low.
+    a hop through kopf's thread pool, and the dry-run is one awaited API call.
     """
+    started = time.monotonic()
+    operation = str(kwargs.get("operation") or "")
     old, new = kwargs.get("old"), kwargs.get("new")
-    decision = review(
-        str(kwargs.get("operation") or ""),
-        new=dict(new) if new is not None else dict(body),
-        old=dict(old) if old is not None else None,
-    )
+    new_obj = dict(new) if new is not None else dict(body)
+    old_obj = dict(old) if old is not None else None
+    decision = review(operation, new=new_obj, old=old_obj)
+    rt = runtime.find(memo)
+    if decision.allowed and rt is not None:
+        decision = await _with_dry_run(rt, operation, new_obj, old_obj, decision)
+    if rt is not None:
+        verdict = "allowed" if decision.allowed else "denied"
+        rt.metrics.admissions.labels(operation, verdict).inc()
+        rt.metrics.admission_seconds.labels(operation).observe(time.monotonic() - started)
     warnings.extend(decision.warnings)
     if not decision.allowed:
         raise kopf.AdmissionError(decision.message, code=DENIAL_CODE)
+
+
+async def _with_dry_run(
+    rt: runtime.Runtime,
+    operation: str,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    decision: Decision,
+) -> Decision:
+    if _not_judged(operation, new, old):
+        return decision
+    cluster = dry_run_target(operation, new, old)
+    if cluster is None:
+        rt.metrics.dry_runs.labels("unchanged").inc()
+        return decision
+    result, finding, warning = judge_dry_run(await dry_run(rt.api, cluster), cluster["metadata"]["name"])
+    rt.metrics.dry_runs.labels(result).inc()
+    warnings = decision.warnings + ((warning,) if warning else ())
+    if finding is None:
+        return Decision(allowed=True, warnings=warnings)
+    return Decision(
+        allowed=False, message=denial_message(new, [finding]), warnings=warnings, errors=(finding,)
+    )
 
 
 # --- server configuration ------------------------------------------------------------------------
