@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
@@ -114,7 +115,7 @@ class Api:
         except ApiException as exc:
             message, reason = _status_of(exc)
             raise ApiError(int(exc.status or 0), message, reason) from exc
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
             raise ApiError(0, f"{method} {path}: {exc!r}") from exc
         return result if isinstance(result, dict) else {}
 

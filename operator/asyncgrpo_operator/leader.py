@@ -94,8 +94,10 @@ class LeaseElector:
             renewed = await asyncio.wait_for(
                 self.try_acquire_or_renew(), timeout=self.timing.renew_deadline_seconds
             )
-        except (k8s.ApiError, TimeoutError) as err:
-            log.warning("leader election round failed", extra={"error": str(err) or "timeout"})
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # any failure is a round without a renewal; the loop must go on
+            log.warning("leader election round failed", extra={"error": str(err) or type(err).__name__})
             renewed = False
         was = self._leading
         if renewed:

@@ -129,13 +129,27 @@ def plan_invalid(
     cleanup: CleanupPolicy,
     owner: Owner | None,
 ) -> Decision:
-    """A job the rules reject and the operator will not run (no webhook installed, or a job that
-    never started under older rules): Failed, then cleaned up like any failed job. `cleanup` is
-    the job's cleanupPolicy as far as it can be read (else the defaults)."""
+    """A job the rules reject and the operator will not run (no webhook installed; a job that had
+    not started when the rules were tightened; a started one whose spec no longer parses at all):
+    Failed with InvalidSpec, and its RayClusters deleted whatever its cleanup policy says, because
+    without a spec nothing can manage, retry or clean them up later: such a job never holds GPUs.
+    A job that had finished before keeps its outcome and its policy. `cleanup` is the job's
+    cleanupPolicy as far as it can be read (else the defaults); its TTL applies either way."""
     draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, None)
     if not draft.finished:
         _finish(draft, FAILED, INVALID_SPEC, f"the job is invalid and is never run: {message}")
     clusters = tuple(c for c in observed.clusters if owner is None or c.owner_uid == owner.uid)
+    failed = draft.conditions.get(FAILED)
+    if failed is not None and failed.status == "True" and failed.reason == INVALID_SPEC:
+        for cluster in clusters:
+            if not cluster.deleting:
+                why = "the job is invalid: nothing can manage its RayCluster any more"
+                draft.act(
+                    DeleteRayCluster(cluster.name, cluster.uid, why),
+                    Event("Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name}: {why}"),
+                )
+        draft.set_field("driver_logs", None)
+        clusters = ()
     _cleanup(cleanup, draft, clusters)
     return draft.decision()
 

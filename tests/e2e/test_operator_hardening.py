@@ -19,6 +19,7 @@ import secrets
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -73,10 +74,10 @@ def until(
         raise AssertionError(f"{exc}; status: {get_job(api, ns, name).get('status')}") from exc
 
 
-@pytest.fixture
-def no_host_network(kube_api: Api, namespace: str) -> Iterator[str]:
-    """A ValidatingAdmissionPolicy, bound to the test namespace, that refuses hostNetwork
-    RayClusters (reason Invalid: HTTP 422), as a cluster's admins might; effective when yielded."""
+@contextmanager
+def host_network_refused(kube_api: Api, namespace: str) -> Iterator[str]:
+    """A ValidatingAdmissionPolicy, bound to `namespace`, that refuses hostNetwork RayClusters
+    (reason Invalid: HTTP 422), as a cluster's admins might; effective when yielded."""
     name = f"no-host-network-{secrets.token_hex(3)}"
     kube_api.create(
         POLICIES,
@@ -135,6 +136,12 @@ def no_host_network(kube_api: Api, namespace: str) -> Iterator[str]:
     yield name
     for path in (BINDINGS, POLICIES):
         kube_api.delete(f"{path}/{name}")
+
+
+@pytest.fixture
+def no_host_network(kube_api: Api, namespace: str) -> Iterator[str]:
+    with host_network_refused(kube_api, namespace) as name:
+        yield name
 
 
 def host_network_cluster(namespace: str) -> JSON:

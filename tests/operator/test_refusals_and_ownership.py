@@ -216,12 +216,36 @@ def test_a_job_the_operator_will_not_run_is_failed_and_cleaned_up_by_its_policy(
     assert len(actions_of(expired, plan.DeleteJob)) == 1
 
 
-def test_keep_cluster_keeps_it_for_a_job_the_operator_will_not_run() -> None:
+def test_a_job_failed_as_invalid_never_keeps_its_cluster_even_with_keep_cluster() -> None:
+    """KeepCluster keeps a failed run's pods for debugging; a job the operator cannot read any
+    more has nothing to debug and nobody to manage its cluster: it must not hold GPUs."""
     rc = cluster(0, provisioned=True)
     failed = plan.plan_invalid(
         running().status, observe(40, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
     )
-    assert failed.status.phase == "Failed" and actions_of(failed, plan.DeleteRayCluster) == []
+    assert failed.status.phase == "Failed"
+    assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
+    again = plan.plan_invalid(
+        failed.status, observe(45, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
+    )
+    assert len(actions_of(again, plan.DeleteRayCluster)) == 1, "until it is gone"
+
+
+def test_a_job_that_had_succeeded_keeps_its_outcome_and_its_policy_when_its_spec_stops_parsing() -> None:
+    the_job = job(cleanupPolicy={"onSuccess": "KeepCluster"})
+    rc = cluster(0, provisioned=True)
+    done = step(
+        the_job, running(the_job).status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0)))
+    )
+    later = plan.plan_invalid(
+        done.status,
+        observe(90, rc),
+        generation=3,
+        message="bad",
+        cleanup=CleanupPolicy(on_success="KeepCluster"),
+        owner=OWNER,
+    )
+    assert later.status.phase == "Succeeded" and actions_of(later, plan.DeleteRayCluster) == []
 
 
 # --- what a finished job's status says ----------------------------------------------------------
