@@ -38,6 +38,8 @@ LEADER_NAMESPACE_ENV = "ASYNCGRPO_LEADER_ELECTION_NAMESPACE"
 """Namespace of the Lease (default: $POD_NAMESPACE, which the chart sets)."""
 LEADER_TIMING_ENV = "ASYNCGRPO_LEADER_ELECTION_TIMING"
 """leaseDuration,renewDeadline,retryPeriod in seconds (default 15,10,2, client-go's)."""
+DRY_RUN_ENV = "ASYNCGRPO_WEBHOOK_DRY_RUN"
+"""false: the admission webhook does not dry-run the job's RayCluster (default true; webhook.py)."""
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Runtime:
     elector: LeaseElector | None = None
     elector_task: asyncio.Task[None] | None = None
     metrics_server: web.AppRunner | None = None
+    admission_dry_run: bool = True
 
     def enqueue(self, namespace: str | None, name: str | None, delay: float = 0.0) -> None:
         if namespace and name:
@@ -117,6 +120,7 @@ async def start(memo: Any) -> Runtime:
         task=task,
         elector=elector,
         elector_task=elector_task,
+        admission_dry_run=os.environ.get(DRY_RUN_ENV, "true").lower() not in {"0", "false", "no"},
     )
     metrics.watch(
         phases=reconciler.memory.phases.values,

@@ -30,7 +30,8 @@ moment, not the job, and a Kueue-queued job must still be creatable; KubeRay not
 is reported on the job (KubeRayMissing); no answer within DRY_RUN_TIMEOUT_SECONDS, 429 and 5xx
 must not make admission depend on the API server's load. What slips through that way is shown on
 the job as ClusterCreateFailed within one reconcile pass. Updates are dry-run only when they change
-the RayCluster the job would get (e.g. a suspended job's placement).
+the RayCluster the job would get (e.g. a suspended job's placement). ASYNCGRPO_WEBHOOK_DRY_RUN=false
+(the chart's `webhook.dryRun`) turns the dry-run off; what it costs is in docs/benchmarks.md.
 
 The operator's `main.py` calls `configure_admission(settings)` from its `@kopf.on.startup` handler;
 importing this module registers the handler with kopf's default registry.
@@ -286,7 +287,7 @@ async def validate_job(*, body: kopf.Body, warnings: list[str], memo: Any = None
     old_obj = dict(old) if old is not None else None
     decision = review(operation, new=new_obj, old=old_obj)
     rt = runtime.find(memo)
-    if decision.allowed and rt is not None:
+    if decision.allowed and rt is not None and rt.admission_dry_run:
         decision = await _with_dry_run(rt, operation, new_obj, old_obj, decision)
     if rt is not None:
         verdict = "allowed" if decision.allowed else "denied"
