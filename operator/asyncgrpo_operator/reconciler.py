@@ -141,15 +141,22 @@ class Reconciler:
             job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
         )
         written, failure = await self._apply(key, body, outcome, now, generation)
-        if failure is not None:
-            # The API server refused the RayCluster: plan again with its answer, so this pass
-            # already shows the refusal (condition and Event) and schedules the retry.
-            observed = replace(observed, create_failure=failure)
-            outcome = plan.plan(
-                job, outcome.status, observed, generation=generation, owner=owner, spec_errors=spec_errors
-            )
-            await self._apply(key, _as_written(body, written, outcome), outcome, now, generation)
-        return outcome.requeue_after
+        if failure is None:
+            return outcome.requeue_after
+        # The API server refused the RayCluster: plan again on the world as this pass left it
+        # (its status written, its ConfigMap applied) with the API server's answer, so the pass
+        # already shows the refusal (condition and Event) and schedules the retry.
+        applied = [a.manifest["data"] for a in outcome.actions if isinstance(a, decision.ApplyConfigMap)]
+        after = replace(
+            observed,
+            create_failure=failure,
+            configmap_data=applied[-1] if applied else observed.configmap_data,
+        )
+        replanned = plan.plan(
+            job, outcome.status, after, generation=generation, owner=owner, spec_errors=spec_errors
+        )
+        await self._apply(key, _as_written(body, written, outcome), replanned, now, generation)
+        return replanned.requeue_after
 
     # --- read --------------------------------------------------------------------------------
 
