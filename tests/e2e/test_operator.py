@@ -441,8 +441,12 @@ def test_unschedulable_gpus_are_pending_with_the_schedulers_reason_then_deadline
     failed = wait_phase(kube_api, namespace, "greedy", "Failed", "DeadlineExceeded", timeout=60)
     assert "startupDeadlineSeconds" in failed["message"] and "nvidia.com/gpu" in failed["message"]
     assert failed["restarts"] == 0
-    warnings = {e["reason"] for e in events(kube_api, namespace, "greedy") if e["type"] == "Warning"}
-    assert {"Unschedulable", "DeadlineExceeded"} <= warnings
+
+    def warned() -> set[str] | None:  # Events follow the status write they report
+        reasons = {e["reason"] for e in events(kube_api, namespace, "greedy") if e["type"] == "Warning"}
+        return reasons if {"Unschedulable", "DeadlineExceeded"} <= reasons else None
+
+    wait_until(warned, "Warning events Unschedulable and DeadlineExceeded", timeout=10)
 
 
 def test_head_pod_failure_restarts_with_a_new_raycluster(
