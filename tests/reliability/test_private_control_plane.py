@@ -242,11 +242,17 @@ def test_a_job_without_kuberay_says_so_and_starts_once_kuberay_is_installed(
             api, ns, "orphan", "KubeRayMissing", lambda s: s.get("reason") == "KubeRayMissing", timeout=60
         )
         assert missing["phase"] == "Pending" and "KubeRay" in missing["message"]
-        assert "could not find the requested resource" in missing["message"]  # the API server's words
+        assert "not found" in missing["message"]  # the API server's words ("404 page not found")
         warnings = [e for e in events(api, ns, "orphan") if e["type"] == "Warning"]
         assert [e["reason"] for e in warnings] == ["KubeRayMissing"]
 
         api.apply(RAYCLUSTER_CRD, json.dumps(saved))
+        wait_until(
+            lambda: (
+                ((c := condition(api.get(RAYCLUSTER_CRD), "Established")) and c["status"] == "True") or None
+            ),
+            "RayCluster CRD Established again",
+        )
         wait_until(
             lambda: rayclusters(api, ns, "orphan") or None,
             "RayCluster orphan-0 once KubeRay is back",
