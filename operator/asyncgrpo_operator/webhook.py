@@ -21,17 +21,7 @@ Design choices, each to keep the webhook from ever wedging the cluster:
   `helm uninstall` removes it together with the operator, so no orphaned webhook blocks the API.
 
 After the rules, a job that passes them is checked once more by the API server itself: the
-RayCluster the operator would create for it is POSTed with dryRun=All (schema, CEL, every
-admission webhook and ValidatingAdmissionPolicy on RayClusters run; nothing is stored), so what
-the API server would refuse at create time is refused at `kubectl apply`, with its message. Only a
-verdict about the object refuses the job (400/422, or a 403 from an admission webhook or policy).
-Everything else fails open, with a warning: quota and the operator's own RBAC (403) describe the
-moment, not the job, and a Kueue-queued job must still be creatable; KubeRay not installed (404)
-is reported on the job (KubeRayMissing); no answer within DRY_RUN_TIMEOUT_SECONDS, 429 and 5xx
-must not make admission depend on the API server's load. What slips through that way is shown on
-the job as ClusterCreateFailed within one reconcile pass. Updates are dry-run only when they change
-the RayCluster the job would get (e.g. a suspended job's placement). ASYNCGRPO_WEBHOOK_DRY_RUN=false
-(the chart's `webhook.dryRun`) turns the dry-run off; what it costs is in docs/benchmarks.md.
+RayCluster it would get is dry-run (dryrun.py), and a refusal of the object refuses the job.
 
 The operator's `main.py` calls `configure_admission(settings)` from its `@kopf.on.startup` handler;
 importing this module registers the handler with kopf's default registry.
@@ -39,20 +29,19 @@ importing this module registers the handler with kopf's default registry.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import kopf
 
 from asyncgrpo_api.rules import Finding, locked_changes, validate_manifest
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, AsyncGRPOJob
-from asyncgrpo_operator import k8s, manifests, runtime
+from asyncgrpo_operator import dryrun, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +62,6 @@ DENIAL_CODE = 422
 (kopf's AdmissionError defaults to 500, which kubectl would print as an internal error.)"""
 
 MAX_FINDINGS_SHOWN = 50
-DRY_RUN_TIMEOUT_SECONDS = 2.0
-"""Budget of the RayCluster dry-run inside the API server's admission timeout (chart default 5 s)."""
-PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
-"""The ownerReference UID of a dry-run RayCluster when the request carries no job UID yet."""
 
 
 # --- the decision (pure) -------------------------------------------------------------------------
@@ -204,72 +189,6 @@ def _being_deleted(obj: Mapping[str, Any]) -> bool:
     return isinstance(metadata, Mapping) and bool(metadata.get("deletionTimestamp"))
 
 
-# --- the server-side dry-run of the RayCluster ----------------------------------------------------
-
-
-def dry_run_target(
-    operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """The RayCluster to dry-run for an allowed request, or None when there is nothing new to ask:
-    every CREATE; an UPDATE only when it changes the RayCluster the job gets (pure)."""
-    job = _parse(new)
-    if job is None:
-        return None
-    metadata = _mapping(new.get("metadata"))
-    owner = manifests.Owner(name=job.metadata.name, uid=str(metadata.get("uid") or PLACEHOLDER_UID))
-    cluster = manifests.ray_cluster(job, 0, owner)
-    if operation == "UPDATE" and old is not None:
-        before = _parse(old)
-        if before is not None and manifests.ray_cluster(before, 0, owner) == cluster:
-            return None
-    return cluster
-
-
-DryRunResult = Literal["accepted", "refused", "skipped", "unchanged"]
-
-
-def judge_dry_run(
-    error: k8s.ApiError | None, cluster: str
-) -> tuple[DryRunResult, Finding | None, str | None]:
-    """What the API server's answer to the dry-run means for the job: (result, finding, warning).
-
-    Pure: only a verdict about the object refuses the job; see the module docstring for why the
-    rest fails open.
-    """
-    if error is None:
-        return "accepted", None, None
-    said = f"the API server refused the RayCluster {cluster} this job would create "
-    said += f"(dry run, HTTP {error.status}): "
-    by_policy = error.status == 403 and (
-        "admission webhook" in error.message or "ValidatingAdmissionPolicy" in error.message
-    )
-    if error.status in (400, 422) or by_policy:
-        return "refused", Finding("spec", said + error.message), None
-    if error.status == 409:
-        return "unchanged", None, None  # the attempt's cluster exists already: nothing new to learn
-    if error.status == 404:
-        why = "KubeRay's RayCluster API is not installed; the job waits (KubeRayMissing) until it is"
-    elif error.status == 403:
-        why = (
-            "refused for now (quota or the operator's permissions); the job shows ClusterCreateFailed "
-            "if it persists"
-        )
-    else:
-        why = "could not be checked; the operator reports a refused create on the job (ClusterCreateFailed)"
-    return "skipped", None, f"RayCluster {cluster}: {why} (HTTP {error.status}: {error.message})"[:500]
-
-
-async def dry_run(api: k8s.Api, cluster: dict[str, Any]) -> k8s.ApiError | None:
-    """POST the RayCluster with dryRun=All; the API server's refusal, or None when it accepts."""
-    try:
-        await asyncio.wait_for(api.dry_run_raycluster(cluster), timeout=DRY_RUN_TIMEOUT_SECONDS)
-    except k8s.ApiError as err:
-        return err
-    except TimeoutError:
-        return k8s.ApiError(0, f"no answer within {DRY_RUN_TIMEOUT_SECONDS:g} s")
-    return None
-
-
 # --- kopf adapter --------------------------------------------------------------------------------
 
 
@@ -307,11 +226,14 @@ async def _with_dry_run(
 ) -> Decision:
     if _not_judged(operation, new, old):
         return decision
-    cluster = dry_run_target(operation, new, old)
+    job = _parse(new)
+    before = _parse(old) if operation == "UPDATE" and old is not None else None
+    uid = str(_mapping(new.get("metadata")).get("uid") or "")
+    cluster = dryrun.target(job, before, uid) if job is not None else None
     if cluster is None:
         rt.metrics.dry_runs.labels("unchanged").inc()
         return decision
-    result, finding, warning = judge_dry_run(await dry_run(rt.api, cluster), cluster["metadata"]["name"])
+    result, finding, warning = dryrun.judge(await dryrun.ask(rt.api, cluster), cluster["metadata"]["name"])
     rt.metrics.dry_runs.labels(result).inc()
     warnings = decision.warnings + ((warning,) if warning else ())
     if finding is None:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from asyncgrpo_operator import k8s, webhook
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_operator import dryrun, k8s, webhook
 from asyncgrpo_operator.metrics import Metrics
 from tests.webhook.jobs import job
 
@@ -28,9 +29,12 @@ def stored(manifest: dict[str, Any], phase: str = "Suspended") -> dict[str, Any]
     return out
 
 
+def parsed(manifest: dict[str, Any]) -> AsyncGRPOJob:
+    return AsyncGRPOJob.model_validate({k: v for k, v in manifest.items() if k != "status"})
+
+
 def test_every_create_is_dry_run_as_the_attempt_zero_cluster_owned_by_the_job() -> None:
-    new = stored(job("j"))
-    cluster = webhook.dry_run_target("CREATE", new, None)
+    cluster = dryrun.target(parsed(stored(job("j"))), None, "uid-1")
     assert cluster is not None
     assert cluster["metadata"]["name"] == "j-0" and cluster["metadata"]["namespace"] == "team"
     assert cluster["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -40,10 +44,10 @@ def test_an_update_is_dry_run_only_when_it_changes_the_cluster() -> None:
     old = stored(job("j"))
     deadline = copy.deepcopy(old)
     deadline["spec"]["activeDeadlineSeconds"] = 600
-    assert webhook.dry_run_target("UPDATE", deadline, old) is None
+    assert dryrun.target(parsed(deadline), parsed(old), "uid-1") is None
     moved = copy.deepcopy(old)
     moved["spec"]["cluster"] = {"head": {"nodeSelector": {"pool": "b"}}}
-    target = webhook.dry_run_target("UPDATE", moved, old)
+    target = dryrun.target(parsed(moved), parsed(old), "uid-1")
     assert target is not None
     assert target["spec"]["headGroupSpec"]["template"]["spec"]["nodeSelector"] == {"pool": "b"}
 
@@ -68,7 +72,7 @@ def test_an_update_is_dry_run_only_when_it_changes_the_cluster() -> None:
     ],
 )
 def test_only_a_verdict_about_the_object_refuses_the_job(status: int, message: str, result: str) -> None:
-    got, finding, warning = webhook.judge_dry_run(k8s.ApiError(status, message), "j-0")
+    got, finding, warning = dryrun.judge(k8s.ApiError(status, message), "j-0")
     assert got == result
     if result == "refused":
         assert finding is not None and message in finding.message and warning is None
@@ -106,7 +110,7 @@ def test_a_refusal_denies_the_job_with_the_api_servers_message() -> None:
 
 
 def test_an_api_server_that_does_not_answer_in_time_admits_the_job_with_a_warning() -> None:
-    api = FakeApi(delay=webhook.DRY_RUN_TIMEOUT_SECONDS + 1)
+    api = FakeApi(delay=dryrun.DRY_RUN_TIMEOUT_SECONDS + 1)
     decision = judged(api, stored(job("j")))
     assert decision.allowed and api.calls == 1
     assert any("could not be checked" in w and "ClusterCreateFailed" in w for w in decision.warnings)
