@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
+from asyncgrpo_trainer.models.config import tiny_config
+from asyncgrpo_trainer.models.network import CausalLM
 
 # The 387M Qwen2 shape of issue 8 (Qwen2.5-0.5B's layout with a 32k vocabulary).
-QWEN2_387M = TinyConfig(
+QWEN2_387M = tiny_config(
     vocab_size=32000,
     hidden_size=896,
     num_layers=24,
@@ -29,8 +30,9 @@ QWEN2_387M = TinyConfig(
     num_kv_heads=2,
     intermediate_size=4864,
     max_positions=2048,
+    position_embedding="rope",
 )
-TINY = TinyConfig(
+TINY = tiny_config(
     vocab_size=256,
     hidden_size=64,
     num_layers=2,
@@ -38,11 +40,12 @@ TINY = TinyConfig(
     num_kv_heads=2,
     intermediate_size=128,
     max_positions=128,
+    position_embedding="rope",
 )
 PEAK_BF16_FLOPS = 989e12  # H100/H200 SXM dense bf16 datasheet figure, the MFU denominator
 
 
-def config(tiny: bool) -> TinyConfig:
+def config(tiny: bool) -> ModelConfig:
     return TINY if tiny else QWEN2_387M
 
 
@@ -50,10 +53,11 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_model(cfg: TinyConfig, dev: torch.device, dtype: torch.dtype, seed: int = 0) -> TinyCausalLM:
+def build_model(cfg: ModelConfig, dev: torch.device, dtype: torch.dtype, seed: int = 0) -> CausalLM:
     torch.manual_seed(seed)
     with torch.device(dev):
-        model = TinyCausalLM(cfg)
+        model = CausalLM(cfg)
+        model.init_random()
     return model.to(dev, dtype)  # the RoPE tables are built on the CPU
 
 

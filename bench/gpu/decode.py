@@ -19,11 +19,12 @@ from typing import Any
 import _common as c
 import torch
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
+from asyncgrpo_trainer.models.config import tiny_config
+from asyncgrpo_trainer.models.network import CausalLM
 
 
-def decode_bound(cfg: TinyConfig, n_matmul: int, batch: int, *, ctx: float, bw: float, flops: float) -> float:
+def decode_bound(cfg: ModelConfig, n_matmul: int, batch: int, *, ctx: float, bw: float, flops: float) -> float:
     """perf-anchors.md section 4.2: B / [max(2N/BW, 2N*B/F) + B*L*k/BW] tokens/s."""
     head_dim = cfg.hidden_size // cfg.num_heads
     k = 2 * cfg.num_layers * cfg.num_kv_heads * head_dim * 2  # K and V bytes per token, bf16
@@ -31,7 +32,7 @@ def decode_bound(cfg: TinyConfig, n_matmul: int, batch: int, *, ctx: float, bw: 
     return batch / t_step
 
 
-def reference_check(model: TinyCausalLM, prompts: torch.Tensor, steps: int) -> dict[str, Any]:
+def reference_check(model: CausalLM, prompts: torch.Tensor, steps: int) -> dict[str, Any]:
     """Greedy: StaticDecoder vs the model's own forward with its concat KV cache (generation.py's path)."""
     greedy = StaticDecoder(
         model,
@@ -39,7 +40,7 @@ def reference_check(model: TinyCausalLM, prompts: torch.Tensor, steps: int) -> d
         max_prompt_len=prompts.shape[1],
         max_new_tokens=steps,
         params=DecodeParams(temperature=0.0),
-        eos_id=None,
+        eos_ids=(),
     )
     ours = greedy.generate(prompts)
     with torch.no_grad():
@@ -141,7 +142,7 @@ def main() -> None:
                 max_prompt_len=plen,
                 max_new_tokens=n_new,
                 params=params,
-                eos_id=None,
+                eos_ids=(),
                 **kw,
             )
             t0 = time.perf_counter()
@@ -193,7 +194,7 @@ def main() -> None:
                 max_prompt_len=plen,
                 max_new_tokens=new,
                 params=DecodeParams(1.0),
-                eos_id=None,
+                eos_ids=(),
                 compile_layer=dev.type == "cuda",
             )
             dec.generate(prompts[:small], seed=0)
@@ -220,7 +221,7 @@ def main() -> None:
 
 
 def hf_baseline(
-    cfg: TinyConfig, dev: torch.device, dtype: torch.dtype, prompts: torch.Tensor, *, new: int
+    cfg: ModelConfig, dev: torch.device, dtype: torch.dtype, prompts: torch.Tensor, *, new: int
 ) -> dict[str, Any]:
     """transformers Qwen2ForCausalLM, same shape, random init, sdpa, plain generate() with sampling."""
     try:

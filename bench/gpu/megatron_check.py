@@ -1,8 +1,8 @@
-"""The Megatron policy backend on GPUs: does it agree with TinyCausalLM / the torch worker, and how
+"""The Megatron policy backend on GPUs: does it agree with CausalLM / the torch worker, and how
 long is a step. One process per GPU, NCCL; every part is caught and reported on its own.
 
 Parts (JSON keys):
-- `tp1_logits`: a TP=1 GPTModel built from a recipe vs TinyCausalLM on the same GPU: max |logit
+- `tp1_logits`: a TP=1 GPTModel built from a recipe vs CausalLM on the same GPU: max |logit
   difference| and max |log-prob difference| of the response tokens, and whether `weights()` hands
   back the recipe's weights exactly.
 - `tp1_step`: one training step (KL on, temperature 0.7, 3 chunks) of MegatronPolicyWorker vs
@@ -36,11 +36,11 @@ import torch
 
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy, sampling
-from asyncgrpo_trainer.backends.model import TinyConfig
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.models.config import ModelConfig, tiny_config
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 # Odd vocabulary on purpose: TP=2 must pad and mask it.
-GPU_CONFIG = TinyConfig(
+GPU_CONFIG = tiny_config(
     vocab_size=32003,
     hidden_size=896,
     num_layers=4,
@@ -48,12 +48,13 @@ GPU_CONFIG = TinyConfig(
     num_kv_heads=2,
     intermediate_size=4864,
     max_positions=1024,
+    position_embedding="rope",
 )
 LOSS = losses.LossConfig(reference_policy_kl_penalty=0.05)
 
 
 def recipe(tiny: bool) -> ModelBuild:
-    return ModelBuild(c.TINY if tiny else GPU_CONFIG, seed=5, dtype="float32", pad_id=0, eos_id=2)
+    return ModelBuild(c.TINY if tiny else GPU_CONFIG, seed=5, dtype="float32", pad_id=0, eos_ids=(2,))
 
 
 def optim(micro: int) -> policy.OptimConfig:

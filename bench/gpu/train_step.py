@@ -27,8 +27,8 @@ from torch._dynamo.utils import counters
 
 from asyncgrpo_trainer.algorithms.losses import LossConfig
 from asyncgrpo_trainer.backends.cuda_train import Recipe, matmul_params
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
 from asyncgrpo_trainer.backends.policy import OptimConfig, TorchPolicyWorker, TrainRow
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 _AMP = Recipe(master_fp32=True, autocast=torch.bfloat16, fused_adamw=True)
 VARIANTS = {  # the model's dtype is bfloat16 in all of them
@@ -49,7 +49,7 @@ def policy_worker(cfg: Any, dev: torch.device, recipe: Recipe, batch: int) -> To
         logprob_batch_size=batch,
         temperature=1.0,
     )
-    build = ModelBuild(cfg, seed=0, dtype="bfloat16", pad_id=0, eos_id=1)
+    build = ModelBuild(cfg, seed=0, dtype="bfloat16", pad_id=0, eos_ids=(1,))
     return TorchPolicyWorker(build, optim, LossConfig(), rank=0, world_size=1, device=str(dev), recipe=recipe)
 
 

@@ -14,6 +14,13 @@ SUCCEEDED: Final = 0
 TRAINING_ERROR: Final = 1
 """The job itself is wrong (bad data, a bug, a diverged loss): never retried."""
 
+INVALID_MODEL: Final = 3
+"""The model files are unusable (spec.trainer.model.path missing, an unsupported family in
+config.json, a tokenizer without an end-of-sequence token): never retried."""
+
+INVALID_DATA: Final = 4
+"""The data files are unusable (a missing file, no usable row): never retried."""
+
 RAY_HEAD_UNAVAILABLE: Final = 200
 """The Ray head next to the driver never came up: an infrastructure failure, retried."""
 

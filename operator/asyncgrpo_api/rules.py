@@ -324,6 +324,25 @@ def _model_source(job: AsyncGRPOJob) -> Iterator[Finding]:
             "is required when source is pretrained: the directory of a Hugging Face checkpoint, e.g. "
             "under storage.models.mountPath",
         )
+    data = job.spec.trainer.data
+    if model.source == "tiny" and data.chat_template:
+        yield Finding(
+            f"{TRAINER}.data.chatTemplate",
+            "must not be true with model.source tiny: the tiny model's character tokenizer has no chat "
+            "template; remove it or use a pretrained checkpoint",
+        )
+    if data.system_prompt is not None and (model.source == "tiny" or data.chat_template is False):
+        yield Finding(
+            f"{TRAINER}.data.systemPrompt",
+            "is only used inside a chat template (model.source pretrained, data.chatTemplate not false); "
+            "remove it or enable the template",
+        )
+    if job.spec.trainer.generation.backend == "vllm" and model.source == "tiny":
+        yield Finding(
+            f"{TRAINER}.generation.backend",
+            "vllm serves Hugging Face checkpoints: set model.source pretrained and model.path (make a tiny "
+            "one with `asyncgrpo make-tiny-checkpoint DIR`), or use backend torch for the tiny model",
+        )
     tiny = model.tiny
     if model.source == "tiny":
         if tiny.hidden_size % tiny.num_heads:
@@ -390,7 +409,6 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
     generation = trainer.generation
     serving_pool, serving_path = (policy_pool, policy_path) if generation.colocated else (gen_pool, gen_path)
     if generation.backend == "vllm":
-        yield from _needs_gpus(serving_pool, serving_path, "generation.backend vllm")
         if serving_pool.gpus_per_replica and serving_pool.gpus_per_replica % generation.tensor_parallel_size:
             yield Finding(
                 f"{TRAINER}.generation.tensorParallelSize",
@@ -411,6 +429,14 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
     if not generation.colocated and gen_pool.replicas == 0 and policy_pool.replicas == 0:
         return
+    if trainer.weight_sync.transport == "cuda-ipc" and not (
+        generation.colocated and policy_pool.gpus_per_replica and trainer.policy.backend == "torch"
+    ):
+        yield Finding(
+            f"{TRAINER}.weightSync.transport",
+            "cuda-ipc shares a torch policy rank's GPU memory with the engine colocated on that GPU: it "
+            "needs generation.colocated true, policy GPUs and policy.backend torch; use auto",
+        )
     if trainer.weight_sync.transport == "nccl" and not (
         policy_pool.gpus_per_replica and serving_pool.gpus_per_replica
     ):

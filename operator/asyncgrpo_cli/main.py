@@ -15,13 +15,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("asyncgrpo_api.crdgen", "write (or --check) the generated CustomResourceDefinition"),
     "render": ("asyncgrpo_operator.render", "print the objects the operator would create for a job"),
     "run": ("asyncgrpo_trainer.local_run", "run a job on this machine with an embedded Ray (no Kubernetes)"),
+    "export": (
+        "asyncgrpo_trainer.export",
+        "write a Hugging Face checkpoint directory from a training checkpoint",
+    ),
+    "make-tiny-checkpoint": (
+        "asyncgrpo_trainer.models.tiny_checkpoint",
+        "write a small random Hugging Face checkpoint (tests, CPU examples)",
+    ),
 }
 
 USAGE = (
     "usage: asyncgrpo {"
     + ",".join(SUBCOMMANDS)
     + "} ...\n\n"
-    + "\n".join(f"  {name:<9} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
+    + "\n".join(f"  {name:<21} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
 )
 
 
@@ -39,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        extra = "trainer" if name == "run" else "operator"
+        extra = "trainer" if SUBCOMMANDS[name][0].startswith("asyncgrpo_trainer") else "operator"
         print(
             f"asyncgrpo {name}: needs the '{extra}' extra ({exc.name} is missing); "
             f"install it with: pip install 'asyncgrpo[{extra}]'",

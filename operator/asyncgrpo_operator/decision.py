@@ -48,6 +48,8 @@ DEADLINE_EXCEEDED = "DeadlineExceeded"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 TRAINING_ERROR = "TrainingError"
 INVALID_SPEC = "InvalidSpec"
+INVALID_MODEL = "InvalidModel"
+INVALID_DATA = "InvalidData"
 DRIVER_SUCCEEDED = "DriverSucceeded"
 DRIVER_KILLED = "DriverKilled"
 RAY_HEAD_UNAVAILABLE = "RayHeadUnavailable"
@@ -87,6 +89,8 @@ _WARNING_REASONS = frozenset(
         BACKOFF_LIMIT_EXCEEDED,
         TRAINING_ERROR,
         INVALID_SPEC,
+        INVALID_MODEL,
+        INVALID_DATA,
         DRIVER_KILLED,
         RAY_HEAD_UNAVAILABLE,
         RAY_WORKER_LOST,

@@ -51,6 +51,8 @@ from asyncgrpo_operator.decision import (
     DRIVER_SUCCEEDED,
     FAILED,
     HEAD_POD_LOST,
+    INVALID_DATA,
+    INVALID_MODEL,
     INVALID_SPEC,
     KUBERAY_MISSING,
     PODS_READY,
@@ -438,6 +440,13 @@ def _record_head(ctx: _Ctx, draft: Draft, pod: str) -> None:
     draft.set_field("driver_logs", f"kubectl logs {namespace}{pod} -c {naming.DRIVER_CONTAINER}")
 
 
+_INPUT_ERRORS = {
+    exitcodes.INVALID_MODEL: (INVALID_MODEL, "the model files cannot be used"),
+    exitcodes.INVALID_DATA: (INVALID_DATA, "the data files cannot be used"),
+}
+"""Driver exit codes for inputs only the files could show to be wrong: failed, never retried."""
+
+
 def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverExit) -> None:
     code = exit_.exit_code
     detail = f": {exit_.message.strip()}" if exit_.message.strip() else ""
@@ -455,6 +464,9 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
             HEAD_POD_LOST,
             f"head pod {exit_.pod_name} failed as a whole{cause}; the driver's exit code was {code}{detail}",
         )
+    elif code in _INPUT_ERRORS:
+        reason, what = _INPUT_ERRORS[code]
+        _fail(ctx, draft, reason, f"{what}{detail}; not retried: fix the files or the spec")
     elif code == exitcodes.RAY_HEAD_UNAVAILABLE:
         _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
     elif code == exitcodes.RAY_WORKER_LOST:

@@ -176,8 +176,8 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
         ),
         (
             {"trainer": {"generation": {"backend": "vllm"}}},
-            "spec.cluster.generationWorkers.gpusPerReplica",
-            "needs GPUs",
+            "spec.trainer.generation.backend",
+            "vllm serves Hugging Face checkpoints",
         ),
         (
             {
@@ -235,7 +235,7 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
     ],
     ids=[
         "megatron-without-gpus",
-        "vllm-without-gpus",
+        "vllm-with-the-tiny-model",
         "tp-pp-not-dividing-pool",
         "vllm-tp-not-dividing-pod",
         "gpu-in-resources",
@@ -269,6 +269,7 @@ def test_a_valid_gpu_layout_is_accepted(base_job: dict[str, Any]) -> None:
                 },
                 "generation": {"backend": "vllm", "tensorParallelSize": 2},
                 "weightSync": {"transport": "nccl"},
+                "model": {"source": "pretrained", "path": "/models/qwen2.5-0.5b"},
             },
         },
     )

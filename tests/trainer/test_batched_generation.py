@@ -1,7 +1,7 @@
 """The torch generation worker's batched engine (StaticDecoder) on CPU, against the model itself.
 
 Concurrent `generate` calls share one decode batch; each caller gets its own rows back. The
-references are the plain model: `TinyCausalLM.forward` with its own KV cache for greedy tokens,
+references are the plain model: `CausalLM.forward` with its own KV cache for greedy tokens,
 `sampling.token_logprobs` / `sampling.filtered_logprobs` by teacher forcing for the recorded
 log-probs. Weights are scaled up (as in test_static_decode) so logits are far apart and greedy
 argmax has no near-ties that float rounding could flip. `engine="batched"` runs the path CUDA
@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from asyncgrpo_trainer.backends import generation, sampling, static_decode
-from asyncgrpo_trainer.backends.model import KVCache, TinyCausalLM, TinyConfig
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.models.config import tiny_config
+from asyncgrpo_trainer.models.network import CausalLM, KVCache
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
-CFG = TinyConfig(
+CFG = tiny_config(
     vocab_size=61,
     hidden_size=64,
     num_layers=2,
@@ -29,9 +30,10 @@ CFG = TinyConfig(
     num_kv_heads=2,
     intermediate_size=96,
     max_positions=40,
+    position_embedding="rope",
 )
 EOS = 60
-BUILD = ModelBuild(CFG, seed=3, dtype="float32", pad_id=0, eos_id=EOS)
+BUILD = ModelBuild(CFG, seed=3, dtype="float32", pad_id=0, eos_ids=(EOS,))
 GREEDY = sampling.SamplingParams(max_new_tokens=12, temperature=0.0)
 PROMPTS = [[5, 9, 2], [7, 1, 8, 3, 3, 4, 11], [13], [2, 4, 6, 8, 10]]
 
@@ -51,7 +53,7 @@ def _worker(
     )
 
 
-def _scaled(model: TinyCausalLM, seed: int) -> None:
+def _scaled(model: CausalLM, seed: int) -> None:
     """Different, larger weights in place (far-apart logits)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -63,7 +65,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     return asyncio.run(make())
 
 
-def _greedy_ref(models: list[TinyCausalLM], switch_after: int, prompt: list[int], n: int) -> list[int]:
+def _greedy_ref(models: list[CausalLM], switch_after: int, prompt: list[int], n: int) -> list[int]:
     """Greedy tokens from the plain forward, models[0] for the first `switch_after` forwards
     (prefill included) and models[-1] after, on the KV cache the earlier forwards left."""
     toks: list[int] = []

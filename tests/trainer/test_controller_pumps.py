@@ -19,8 +19,9 @@ import torch
 from asyncgrpo_trainer import checkpoint, controller, data, envs, sampler, weights
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 from asyncgrpo_trainer.rollout import RolloutFailedError, RolloutManager
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 
 P, N = 4, 2
 
@@ -161,6 +162,18 @@ def _controller(
         sampler=sampler.for_spec(max_staleness_versions=s_, over_sampling=over, force_in_order=in_order),
         tokenizer=tok,
         validation_params=sampling.SamplingParams(2, temperature=0.0),
+        model=recipe.tiny_build(
+            tok,
+            hidden_size=16,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=None,
+            max_sequence_length=16,
+            position_embedding="learned",
+            dtype="float32",
+            seed=0,
+        ),
     )
     return controller.SingleController(args), pol
 

@@ -7,7 +7,7 @@ import pytest
 from asyncgrpo_trainer import data, envs
 from asyncgrpo_trainer.envs import math as math_env
 from asyncgrpo_trainer.envs.base import Example
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
 def test_arithmetic_rewards_exact_answers_partial_numbers_and_nothing_else() -> None:

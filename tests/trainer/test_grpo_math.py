@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from asyncgrpo_trainer.algorithms import advantages, losses
-from asyncgrpo_trainer.backends import generation, modelspec, policy, sampling
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.backends import generation, policy, sampling
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
 def test_leave_one_out_baseline_excludes_the_own_reward() -> None:
@@ -86,7 +87,7 @@ def test_kl_penalty_needs_reference_logprobs_and_is_zero_at_the_reference() -> N
 
 
 TOK = CharTokenizer("0123456789+=")
-BUILD = modelspec.tiny_build(
+BUILD = recipe.tiny_build(
     TOK,
     hidden_size=32,
     num_layers=2,
@@ -94,6 +95,7 @@ BUILD = modelspec.tiny_build(
     num_kv_heads=2,
     intermediate_size=None,
     max_sequence_length=24,
+    position_embedding="rope",
     dtype="float32",
     seed=3,
 )

@@ -1,8 +1,8 @@
 """The Megatron-core policy backend against the torch one, on CPU (gloo).
 
-- the name/layout mapping Megatron <-> TinyCausalLM is a lossless round trip, and so is the
+- the name/layout mapping Megatron <-> CausalLM is a lossless round trip, and so is the
   tensor-parallel split of every parameter (pure torch, runs without megatron-core);
-- a TP=1 GPTModel built from a recipe computes TinyCausalLM's logits and hands back its weights;
+- a TP=1 GPTModel built from a recipe computes CausalLM's logits and hands back its weights;
 - one training step (KL on, temperature != 1, several micro-batches) gives TorchPolicyWorker's
   loss, grad norm, metrics, reference log-probs and updated weights;
 - two gloo processes, once as TP=2 (the odd vocabulary is padded and sharded) and once as DP=2,
@@ -270,7 +270,7 @@ def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(
     ray_address: str, tmp_path: Path
 ) -> None:
     """Two CPU actors as one TP=2 replica: the group hands both the same rows, returns log-probs
-    once, gathers TinyCausalLM weights from both, broadcasts them to an engine, and each TP rank
+    once, gathers CausalLM weights from both, broadcasts them to an engine, and each TP rank
     writes and reads its own checkpoint file."""
     pytest.importorskip("megatron.core")
     import ray  # noqa: PLC0415

@@ -18,10 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
 from asyncgrpo_trainer.backends.nccl_sync import BucketedBroadcast, BucketPlan, naive_broadcast
+from asyncgrpo_trainer.models.config import tiny_config
+from asyncgrpo_trainer.models.network import CausalLM
 
-CFG = TinyConfig(
+CFG = tiny_config(
     vocab_size=50,
     hidden_size=32,
     num_layers=2,
@@ -29,11 +30,12 @@ CFG = TinyConfig(
     num_kv_heads=2,
     intermediate_size=48,
     max_positions=32,
+    position_embedding="rope",
 )
 
 
 def test_plan_covers_every_tensor_once_within_buckets() -> None:
-    model = TinyCausalLM(CFG)
+    model = CausalLM(CFG)
     named = list(model.named_parameters())
     plan = BucketPlan.for_tensors(named, dtype=torch.bfloat16, bucket_bytes=4096)
     assert [s.name for s in plan.slots] == [n for n, _ in named]
@@ -60,7 +62,7 @@ def _worker(rank: int, port: int) -> None:
     try:
         for seed, bucket_bytes in ((0, 0), (1, 3000)):
             torch.manual_seed(100 * seed + rank)  # different weights on each rank
-            model = TinyCausalLM(CFG)
+            model = CausalLM(CFG)
             if rank == 1:
                 model = model.to(torch.bfloat16)  # receiver in bf16, sender keeps fp32 masters
             params = {n: p.detach() for n, p in model.named_parameters()}

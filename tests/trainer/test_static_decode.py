@@ -1,7 +1,7 @@
 """static_decode against the model's own forward (CPU, float32, a tiny model).
 
 The fast decoder re-implements the forward with packed weights and a static cache; these tests
-pin it to `TinyCausalLM.forward` (greedy tokens equal, log-probs within float32 rounding), to the
+pin it to `CausalLM.forward` (greedy tokens equal, log-probs within float32 rounding), to the
 padding rules (each left-padded row decodes as if it were alone), and to the sampling semantics
 of `sampling.filtered_logprobs` (the recorded log-prob of a sampled token is what the policy
 recomputes by teacher forcing).
@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM, TinyConfig
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder, filtered_logprobs
+from asyncgrpo_trainer.models.config import tiny_config
+from asyncgrpo_trainer.models.network import CausalLM
 
-CFG = TinyConfig(
+CFG = tiny_config(
     vocab_size=97,
     hidden_size=64,
     num_layers=3,
@@ -24,12 +25,14 @@ CFG = TinyConfig(
     num_kv_heads=2,
     intermediate_size=96,
     max_positions=64,
+    position_embedding="rope",
 )
 
 
-def _model(seed: int = 0) -> TinyCausalLM:
+def _model(seed: int = 0) -> CausalLM:
     torch.manual_seed(seed)
-    model = TinyCausalLM(CFG).eval()
+    model = CausalLM(CFG).eval()
+    model.init_random()
     # Larger weights than the init so logits are far apart and argmax has no near-ties.
     with torch.no_grad():
         for p in model.parameters():
@@ -37,7 +40,7 @@ def _model(seed: int = 0) -> TinyCausalLM:
     return model
 
 
-def _reference_greedy(model: TinyCausalLM, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+def _reference_greedy(model: CausalLM, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """Plain forward decode with the model's own KV cache (what generation.py does), greedy."""
     with torch.no_grad():
         logits, cache = model(torch.tensor([prompt]), None)
@@ -64,7 +67,7 @@ def test_greedy_matches_plain_forward() -> None:
         max_prompt_len=16,
         max_new_tokens=12,
         params=DecodeParams(temperature=0.0),
-        eos_id=None,
+        eos_ids=(),
     )
     out = dec.generate(prompts)
     toks, lps, fin = out.to_lists()
@@ -89,7 +92,7 @@ def test_left_padded_rows_decode_as_if_alone() -> None:
         max_prompt_len=12,
         max_new_tokens=10,
         params=DecodeParams(temperature=0.0),
-        eos_id=None,
+        eos_ids=(),
     )
     toks, lps, _ = dec.generate(prompts).to_lists()
     for i, p in enumerate(prompts):
@@ -110,7 +113,7 @@ def test_eos_stops_rows_and_lengths_count_it() -> None:
         max_prompt_len=6,
         max_new_tokens=8,
         params=DecodeParams(temperature=0.0),
-        eos_id=eos,
+        eos_ids=(eos,),
         pad_id=0,
         sync_every=2,
     )
@@ -131,7 +134,7 @@ def test_sampled_logprobs_match_teacher_forcing(params: DecodeParams) -> None:
     model = _model(6)
     torch.manual_seed(7)
     prompts = torch.randint(1, CFG.vocab_size, (4, 7)).tolist()
-    dec = StaticDecoder(model, max_batch=4, max_prompt_len=7, max_new_tokens=9, params=params, eos_id=None)
+    dec = StaticDecoder(model, max_batch=4, max_prompt_len=7, max_new_tokens=9, params=params, eos_ids=())
     out = dec.generate(prompts, seed=11)
     toks, lps, _ = out.to_lists()
     with torch.no_grad():
@@ -167,7 +170,7 @@ def test_refresh_weights_follows_a_refit() -> None:
         max_prompt_len=5,
         max_new_tokens=6,
         params=DecodeParams(temperature=0.0),
-        eos_id=None,
+        eos_ids=(),
     )
     dec.generate(prompts)
     model.load_state_dict(other.state_dict())

@@ -18,8 +18,8 @@ import torch
 from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
 from asyncgrpo_trainer import controller, driver, weights
 from asyncgrpo_trainer.backends.cuda_train import Recipe
-from asyncgrpo_trainer.backends.model import TinyCausalLM
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, refit_plan, serve_store
+from asyncgrpo_trainer.models.network import CausalLM
 from tests.trainer import jobs
 from tests.trainer.test_grpo_math import BUILD, _rows
 from tests.trainer.test_policy_recipe import _worker
@@ -78,7 +78,7 @@ def test_the_plan_from_the_recipe_fits_the_fp32_policy_and_the_bf16_engine() -> 
     )
     assert plan.num_buckets > 1
     plan.check(master.model.named_parameters())
-    other = TinyCausalLM(dataclasses.replace(BF16.config, intermediate_size=64))
+    other = CausalLM(dataclasses.replace(BF16.config, intermediate_size=64))
     with pytest.raises(ValueError, match="does not match the refit plan"):
         plan.check(other.named_parameters())
 
@@ -124,18 +124,20 @@ def test_fp32_master_weights_arrive_cast_to_the_engines_bf16_in_place() -> None:
 
 
 @pytest.mark.parametrize(
-    ("transport", "on_gpus", "colocated", "expected"),
+    ("transport", "on_gpus", "colocated", "backend", "expected"),
     [
-        ("auto", True, False, "broadcast"),
-        ("auto", True, True, "object-store"),
-        ("auto", False, False, "object-store"),
-        ("nccl", True, False, "broadcast"),
-        ("object-store", True, False, "object-store"),
+        ("auto", True, False, "torch", "broadcast"),
+        ("auto", True, True, "torch", "cuda-ipc"),
+        ("auto", True, True, "megatron", "object-store"),
+        ("auto", False, False, "torch", "object-store"),
+        ("nccl", True, False, "torch", "broadcast"),
+        ("cuda-ipc", True, True, "torch", "cuda-ipc"),
+        ("object-store", True, False, "torch", "object-store"),
     ],
 )
-def test_transport_rules(transport: str, on_gpus: bool, colocated: bool, expected: str) -> None:
+def test_transport_rules(transport: str, on_gpus: bool, colocated: bool, backend: str, expected: str) -> None:
     spec = WeightSyncSpec.model_validate({"transport": transport})
-    assert weights.transport_of(spec, on_gpus=on_gpus, colocated=colocated) == expected
+    assert weights.transport_of(spec, on_gpus=on_gpus, colocated=colocated, backend=backend) == expected
 
 
 def test_nccl_on_cpu_pools_or_colocated_gpu_pools_is_rejected_naming_the_field() -> None:

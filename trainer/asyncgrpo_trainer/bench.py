@@ -45,7 +45,7 @@ import torch
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_trainer import driver, envs, specmap
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 P, N = 8, 8
 
@@ -291,7 +291,7 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
 def policy_bytes(manifest: dict[str, Any]) -> int:
     """Bytes of the job's policy weights in the engines' dtype (what one refit moves)."""
     t = AsyncGRPOJob.model_validate(manifest).spec.trainer
-    recipe = specmap.model_recipe(t, CharTokenizer(envs.build(t.env.name).alphabet))
+    recipe = specmap.tiny_recipe(t, CharTokenizer(envs.build(t.env.name).alphabet))
     with torch.device("meta"):
         model = recipe.instantiate()
     return sum(p.numel() * p.element_size() for p in model.parameters())

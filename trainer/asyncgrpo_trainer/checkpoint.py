@@ -34,9 +34,15 @@ from typing import Any
 
 import torch
 
+from asyncgrpo_trainer.models import hf
+
 PREFIX = "step-"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+HF_DIR = "hf"
+"""Each checkpoint's Hugging Face directory (pretrained models): what transformers and vLLM load."""
+FINAL_DIR = "final"
+"""`<checkpoint.path>/final`: the last step's Hugging Face directory, published at the end of a run."""
 SHARED_STORAGE = (
     "spec.checkpoint.path must be on a volume that the head and every worker pod mount "
     "(spec.storage.checkpoints: a ReadWriteMany PVC, or hostPath when the job runs on one node)"
@@ -62,14 +68,22 @@ def write_or_return(path: Path, obj: Any) -> dict[str, Any]:
     write from the controller's side (`write_returned`) instead of failing the job."""
     if not path.parent.is_dir():
         return {path.name: obj}
-    write(path, obj)
+    _write_any(path, obj)
     return {}
 
 
 def write_returned(directory: Path, files: dict[str, Any]) -> None:
     """Write the files that policy workers could not write themselves (see `write_or_return`)."""
     for name, obj in files.items():
-        write(directory / name, obj)
+        _write_any(directory / name, obj)
+
+
+def _write_any(path: Path, obj: Any) -> None:
+    """A Hugging Face export is a directory of its own; everything else one torch file."""
+    if isinstance(obj, hf.Export):
+        obj.write(path)
+    else:
+        write(path, obj)
 
 
 def write(path: Path, obj: Any) -> None:
@@ -92,11 +106,14 @@ def read(path: Path, *, fix: str, mmap: bool = False) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
 
 
-def commit(tmp: Path, step: int, payload: dict[str, Any], *, keep_last: int) -> Path:
+def commit(
+    tmp: Path, step: int, payload: dict[str, Any], *, keep_last: int, meta: dict[str, Any] | None = None
+) -> Path:
     """Add the controller's `payload` to `tmp` (from `begin`), rename it into the checkpoint of
-    `step` (atomic) and prune older ones."""
+    `step` (atomic) and prune older ones. `meta` goes into meta.json (the model recipe, which
+    `asyncgrpo export` reads)."""
     write(tmp / STATE_FILE, payload)
-    (tmp / META_FILE).write_text(json.dumps({"step": step}))
+    (tmp / META_FILE).write_text(json.dumps({"step": step, **(meta or {})}))
     _fsync(tmp / META_FILE)
     _fsync(tmp)
     base = tmp.parent
@@ -152,3 +169,28 @@ def load(root: str | Path, step: int) -> dict[str, Any]:
     """The controller's payload of the checkpoint of `step` (the policy files stay for the workers)."""
     payload: dict[str, Any] = torch.load(step_dir(Path(root), step) / STATE_FILE, weights_only=False)
     return payload
+
+
+def read_meta(step_path: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((step_path / META_FILE).read_text())
+    return meta
+
+
+def publish_final(root: str | Path, step: int) -> Path | None:
+    """Copy the Hugging Face directory of `step`'s checkpoint to `<root>/final` (replacing the one
+    before, atomically), so the trained model sits at a path that does not change with the step
+    and outlives pruning; None when the checkpoint has none (the tiny model)."""
+    base = Path(root)
+    source = step_dir(base, step) / HF_DIR
+    if not source.is_dir():
+        return None
+    tmp = base / f".tmp-final-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(source, tmp)
+    final = base / FINAL_DIR
+    old = base / f".tmp-replaced-{uuid.uuid4().hex[:8]}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync(base)
+    shutil.rmtree(old, ignore_errors=True)
+    return final

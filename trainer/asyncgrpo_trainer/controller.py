@@ -43,11 +43,12 @@ from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.models.recipe import ModelBuild
+from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardPool
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 from asyncgrpo_trainer.weights import WeightSynchronizer
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
@@ -110,8 +111,10 @@ class ControllerArgs:
     validation: list[Example]
     buffer: ReplayBuffer
     sampler: Sampler
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer
     validation_params: sampling.SamplingParams
+    model: ModelBuild
+    """The recipe, recorded in every checkpoint's meta.json (`asyncgrpo export` reads it)."""
     resume: ResumeState | None = None
 
 
@@ -155,6 +158,7 @@ class SingleController:
         self.counters: dict[str, float] = collections.defaultdict(float)
         self.validation_reward: float | None = None
         self.last_checkpoint_step: int | None = None
+        self.exported: str | None = None  # the final Hugging Face directory, once written
         self.records: list[dict[str, Any]] = []
         self.records_dropped = 0  # older records are trimmed so a long run's memory stays flat
         self.totals = Timers()
@@ -243,6 +247,7 @@ class SingleController:
                 "tokens_per_second": recent_token_rate(recent[::-1]),
                 "last_checkpoint_step": self.last_checkpoint_step,
                 "validation_reward": self.validation_reward,
+                "gen_logprob_error": last.get("gen_logprob_error"),
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,
@@ -270,6 +275,7 @@ class SingleController:
             "generation_idle_fraction": max(0.0, 1 - gen_busy / wall) if wall else 0.0,
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,
+            "hf_checkpoint": self.exported,
             "records": self.records,
         }
 
@@ -481,7 +487,9 @@ class SingleController:
         tok = self.a.tokenizer
 
         async def one(i: int, example: Example) -> float:
-            out = await self.a.generation.generate(tok.encode(example.prompt), 1, self.a.validation_params, i)
+            out = await self.a.generation.generate(
+                tok.encode_prompt(example.prompt), 1, self.a.validation_params, i
+            )
             texts = [tok.decode(r) for r in out.response_ids]
             return (await self.a.rewards.score(example, texts, out.finished))[0]
 
@@ -506,9 +514,17 @@ class SingleController:
         # state never passes through this CPU-only process); state.pt and the rename come last.
         tmp = await asyncio.to_thread(checkpoint.begin, self.s.checkpoint_path, step)
         await self.a.policy.save(str(tmp))
-        await asyncio.to_thread(checkpoint.commit, tmp, step, state, keep_last=self.s.checkpoint_keep)
+        meta = {"model": self.a.model.to_json()}
+        await asyncio.to_thread(
+            checkpoint.commit, tmp, step, state, keep_last=self.s.checkpoint_keep, meta=meta
+        )
         self.last_checkpoint_step = step
         self._record({"event": "checkpoint", "step": step})
+        if step >= self.s.max_steps:
+            final = await asyncio.to_thread(checkpoint.publish_final, self.s.checkpoint_path, step)
+            if final is not None:
+                self.exported = str(final)
+                self._record({"event": "export", "step": step, "path": self.exported})
 
     # --- watchdog -------------------------------------------------------------------------------
 

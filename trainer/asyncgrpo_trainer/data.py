@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo_trainer.envs.base import Environment, Example
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.models.tokenizer import Tokenizer
 
 BUILTIN_TRAIN_SIZE = 4096
 
@@ -32,9 +32,9 @@ def read_jsonl(path: str) -> list[Example]:
     return out
 
 
-def fits(examples: list[Example], tokenizer: CharTokenizer, max_prompt_length: int) -> list[Example]:
+def fits(examples: list[Example], tokenizer: Tokenizer, max_prompt_length: int) -> list[Example]:
     """Examples whose prompt encodes within max_prompt_length tokens (the others are skipped)."""
-    return [e for e in examples if len(tokenizer.encode(e.prompt)) <= max_prompt_length]
+    return [e for e in examples if len(tokenizer.encode_prompt(e.prompt)) <= max_prompt_length]
 
 
 @dataclass
@@ -81,7 +81,7 @@ class PromptLoader:
 
 def load_examples(
     env: Environment,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     *,
     train_path: str | None,
     validation_path: str | None,

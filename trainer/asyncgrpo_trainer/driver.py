@@ -46,10 +46,14 @@ from asyncgrpo_trainer import (
     workers,
 )
 from asyncgrpo_trainer import rewards as reward_workers
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.backends import vllm_engine
+from asyncgrpo_trainer.backends.generation import EngineLostError
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.recipe import ModelBuild
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer, Tokenizer
 from asyncgrpo_trainer.rollout import RolloutManager
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 
 log = logging.getLogger("asyncgrpo_trainer")
 GRACE_ENV = "ASYNCGRPO_EXIT_GRACE_SECONDS"
@@ -90,18 +94,10 @@ class Built:
 
 
 def check_supported(job: AsyncGRPOJob) -> None:
-    """Reject, before anything starts, what the torch backends of this build cannot run."""
+    """Reject, before anything starts, what the backends of this build cannot run."""
     t = job.spec.trainer
-    if t.model.source != "tiny":
-        raise SpecError(
-            "spec.trainer.model.source: pretrained checkpoints load through the vLLM/Megatron backends; "
-            "the torch backends build the tiny model (source: tiny)"
-        )
-    if t.generation.backend != "torch":
-        raise SpecError(
-            "spec.trainer.generation.backend: this trainer build ships the torch generation engine "
-            "(vLLM is not in it yet, docs/guides/gpu.md); use backend: torch"
-        )
+    if t.generation.backend == "vllm":
+        vllm_engine.check_available()
     if t.weight_sync.transport == "nccl" and t.generation.colocated and _on_gpus(job):
         raise SpecError(
             "spec.trainer.weightSync.transport: nccl cannot connect a colocated engine to the policy "
@@ -117,12 +113,12 @@ def _on_gpus(job: AsyncGRPOJob) -> bool:
 
 
 def _start_torch_policy(
-    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+    job: AsyncGRPOJob, pool: cluster.Pool, model: ModelBuild
 ) -> tuple[workers.PolicyGroup, list[Any]]:
     t = job.spec.trainer
     return workers.start_policy_group(
         pool,
-        recipe,
+        model,
         specmap.optim_config(t),
         specmap.loss_config(t),
         job.spec.cluster.policy_workers.gpus_per_replica,
@@ -130,13 +126,13 @@ def _start_torch_policy(
 
 
 def _start_megatron_policy(
-    job: AsyncGRPOJob, pool: cluster.Pool, recipe: ModelBuild
+    job: AsyncGRPOJob, pool: cluster.Pool, model: ModelBuild
 ) -> tuple[workers.PolicyGroup, list[Any]]:
     t = job.spec.trainer
     mp = t.policy.megatron
     return megatron_workers.start_megatron_policy_group(
         pool,
-        recipe,
+        model,
         specmap.optim_config(t),
         specmap.loss_config(t),
         job.spec.cluster.policy_workers.gpus_per_replica,
@@ -167,33 +163,63 @@ POLICY_BACKENDS = {
 """spec.trainer.policy.backend -> how to start it."""
 
 
+def model_of(job: AsyncGRPOJob, env: envs.Environment) -> tuple[ModelBuild, Tokenizer]:
+    """The model recipe and tokenizer: the checkpoint's own (read here once, so a bad checkpoint
+    fails the driver before any worker starts) or the tiny model's character tokenizer."""
+    t = job.spec.trainer
+    if t.model.source == "pretrained":
+        assert t.model.path is not None  # the admission rules require it
+        return recipe.pretrained_build(
+            t.model.path,
+            max_sequence_length=t.model.max_sequence_length,
+            dtype=t.model.dtype,
+            seed=t.grpo.seed,
+            chat_template=t.data.chat_template,
+            system_prompt=t.data.system_prompt,
+        )
+    tokenizer = CharTokenizer(env.alphabet)
+    return specmap.tiny_recipe(t, tokenizer), tokenizer
+
+
+def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
+    """(engines, GPUs per engine). Colocated: one engine next to each policy rank, on its GPU (the
+    rules require generationWorkers.replicas 0 then). Otherwise one torch engine per GPU of the
+    pool, or one vLLM engine per generation.tensorParallelSize GPUs; on CPU one per replica."""
+    t, cl = job.spec.trainer, job.spec.cluster
+    if t.generation.colocated:
+        return policy_ranks, min(cl.policy_workers.gpus_per_replica, 1)
+    pool = cl.generation_workers
+    if pool.gpus_per_replica == 0:
+        return max(pool.replicas, 1), 0
+    per_engine = t.generation.tensor_parallel_size if t.generation.backend == "vllm" else 1
+    return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
+
+
 def build(job: AsyncGRPOJob) -> Built:
     """Every object the controller needs, built here in the driver (see the module docstring)."""
     check_supported(job)
     t, cl = job.spec.trainer, job.spec.cluster
     env = envs.build(t.env.name)
-    tokenizer = CharTokenizer(env.alphabet)
-    recipe = specmap.model_recipe(t, tokenizer)
+    model, tokenizer = model_of(job, env)
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
-    # Colocated generation runs one engine next to each policy rank (the rules require
-    # generationWorkers.replicas 0 then).
-    gen_ranks = policy_ranks if t.generation.colocated else max(cl.generation_workers.replicas, 1)
+    gen_ranks, gen_gpus = generation_layout(job, policy_ranks)
     pools = cluster.build_pools(
         policy_ranks=policy_ranks,
         policy_gpus=min(cl.policy_workers.gpus_per_replica, 1),
         generation_ranks=gen_ranks,
-        generation_gpus=min(cl.generation_workers.gpus_per_replica, 1),
+        generation_gpus=gen_gpus,
         colocated=t.generation.colocated,
         name=job.metadata.name or "asyncgrpo",
     )
     try:
-        policy_group, policy_ready = backend.start(job, pools[0], recipe)
+        policy_group, policy_ready = backend.start(job, pools[0], model)
         generation_group, generation_ready = workers.start_generation_group(
             pools[1],
-            recipe,
-            cl.generation_workers.gpus_per_replica,
+            model,
+            gen_gpus,
             max_prefix_age=t.async_rl.max_staleness_versions,
+            vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
         rewards = reward_workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
         train, val = data.load_examples(
@@ -227,6 +253,7 @@ def build(job: AsyncGRPOJob) -> Built:
                 generation_group,
                 on_gpus=_on_gpus(job),
                 colocated=t.generation.colocated,
+                backend=t.policy.backend,
             ),
             loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),
             validation=val,
@@ -234,6 +261,7 @@ def build(job: AsyncGRPOJob) -> Built:
             sampler=specmap.sampler_of(t),
             tokenizer=tokenizer,
             validation_params=specmap.sampling_params(t, greedy=True),
+            model=model,
         )
         return Built(args, pools, [*policy_ready, *generation_ready])
     except BaseException:
@@ -304,6 +332,7 @@ def supervise(
 
 
 _INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    EngineLostError,
     ray.exceptions.RayActorError,
     ray.exceptions.NodeDiedError,
     ray.exceptions.WorkerCrashedError,
@@ -328,6 +357,22 @@ def lost_ray_worker(exc: BaseException) -> bool:
         nested = getattr(current, "cause", None)
         current = nested if isinstance(nested, BaseException) else current.__cause__
     return False
+
+
+def exit_code(exc: BaseException) -> int:
+    """The driver's exit code for a failed run (`asyncgrpo_api.exitcodes`: what the operator retries)."""
+    if lost_ray_worker(exc):
+        return exitcodes.RAY_WORKER_LOST
+    if isinstance(_cause(exc), InvalidModelError):
+        return exitcodes.INVALID_MODEL
+    return exitcodes.TRAINING_ERROR
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The original exception of a Ray task error (what a worker raised), else `exc`."""
+    if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, BaseException):
+        return _cause(exc.cause)
+    return exc
 
 
 def error_text(exc: BaseException) -> str:
@@ -402,7 +447,7 @@ def run_job(
         if not quiet:
             print(json.dumps({"event": "summary", **{k: v for k, v in summary.items() if k != "records"}}))
     except Exception as exc:
-        code = exitcodes.RAY_WORKER_LOST if lost_ray_worker(exc) else exitcodes.TRAINING_ERROR
+        code = exit_code(exc)
         error = error_text(exc)
         log.debug("training failed", exc_info=True)
         if server is not None:

@@ -25,14 +25,14 @@ from asyncgrpo_trainer import cluster, workers
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy
 from asyncgrpo_trainer.backends.megatron_policy import MegatronLayout, MegatronPolicyWorker
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 
 class MegatronPolicyActor(workers.DeferredRank, workers.RefitSender, MegatronPolicyWorker):
     """A Megatron policy rank as a Ray actor; its `layout` is passed through to the worker.
 
     Broadcast refit: replica 0's TP ranks gather the full weights on TP rank 0's GPU, under the
-    TinyCausalLM names the engines hold (`full_weights`), and TP rank 0 (actor 0, the refit
+    CausalLM names the engines hold (`full_weights`), and TP rank 0 (actor 0, the refit
     group's rank 0) broadcasts them; the other TP ranks only join the gather.
     """
 
@@ -71,7 +71,7 @@ class MegatronPolicyGroup(workers.PolicyGroup):
         return list(self.actors[: self.tp])
 
     def weights_ref(self) -> Any:
-        """Object ref of the full TinyCausalLM-named weights (TP rank 0 of replica 0 assembles
+        """Object ref of the full CausalLM-named weights (TP rank 0 of replica 0 assembles
         them; its TP peers must join the gather, so they are called too)."""
         refs = [a.weights.remote() for a in self.actors[: self.tp]]
         return refs[0]

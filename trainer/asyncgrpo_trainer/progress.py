@@ -49,6 +49,9 @@ class Progress:
     """Generated tokens per second over the latest steps (`recent_token_rate`)."""
     last_checkpoint_step: int | None = None
     validation_reward: float | None = None
+    gen_logprob_error: float | None = None
+    """The latest step's mean exp|logp_engine - logp_policy| over its tokens (1 = the engine and the
+    policy agree; staleness raises it in async modes)."""
     state: str = "starting"
     error: str | None = None
     mode: str = ""
@@ -75,6 +78,7 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_tokens_per_second": p.tokens_per_second,
         "asyncgrpo_last_checkpoint_step": p.last_checkpoint_step,
         "asyncgrpo_validation_reward": p.validation_reward,
+        "asyncgrpo_gen_logprob_error": p.gen_logprob_error,
     }
     lines: list[str] = []
     for name, value in gauges.items():

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.buffer import GroupRecord
 from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.rewards import RewardPool
-from asyncgrpo_trainer.tokenizer import CharTokenizer
 from asyncgrpo_trainer.workers import GenerationGroup
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class RolloutManager:
         self,
         generation: GenerationGroup,
         rewards: RewardPool,
-        tokenizer: CharTokenizer,
+        tokenizer: Tokenizer,
         params: sampling.SamplingParams,
         *,
         num_generations: int,
@@ -58,7 +58,7 @@ class RolloutManager:
         self.stats = RolloutStats()
 
     async def _attempt(self, example: Example, seed: int) -> GroupRecord:
-        prompt_ids = self.tokenizer.encode(example.prompt)
+        prompt_ids = self.tokenizer.encode_prompt(example.prompt)
         out = await self.generation.generate(prompt_ids, self.n, self.params, seed)
         texts = [self.tokenizer.decode(r) for r in out.response_ids]
         rewards = await self.rewards.score(example, texts, out.finished)

@@ -11,8 +11,9 @@ from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
 from asyncgrpo_trainer import controller, sampler
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import modelspec, policy, sampling
-from asyncgrpo_trainer.tokenizer import CharTokenizer
+from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
 def settings(job: AsyncGRPOJob) -> controller.Settings:
@@ -98,10 +99,10 @@ def sampling_params(t: TrainerSpec, *, greedy: bool = False) -> sampling.Samplin
     )
 
 
-def model_recipe(t: TrainerSpec, tokenizer: CharTokenizer) -> modelspec.ModelBuild:
+def tiny_recipe(t: TrainerSpec, tokenizer: CharTokenizer) -> recipe.ModelBuild:
     """The tiny model both worker groups build from the same seed."""
     tiny = t.model.tiny
-    return modelspec.tiny_build(
+    return recipe.tiny_build(
         tokenizer,
         hidden_size=tiny.hidden_size,
         num_layers=tiny.num_layers,
@@ -109,6 +110,18 @@ def model_recipe(t: TrainerSpec, tokenizer: CharTokenizer) -> modelspec.ModelBui
         num_kv_heads=tiny.num_kv_heads,
         intermediate_size=tiny.intermediate_size,
         max_sequence_length=t.model.max_sequence_length,
+        position_embedding=tiny.position_embedding,
         dtype=t.model.dtype,
         seed=t.grpo.seed,
+    )
+
+
+def vllm_options(t: TrainerSpec) -> vllm_engine.VLLMOptions:
+    """The vLLM engine's knobs: at most the rows the controller can have generating at once."""
+    g = t.generation
+    rows = min(t.max_inflight_prompts, t.max_buffered_rollouts) * t.grpo.num_generations_per_prompt
+    return vllm_engine.VLLMOptions(
+        tensor_parallel_size=g.tensor_parallel_size,
+        gpu_memory_utilization=g.gpu_memory_utilization,
+        max_num_seqs=min(max(rows, t.data.num_validation_prompts, 1), 1024),
     )

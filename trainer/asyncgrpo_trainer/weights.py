@@ -2,23 +2,29 @@
 
 The synchronizer assumes global updates (all engines load the same version atomically from the
 controller's point of view); mixed ages are handled per group by the buffer's start versions.
-Two transports sit behind the same `sync` call, chosen by `spec.trainer.weightSync.transport`
-(`transport_of`):
+Three transports sit behind the same `sync` call, chosen by `spec.trainer.weightSync.transport`
+(`transport_of`); every engine (torch or vLLM) implements the receiving side of each
+(`generation.GenerationWorker`):
 
 - broadcast: policy rank 0 broadcasts its parameters to every engine in packed buckets
   (`nccl_sync.BucketedBroadcast`) over a process group of its own that spans rank 0 and the
   engines, never the policy's data-parallel group; NCCL when they are on CUDA, gloo on CPU (the
   same code, which is how CI tests it). The sender casts its fp32 master weights to the model's
-  dtype while packing; each engine writes the buckets into its model in place.
+  dtype while packing; each engine writes the buckets into its model in place (vLLM: its
+  tensor-parallel workers each join and load them with vLLM's own `load_weights`).
+- cuda-ipc: colocated on GPUs (two processes on one GPU cannot form an NCCL group), each torch
+  policy rank shares its weights, cast to the model's dtype, with the engine on its GPU by CUDA
+  IPC handles (`ipc`); the engine copies them device to device.
 - object-store: rank 0 publishes its weights once into Ray's object store and every engine pulls
-  them; a dict of CPU tensors moves zero-copy between processes on one node. The path for
-  colocated pools (two processes on one GPU cannot form an NCCL group) and for CPU by default.
+  them; a dict of CPU tensors moves zero-copy between processes on one node. The CPU default,
+  and the colocated path of the Megatron policy (whose ranks hold shards).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import itertools
 import time
 from typing import Literal
 
@@ -27,7 +33,7 @@ from asyncgrpo_trainer.backends.nccl_sync import RefitSpec
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
 MiB = 1 << 20
-Transport = Literal["broadcast", "object-store"]
+Transport = Literal["broadcast", "cuda-ipc", "object-store"]
 
 
 class WeightSynchronizer(abc.ABC):
@@ -98,40 +104,82 @@ class BroadcastSynchronizer(WeightSynchronizer):
         kinds = set(
             await asyncio.gather(sender.device_type.remote(), *(a.device_type.remote() for a in engines))
         )
+        members = await asyncio.gather(*(a.refit_members.remote() for a in engines))
         if len(kinds) != 1:
             raise RuntimeError(
                 f"spec.trainer.weightSync.transport: the broadcast needs the policy and the generation "
                 f"engines on one kind of device, they are on {sorted(kinds)}; use object-store"
             )
         backend = "nccl" if kinds == {"cuda"} else "gloo"
-        world = 1 + len(engines)
+        world = 1 + sum(members)  # an engine takes one rank per process that receives (vLLM's TP workers)
         host, port = await sender.refit_address.remote(world, self.timeout)
         spec = RefitSpec(host, port, world, backend, self.bucket_bytes, self.timeout)
+        first_ranks = itertools.accumulate(members, initial=1)
         plans = await asyncio.gather(
-            *(member.refit_join.remote(spec, rank) for rank, member in enumerate([sender, *engines]))
+            sender.refit_join.remote(spec, 0),
+            *(
+                engine.refit_join.remote(spec, rank)
+                for engine, rank in zip(engines, first_ranks, strict=False)
+            ),
         )
         if any(p != plans[0] for p in plans):  # the same recipe gives the same plan; say so if not
             raise RuntimeError("the refit plans of the policy and the generation engines differ")
         return backend
 
 
-def transport_of(spec: WeightSyncSpec, *, on_gpus: bool, colocated: bool) -> Transport:
-    """auto: the broadcast between separate GPU pools, else the object store; nccl: the broadcast
-    (over gloo on CPU); object-store: the object store. nccl with colocated GPU pools is rejected
-    by the driver before anything starts."""
+class CudaIpcSynchronizer(WeightSynchronizer):
+    """Colocated on GPUs: each policy rank shares its weights by CUDA IPC (`ipc`) with the engine on
+    its GPU, which copies them into its own (every data-parallel rank holds the same weights)."""
+
+    def __init__(self, policy: PolicyGroup, generation: GenerationGroup, timeout_seconds: float) -> None:
+        self.policy, self.generation, self.timeout = policy, generation, timeout_seconds
+
+    @property
+    def transport(self) -> str:
+        return "cuda-ipc"
+
+    async def sync(self, version: int) -> float:
+        t0 = time.perf_counter()
+        await asyncio.wait_for(self._sync(version), self.timeout)
+        return time.perf_counter() - t0
+
+    async def _sync(self, version: int) -> None:
+        pairs = list(zip(self.policy.actors, self.generation.actors, strict=True))
+        handles = await asyncio.gather(*(rank.refit_share.remote() for rank, _ in pairs))
+        await asyncio.gather(
+            *(engine.load_ipc.remote(h, version) for (_, engine), h in zip(pairs, handles, strict=True))
+        )
+
+
+def transport_of(spec: WeightSyncSpec, *, on_gpus: bool, colocated: bool, backend: str) -> Transport:
+    """auto: the broadcast between separate GPU pools, CUDA IPC between a torch policy rank and the
+    engine colocated on its GPU, else the object store; nccl: the broadcast (over gloo on CPU);
+    cuda-ipc and object-store: themselves. The admission rules refuse nccl with colocated GPU
+    pools and cuda-ipc without them (or with the Megatron policy, whose ranks hold shards)."""
     if spec.transport == "object-store":
         return "object-store"
     if spec.transport == "nccl":
         return "broadcast"
+    if spec.transport == "cuda-ipc" or (on_gpus and colocated and backend == "torch"):
+        return "cuda-ipc"
     return "broadcast" if on_gpus and not colocated else "object-store"
 
 
 def build(
-    spec: WeightSyncSpec, policy: PolicyGroup, generation: GenerationGroup, *, on_gpus: bool, colocated: bool
+    spec: WeightSyncSpec,
+    policy: PolicyGroup,
+    generation: GenerationGroup,
+    *,
+    on_gpus: bool,
+    colocated: bool,
+    backend: str,
 ) -> WeightSynchronizer:
     """The synchronizer `spec` asks for; see `transport_of`."""
-    if transport_of(spec, on_gpus=on_gpus, colocated=colocated) == "object-store":
+    transport = transport_of(spec, on_gpus=on_gpus, colocated=colocated, backend=backend)
+    if transport == "object-store":
         return ObjectStoreSynchronizer(policy, generation, spec.timeout_seconds)
+    if transport == "cuda-ipc":
+        return CudaIpcSynchronizer(policy, generation, spec.timeout_seconds)
     return BroadcastSynchronizer(
         policy, generation, bucket_bytes=spec.bucket_size_mb * MiB, timeout_seconds=spec.timeout_seconds
     )

@@ -26,10 +26,9 @@ import torch
 
 from asyncgrpo_trainer import checkpoint, cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import generation, policy, sampling
-from asyncgrpo_trainer.backends.model import TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.backends import generation, ipc, policy, sampling, vllm_engine
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 
 def _node_ip() -> str:
@@ -91,6 +90,7 @@ class RefitSender:
     device: torch.device
     build: ModelBuild
     _refit: RefitGroup | None = None
+    _ipc_buffers: dict[str, torch.Tensor] | None = None
 
     def refit_tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -105,8 +105,7 @@ class RefitSender:
         return host, self._refit_store.port
 
     def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
-        with torch.device("meta"):  # the engines' parameter names and shapes (the plan's check)
-            named = list(TinyCausalLM(self.build.config).named_parameters())
+        named = list(self.build.skeleton().named_parameters())  # the engines' names and shapes
         self._refit = RefitGroup(
             spec, rank=rank, build=self.build, named=named, device=self.device, store=self._refit_store
         )
@@ -117,6 +116,22 @@ class RefitSender:
         tensors = self.refit_tensors()
         if self._refit is not None:
             self._refit.broadcast.sync(tensors)
+
+    def refit_share(self) -> bytes:
+        """CUDA IPC handles of this rank's weights in the engines' dtype, for the engine on the
+        same GPU (`weights.CudaIpcSynchronizer`). The cast goes into buffers kept across refits
+        (one copy of the model in its dtype on this GPU), so the handles stay valid while the
+        engine copies, whatever the next training step does to the master weights."""
+        tensors = self.refit_tensors()
+        if self._ipc_buffers is None:
+            self._ipc_buffers = {
+                k: torch.empty_like(v, dtype=self.build.torch_dtype) for k, v in tensors.items()
+            }
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                self._ipc_buffers[name].copy_(tensor)
+        torch.cuda.current_stream(self.device).synchronize()  # the engine reads after this returns
+        return ipc.share(self._ipc_buffers)
 
 
 class PolicyActor(DeferredRank, RefitSender, policy.TorchPolicyWorker):
@@ -194,31 +209,6 @@ class PolicyGroup:
         return float(sum(values)) / len(values)
 
 
-class GenerationActor(generation.TorchGenerationWorker):
-    """The torch generation engine as an async Ray actor (see the module docstring for refit)."""
-
-    async def device_type(self) -> str:
-        return self.device.type
-
-    async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
-        # A gloo group's constructor returns once every member has joined: not on the event loop.
-        self._refit = await asyncio.to_thread(
-            RefitGroup,
-            spec,
-            rank=rank,
-            build=self.build,
-            named=list(self.model.named_parameters()),
-            device=self.device,
-        )
-        return self._refit.plan
-
-    async def refit_receive(self, version: int) -> None:
-        await asyncio.to_thread(self._refit.broadcast.receive)  # into staging buffers only
-        async with self.weights_lock:  # decode steps see the old or the new weights, whole
-            self._refit.broadcast.unpack(dict(self.model.named_parameters()))
-            await self.adopt_weights(version)
-
-
 class GenerationGroup:
     """The generation engines; least-outstanding routing of prompt groups."""
 
@@ -268,13 +258,26 @@ def start_policy_group(
 
 
 def start_generation_group(
-    pool: cluster.Pool, build: ModelBuild, gpus: int, *, max_prefix_age: int = 0
+    pool: cluster.Pool,
+    build: ModelBuild,
+    gpus: int,
+    *,
+    max_prefix_age: int = 0,
+    vllm: vllm_engine.VLLMOptions | None = None,
 ) -> tuple[GenerationGroup, list[Any]]:
-    """The generation group and the refs that resolve once every engine is up."""
-    cls = ray.remote(GenerationActor)
+    """The generation group (vLLM engines when `vllm` options are given, else the torch engine)
+    and the refs that resolve once every engine is up."""
     device = policy.default_device(gpus)
+    engine: type[generation.GenerationWorker] = generation.TorchGenerationWorker
+    options: dict[str, Any] = {}
+    if vllm is not None:
+        vllm_engine.check_available()  # a clear error here, naming the spec field, not in every actor
+        engine, options = vllm_engine.VLLMGenerationWorker, {"options": vllm}
+    cls = ray.remote(engine)
     actors = [
-        cls.options(**pool.options(rank)).remote(build, device=device, max_prefix_age=max_prefix_age)
+        cls.options(**pool.options(rank)).remote(
+            build, device=device, max_prefix_age=max_prefix_age, **options
+        )
         for rank in range(pool.ranks)
     ]
     return GenerationGroup(actors), [a.stats.remote() for a in actors]  # type: ignore[attr-defined]

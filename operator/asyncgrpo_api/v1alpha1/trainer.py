@@ -26,6 +26,12 @@ class TinyModelSpec(ApiModel):
     intermediate_size: int | None = Field(
         default=None, ge=8, le=65536, description="MLP width; unset uses 4 x hiddenSize."
     )
+    position_embedding: Literal["learned", "rope"] = Field(
+        default="learned",
+        description="learned: absolute position embeddings (a 2-layer model learns position-sensitive "
+        "tasks such as digit reversal from random weights with them); rope: rotary, as Qwen2 (learns "
+        "such tasks far more slowly from random weights). Only rope models export to Hugging Face.",
+    )
 
 
 class ModelSpec(ApiModel):
@@ -218,7 +224,9 @@ class GenerationSpec(ApiModel):
     """The sampling side: backend and decoding settings."""
 
     backend: Literal["torch", "vllm"] = Field(
-        default="torch", description="torch runs on CPU or CUDA; vllm needs GPUs."
+        default="torch",
+        description="torch: the project's engine (CPU or CUDA; CUDA graphs on GPUs); vllm: vLLM 0.26 "
+        "on the checkpoint of model.path (model.source pretrained), on GPUs or with vLLM's CPU build.",
     )
     max_new_tokens: int = Field(default=16, ge=1, le=1_048_576, description="Response length cap.")
     temperature: float = Field(default=1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
@@ -251,9 +259,11 @@ class GenerationSpec(ApiModel):
 class WeightSyncSpec(ApiModel):
     """How new policy weights reach the generation workers after each step (refit)."""
 
-    transport: Literal["auto", "nccl", "object-store"] = Field(
+    transport: Literal["auto", "nccl", "cuda-ipc", "object-store"] = Field(
         default="auto",
-        description="auto: NCCL between GPU pools, Ray's object store otherwise.",
+        description="auto: a bucketed NCCL broadcast between separate GPU pools, CUDA IPC between a "
+        "torch policy rank and the engine colocated on its GPU, Ray's object store otherwise "
+        "(CPU; a colocated Megatron policy). nccl on CPU pools runs the same broadcast over gloo.",
     )
     bucket_size_mb: int = Field(
         default=512,
@@ -281,6 +291,17 @@ class DataSpec(ApiModel):
     shuffle: bool = Field(default=True, description="Shuffle the training prompts every epoch.")
     max_prompt_length: int = Field(
         default=64, ge=1, le=1_048_576, description="Prompts longer than this (in tokens) are skipped."
+    )
+    chat_template: bool | None = Field(
+        default=None,
+        description="Wrap each prompt in the checkpoint tokenizer's chat template (one user turn, "
+        "generation prompt appended). Unset: true when the tokenizer has a template. Pretrained "
+        "models only; the tiny model's character tokenizer has none.",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        max_length=65536,
+        description="System turn before each prompt when the chat template is applied.",
     )
 
 

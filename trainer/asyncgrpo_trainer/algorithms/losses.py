@@ -110,6 +110,10 @@ def policy_loss_terms(
             "clip_fraction_sum": (clip_hit * mask).sum(),
             "kl_sum": (kl * mask).sum(),
             "gen_kl_sum": ((prev_logprobs - generation_logprobs) * mask).sum(),
+            # NeMo-RL's token_mult_prob_error: exp|logp_pi_old - logp_engine|, 1 when they agree.
+            "gen_logprob_error_sum": (
+                (prev_logprobs - generation_logprobs).abs().clamp(max=20.0).exp() * mask
+            ).sum(),
             "ratio_mean": (ratio * mask).sum() / n,
         }
     return total, metrics

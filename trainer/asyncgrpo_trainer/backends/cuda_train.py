@@ -19,7 +19,7 @@ float16 there is no loss scaling.
 `ResponseLogprobs` is the one place the policy turns (prompt, response) rows into per-token
 log-probs, for the training loss and the reference pass alike; it computes what
 `sampling.token_logprobs` computes (the generation side's notion of a token's log-prob), through
-`hidden_states` + `head_logprobs` so the compiled head can be used.
+`Decoder.unnormed` + `head_logprobs` so the compiled head can be used.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM
+from asyncgrpo_trainer.models.network import CausalLM
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Recipe:
             return nullcontext()
         return torch.autocast(device.type, dtype=self.autocast)
 
-    def prepare(self, model: TinyCausalLM) -> TinyCausalLM:
+    def prepare(self, model: CausalLM) -> CausalLM:
         """The model in its training dtype (fp32 for master weights); compile separately."""
         return model.float() if self.master_fp32 else model
 
@@ -91,7 +91,7 @@ def length_buckets(cap: int) -> list[int]:
     return sorted({bucket_length(n, cap) for n in range(1, cap + 1)})
 
 
-def compile_blocks(model: TinyCausalLM) -> None:
+def compile_blocks(model: CausalLM) -> None:
     """Compile every decoder block in place (one graph, reused by all blocks; names unchanged).
 
     Static shapes: `ResponseLogprobs` feeds the compiled path only a fixed batch size and
@@ -107,17 +107,6 @@ def compile_blocks(model: TinyCausalLM) -> None:
         blk.compile(dynamic=False)
 
 
-def hidden_states(model: TinyCausalLM, ids: torch.Tensor) -> torch.Tensor:
-    """The model's forward up to (not including) the final norm: (B, T, C). Mirrors `forward`."""
-    t = ids.shape[1]
-    cos = model.rope_cos[:t]  # type: ignore[index]
-    sin = model.rope_sin[:t]  # type: ignore[index]
-    x = model.embed_tokens(ids)
-    for layer in model.layers:
-        x, _ = layer(x, cos, sin, None)
-    return x  # type: ignore[no-any-return]
-
-
 def head_logprobs(
     x: torch.Tensor,
     targets: torch.Tensor,
@@ -130,7 +119,7 @@ def head_logprobs(
     """log softmax(lm_head(norm(x)) / T) at `targets`: (B, T) fp32. Compiled, this never keeps
     fp32 logits (B, T, V) around; eager, it is what `sampling.token_logprobs` computes."""
     var = x.float().pow(2).mean(-1, keepdim=True)
-    h = (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * norm_w
+    h = norm_w * (x.float() * torch.rsqrt(var + eps)).to(x.dtype)
     logits = F.linear(h, lm_w).float() / temperature
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
@@ -156,7 +145,7 @@ class ResponseLogprobs:
 
     def __call__(
         self,
-        model: TinyCausalLM,
+        model: CausalLM,
         rows: Sequence[tuple[Sequence[int], Sequence[int]]],
         device: torch.device,
         *,
@@ -181,19 +170,24 @@ class ResponseLogprobs:
         ids, index, mask = (x.to(device, non_blocking=True) for x in (ids, index, mask))
         with self.recipe.forward_context(device):
             logp_all = self._head(
-                hidden_states(model, ids[:, :-1]),
+                model.model.unnormed(ids[:, :-1])[0],
                 ids[:, 1:],
-                norm_w=model.norm.weight,
-                eps=float(model.norm.eps),
+                norm_w=model.model.norm.weight,
+                eps=float(model.model.norm.eps),
                 lm_w=model.lm_head.weight,
                 temperature=self.temperature,
             )
         return logp_all.gather(1, index) * mask, mask
 
 
-def matmul_params(model: TinyCausalLM) -> int:
-    """Parameters that take part in a matmul per token: all but the input embedding table.
+def matmul_params(model: CausalLM) -> int:
+    """Parameters that take part in a matmul per token: all but the embedding tables' lookups
+    (a tied table is the output head too, so it counts once).
 
     6 x this x tokens is the training FLOP count MFU uses (the 27% baseline used the same N).
     """
-    return sum(p.numel() for p in model.parameters()) - model.embed_tokens.weight.numel()
+    decoder = model.model
+    lookups = 0 if model.cfg.tie_word_embeddings else decoder.embed_tokens.weight.numel()
+    if decoder.embed_positions is not None:
+        lookups += decoder.embed_positions.weight.numel()
+    return sum(p.numel() for p in model.parameters()) - lookups

@@ -46,11 +46,12 @@ from typing import Literal
 
 import torch
 
-from asyncgrpo_trainer.backends import sampling
+from asyncgrpo_trainer.backends import ipc, sampling
 from asyncgrpo_trainer.backends.batched import GroupBatcher, distribution
-from asyncgrpo_trainer.backends.model import KVCache, TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import ModelBuild
+from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
+from asyncgrpo_trainer.models.network import CausalLM, KVCache
+from asyncgrpo_trainer.models.recipe import ModelBuild
 
 PREFIX_CACHE_ENTRIES = 512
 
@@ -67,16 +68,45 @@ class Generated:
     busy_seconds: float
 
 
+class EngineLostError(RuntimeError):
+    """The engine behind a generation worker died (vLLM's engine process): an infrastructure
+    failure that the operator retries from the last checkpoint, not a training error."""
+
+
 class GenerationWorker(abc.ABC):
-    """What the controller calls on a generation engine (torch here; vLLM in its own issue)."""
+    """What the controller and the weight synchronizers call on a generation engine: the torch
+    engine below and `vllm_engine.VLLMGenerationWorker` implement it, so the controller's rules
+    (versions, aborts, cache resets) and the refit transports are the same for both."""
 
     @abc.abstractmethod
     async def generate(
         self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
-    ) -> Generated: ...
+    ) -> Generated:
+        """n samples of one prompt; cancelling the call aborts them."""
 
     @abc.abstractmethod
-    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None: ...
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """The object store's refit: `state` (network names) becomes weight `version`."""
+
+    @abc.abstractmethod
+    async def device_type(self) -> str: ...
+
+    @abc.abstractmethod
+    async def refit_members(self) -> int:
+        """Ranks this engine takes in a broadcast refit group (its processes that receive)."""
+
+    @abc.abstractmethod
+    async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        """Join the broadcast refit group at `rank` (and the ranks after it, one per member)."""
+
+    @abc.abstractmethod
+    async def refit_receive(self, version: int) -> None:
+        """Receive one broadcast refit as weight `version`."""
+
+    @abc.abstractmethod
+    async def load_ipc(self, handles: bytes, version: int) -> None:
+        """A colocated refit: CUDA IPC handles of the policy's tensors on this engine's GPU
+        (`ipc.share`)."""
 
     @abc.abstractmethod
     async def reset_cache(self) -> None: ...
@@ -112,14 +142,13 @@ class TorchGenerationWorker(GenerationWorker):
         torch.set_num_threads(num_threads)
         self.device = torch.device(device)
         self.build = build
-        self.model: TinyCausalLM = build.instantiate().to(self.device).eval()
+        self.model: CausalLM = build.instantiate().to(self.device).eval()
         self.version = -1
-        self.eos_id = build.eos_id
         self.max_prefix_age = max_prefix_age
         self._prefix: OrderedDict[tuple[int, ...], tuple[KVCache, torch.Tensor, int]] = OrderedDict()
         self.weights_lock = asyncio.Lock()
         self.max_batch_rows, self.sync_every = max_batch_rows, sync_every
-        self._decoders: dict[tuple[DecodeParams, int, int | None], StaticDecoder] = {}
+        self._decoders: dict[tuple[DecodeParams, int, tuple[int, ...]], StaticDecoder] = {}
         batched = engine == "batched" or (engine == "auto" and self.device.type == "cuda")
         self._batcher = (
             GroupBatcher(
@@ -132,6 +161,7 @@ class TorchGenerationWorker(GenerationWorker):
             if batched
             else None
         )
+        self._refit: RefitGroup | None = None
         self.busy_seconds = 0.0
         self.tokens_generated = 0
         self.prefix_hits = 0
@@ -141,13 +171,13 @@ class TorchGenerationWorker(GenerationWorker):
         """New tokens a batched decoder of these params reserves (a prompt needs at least one slot)."""
         return min(params.max_new_tokens, self.build.max_positions - 1)
 
-    def _stop_id(self, params: sampling.SamplingParams) -> int | None:
-        """The token that ends a row, None when the params ignore end-of-sequence."""
-        return None if params.ignore_eos else self.eos_id
+    def _stop_ids(self, params: sampling.SamplingParams) -> tuple[int, ...]:
+        """The tokens that end a row; none when the params ignore end-of-sequence."""
+        return () if params.ignore_eos else self.build.eos_ids
 
     def _decoder(self, params: sampling.SamplingParams) -> StaticDecoder:
         """The batched decoder of this distribution, length and stop token, built on first use."""
-        key = (distribution(params), self._budget(params), self._stop_id(params))
+        key = (distribution(params), self._budget(params), self._stop_ids(params))
         dec = self._decoders.get(key)
         if dec is None:
             dec = StaticDecoder(
@@ -156,7 +186,7 @@ class TorchGenerationWorker(GenerationWorker):
                 max_prompt_len=self.build.max_positions - key[1],
                 max_new_tokens=key[1],
                 params=key[0],
-                eos_id=key[2],
+                eos_ids=key[2],
                 pad_id=self.build.pad_id,
                 sync_every=self.sync_every,
                 # The compiled layer halves a decode step on CUDA (bench/gpu: 4.3 -> 2.2 ms for the
@@ -211,7 +241,7 @@ class TorchGenerationWorker(GenerationWorker):
                 cache = sampling.expand_cache(cache, n)
             last = last.expand(n, -1)
             busy = time.perf_counter() - t0
-        state = sampling.DecodeState(n, self._stop_id(params))
+        state = sampling.DecodeState(n, self._stop_ids(params))
         budget = min(params.max_new_tokens, self.build.max_positions - len(prompt_ids))
         for _ in range(budget):
             async with self.weights_lock:
@@ -234,6 +264,44 @@ class TorchGenerationWorker(GenerationWorker):
         async with self.weights_lock:
             t0 = time.perf_counter()
             self.model.load_state_dict(state)
+            self.busy_seconds += time.perf_counter() - t0
+            await self.adopt_weights(version)
+
+    async def device_type(self) -> str:
+        return self.device.type
+
+    async def refit_members(self) -> int:
+        return 1
+
+    async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        # A gloo group's constructor returns once every member has joined: not on the event loop.
+        self._refit = await asyncio.to_thread(
+            RefitGroup,
+            spec,
+            rank=rank,
+            build=self.build,
+            named=list(self.model.named_parameters()),
+            device=self.device,
+        )
+        return self._refit.plan
+
+    async def refit_receive(self, version: int) -> None:
+        if self._refit is None:
+            raise RuntimeError("refit_receive before refit_join")
+        await asyncio.to_thread(self._refit.broadcast.receive)  # into staging buffers only
+        async with self.weights_lock:  # decode steps see the old or the new weights, whole
+            self._refit.broadcast.unpack(dict(self.model.named_parameters()))
+            await self.adopt_weights(version)
+
+    async def load_ipc(self, handles: bytes, version: int) -> None:
+        """Copy the policy's tensors, shared by CUDA IPC on this GPU (`ipc.share`), into the model
+        in place."""
+        params = dict(self.model.named_parameters())
+        async with self.weights_lock:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for name, tensor in ipc.open_shared(handles):
+                    params[name].copy_(tensor)
             self.busy_seconds += time.perf_counter() - t0
             await self.adopt_weights(version)
 

@@ -1,7 +1,7 @@
-"""Weight names and layouts between Megatron-core's `GPTModel` and `TinyCausalLM` (pure torch).
+"""Weight names and layouts between Megatron-core's `GPTModel` and `CausalLM` (pure torch).
 
-The generation engines run `TinyCausalLM`, so the Megatron policy must hand them its weights under
-TinyCausalLM's names, and must start from the same seeded weights they start from. Three layout
+The generation engines run `CausalLM`, so the Megatron policy must hand them its weights under
+CausalLM's names, and must start from the same seeded weights they start from. Three layout
 differences matter:
 
 - attention: Megatron fuses q, k and v into one `linear_qkv` whose rows are grouped per key/value
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from asyncgrpo_trainer.backends.model import TinyConfig
+from asyncgrpo_trainer.models.config import ModelConfig
 
 _COLUMN = (
     "embedding.word_embeddings.weight",
@@ -42,9 +42,9 @@ def padded_vocab_size(vocab_size: int, tensor_parallel_size: int) -> int:
     return -(-vocab_size // tensor_parallel_size) * tensor_parallel_size
 
 
-def _split_qkv(w: torch.Tensor, cfg: TinyConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Megatron's grouped qkv rows (weight (rows, H) or bias (rows,)) -> q, k, v as TinyCausalLM has them."""
-    d = cfg.hidden_size // cfg.num_heads
+def _split_qkv(w: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Megatron's grouped qkv rows (weight (rows, H) or bias (rows,)) -> q, k, v as CausalLM has them."""
+    d = cfg.head_dim
     groups, per_group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
     grouped = w.reshape(groups, per_group + 2, d, *w.shape[1:])
     q = grouped[:, :per_group].reshape(cfg.num_heads * d, *w.shape[1:])
@@ -53,9 +53,9 @@ def _split_qkv(w: torch.Tensor, cfg: TinyConfig) -> tuple[torch.Tensor, torch.Te
     return q, k, v
 
 
-def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: TinyConfig) -> torch.Tensor:
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """Inverse of `_split_qkv`."""
-    d = cfg.hidden_size // cfg.num_heads
+    d = cfg.head_dim
     groups, per_group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
     rest = q.shape[1:]
     fused = torch.cat(
@@ -69,16 +69,16 @@ def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: TinyConfig
     return fused.reshape(-1, *rest)
 
 
-def megatron_to_tiny(full: Mapping[str, torch.Tensor], cfg: TinyConfig) -> dict[str, torch.Tensor]:
-    """Full Megatron parameters -> a TinyCausalLM state dict (padded vocabulary rows dropped)."""
+def megatron_to_tiny(full: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Full Megatron parameters -> a CausalLM state dict (padded vocabulary rows dropped)."""
     v, inter = cfg.vocab_size, cfg.intermediate_size
     out = {
-        "embed_tokens.weight": full["embedding.word_embeddings.weight"][:v],
-        "norm.weight": full["decoder.final_layernorm.weight"],
+        "model.embed_tokens.weight": full["embedding.word_embeddings.weight"][:v],
+        "model.norm.weight": full["decoder.final_layernorm.weight"],
         "lm_head.weight": full["output_layer.weight"][:v],
     }
     for i in range(cfg.num_layers):
-        src, dst = f"decoder.layers.{i}.", f"layers.{i}."
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
         qkv_w = _split_qkv(full[src + "self_attention.linear_qkv.weight"], cfg)
         qkv_b = _split_qkv(full[src + "self_attention.linear_qkv.bias"], cfg)
         for proj, w, b in zip(("q_proj", "k_proj", "v_proj"), qkv_w, qkv_b, strict=True):
@@ -89,28 +89,28 @@ def megatron_to_tiny(full: Mapping[str, torch.Tensor], cfg: TinyConfig) -> dict[
             dst + "input_layernorm.weight": full[src + "input_layernorm.weight"],
             dst + "self_attn.o_proj.weight": full[src + "self_attention.linear_proj.weight"],
             dst + "post_attention_layernorm.weight": full[src + "pre_mlp_layernorm.weight"],
-            dst + "gate_proj.weight": fc1[:inter],
-            dst + "up_proj.weight": fc1[inter:],
-            dst + "down_proj.weight": full[src + "mlp.linear_fc2.weight"],
+            dst + "mlp.gate_proj.weight": fc1[:inter],
+            dst + "mlp.up_proj.weight": fc1[inter:],
+            dst + "mlp.down_proj.weight": full[src + "mlp.linear_fc2.weight"],
         }
     return {k: t.contiguous() for k, t in out.items()}
 
 
 def tiny_to_megatron(
-    tiny: Mapping[str, torch.Tensor], cfg: TinyConfig, *, padded_vocab: int
+    tiny: Mapping[str, torch.Tensor], cfg: ModelConfig, *, padded_vocab: int
 ) -> dict[str, torch.Tensor]:
-    """A TinyCausalLM state dict -> full Megatron parameters (vocabulary zero-padded to `padded_vocab`)."""
+    """A CausalLM state dict -> full Megatron parameters (vocabulary zero-padded to `padded_vocab`)."""
 
     def pad(t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t, t.new_zeros(padded_vocab - t.shape[0], *t.shape[1:])])
 
     out = {
-        "embedding.word_embeddings.weight": pad(tiny["embed_tokens.weight"]),
-        "decoder.final_layernorm.weight": tiny["norm.weight"],
+        "embedding.word_embeddings.weight": pad(tiny["model.embed_tokens.weight"]),
+        "decoder.final_layernorm.weight": tiny["model.norm.weight"],
         "output_layer.weight": pad(tiny["lm_head.weight"]),
     }
     for i in range(cfg.num_layers):
-        src, dst = f"layers.{i}.", f"decoder.layers.{i}."
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         attn = src + "self_attn."
 
         def qkv(kind: str, attn: str = attn) -> torch.Tensor:
@@ -125,9 +125,9 @@ def tiny_to_megatron(
             dst + "self_attention.linear_proj.weight": tiny[attn + "o_proj.weight"],
             dst + "pre_mlp_layernorm.weight": tiny[src + "post_attention_layernorm.weight"],
             dst + "mlp.linear_fc1.weight": torch.cat(
-                [tiny[src + "gate_proj.weight"], tiny[src + "up_proj.weight"]]
+                [tiny[src + "mlp.gate_proj.weight"], tiny[src + "mlp.up_proj.weight"]]
             ),
-            dst + "mlp.linear_fc2.weight": tiny[src + "down_proj.weight"],
+            dst + "mlp.linear_fc2.weight": tiny[src + "mlp.down_proj.weight"],
         }
     return {k: t.contiguous() for k, t in out.items()}
 

@@ -8,9 +8,9 @@ parallelism (TP): every layer's weight matrices are split over the TP ranks of o
 replica, which all see the same rows.
 
 - The model is a `GPTModel` with the local (non-TransformerEngine) layer spec and no fused kernels
-  (no TE, no apex on the GPU image), shaped exactly like `TinyCausalLM`, and initialised from the
+  (no TE, no apex on the GPU image), shaped exactly like `CausalLM`, and initialised from the
   same seeded `ModelBuild.instantiate()` weights through `megatron_mapping`, so policy and
-  generation engines start identical, and `weights()` hands the engines TinyCausalLM's names.
+  generation engines start identical, and `weights()` hands the engines CausalLM's names.
 - Log-probs are computed on the vocab-parallel logits with Megatron's vocab-parallel cross entropy
   (no rank ever materialises the full vocabulary), at the same temperature and with the same
   response masking as `sampling.token_logprobs`.
@@ -49,7 +49,6 @@ import torch.nn.functional as F  # noqa: N812
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import megatron_mapping as mapping
-from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
 from asyncgrpo_trainer.backends.policy import (
     OptimConfig,
     PolicyWorker,
@@ -59,6 +58,8 @@ from asyncgrpo_trainer.backends.policy import (
     load_optimizer,
     optimizer_step,
 )
+from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 MEGATRON = "spec.trainer.policy.megatron"
 
@@ -84,6 +85,22 @@ class MegatronLayout:
                 f"attention, which the trainer image does not ship; got {self.context_parallel_size}"
             )
         tp, cfg = self.tensor_parallel_size, build.config
+        unsupported = [
+            what
+            for what, present in (
+                ("learned position embeddings", cfg.position_embedding != "rope"),
+                ("per-head q/k norms (Qwen3)", cfg.qk_norm),
+                ("tied embeddings", cfg.tie_word_embeddings),
+                ("an o_proj or MLP bias", cfg.o_bias or cfg.mlp_bias),
+                ("scaled rotary attention (yarn)", cfg.rope_attention_scaling != 1.0),
+            )
+            if present
+        ]
+        if unsupported:
+            raise InvalidModelError(
+                "spec.trainer.policy.backend megatron does not run this model yet "
+                f"({', '.join(unsupported)}); use policy.backend torch"
+            )
         if world_size % tp:
             raise ValueError(f"{MEGATRON}.tensorParallelSize {tp} must divide the {world_size} policy ranks")
         if cfg.num_heads % tp or (cfg.num_kv_heads % tp and tp % cfg.num_kv_heads):
@@ -122,7 +139,7 @@ def _import_megatron() -> Any:
 
 
 def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.device) -> torch.nn.Module:
-    """A GPTModel shaped like `build`'s TinyCausalLM (parameters uninitialised; see `load_full`).
+    """A GPTModel shaped like `build`'s CausalLM (parameters uninitialised; see `load_full`).
 
     Needs `parallel_state.initialize_model_parallel` to have run.
     """
@@ -138,12 +155,12 @@ def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.
             hidden_size=cfg.hidden_size,
             num_attention_heads=cfg.num_heads,
             num_query_groups=cfg.num_kv_heads,
-            kv_channels=cfg.hidden_size // cfg.num_heads,
+            kv_channels=cfg.head_dim,
             ffn_hidden_size=cfg.intermediate_size,
             normalization="RMSNorm",
-            layernorm_epsilon=1e-6,
+            layernorm_epsilon=cfg.rms_norm_eps,
             add_bias_linear=False,
-            add_qkv_bias=True,
+            add_qkv_bias=cfg.qkv_bias,
             gated_linear_unit=True,
             activation_func=F.silu,
             hidden_dropout=0.0,
@@ -173,8 +190,10 @@ def build_gpt_model(build: ModelBuild, tensor_parallel_size: int, device: torch.
             share_embeddings_and_output_weights=False,
             position_embedding_type="rope",
             rotary_percent=1.0,
-            rotary_base=cfg.rope_theta,
         )
+    # The rotation is the checkpoint's own (scaled variants included), not Megatron's from a base.
+    rotary: Any = model.rotary_pos_emb
+    rotary.inv_freq = torch.tensor(cfg.rope_inv_freq, dtype=torch.float32, device=device)
     return model.to(device)
 
 
@@ -234,7 +253,7 @@ class MegatronPolicyWorker(PolicyWorker):
         self._reset_step()
 
     def _initial_model(self) -> torch.nn.Module:
-        """The GPTModel holding this rank's shards of the recipe's seeded TinyCausalLM weights."""
+        """The GPTModel holding this rank's shards of the recipe's seeded CausalLM weights."""
         model = build_gpt_model(self.build, self.tp, self.device)
         cfg = self.build.config
         full = mapping.tiny_to_megatron(
@@ -376,7 +395,7 @@ class MegatronPolicyWorker(PolicyWorker):
     # --- weights and checkpoints -----------------------------------------------------------------
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """TinyCausalLM-named CPU weights on TP rank 0 ({} on the others). A collective over the TP
+        """CausalLM-named CPU weights on TP rank 0 ({} on the others). A collective over the TP
         group: every TP rank of the replica must call it."""
         return self.full_weights(torch.device("cpu"))
 
@@ -463,3 +482,18 @@ def _local_rendezvous(world_size: int) -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"tcp://127.0.0.1:{port}"
+
+
+def read_full_weights(step: Path, build: ModelBuild) -> dict[str, torch.Tensor]:
+    """The network's weights (Hugging Face names) from a checkpoint's `policy-tp*.pt` shards:
+    every tensor-parallel rank's file, reassembled (for `asyncgrpo export`, no process group)."""
+    first = checkpoint.read(
+        step / shard_file(0), fix="the checkpoint was not written by the Megatron backend"
+    )
+    size = int(first["tensor_parallel"][1])
+    shards = [first["model"]] + [
+        checkpoint.read(step / shard_file(r), fix=f"the Megatron backend writes {size} shard files")["model"]
+        for r in range(1, size)
+    ]
+    full = {name: mapping.unshard(name, [s[name] for s in shards]) for name in shards[0]}
+    return mapping.megatron_to_tiny(full, build.config)

@@ -28,7 +28,7 @@ must keep serving while the bytes move (an async generation actor) calls `receiv
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +36,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10dBackend
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from asyncgrpo_trainer.backends.model import TinyCausalLM
-from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
+from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
@@ -129,9 +128,7 @@ class BucketPlan:
 def refit_plan(build: ModelBuild, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketPlan:
     """The plan both sides of a refit derive from the model recipe alone: its parameters in
     `named_parameters` order, in the model's dtype (what the generation engines hold)."""
-    with torch.device("meta"):  # shapes only, no memory and no init work
-        model = TinyCausalLM(build.config)
-    shapes = ((n, tuple(p.shape)) for n, p in model.named_parameters())
+    shapes = ((n, tuple(p.shape)) for n, p in build.skeleton().named_parameters())
     return BucketPlan.build(shapes, dtype=DTYPES[build.dtype], bucket_bytes=bucket_bytes)
 
 
@@ -187,7 +184,7 @@ class BucketedBroadcast:
             opts.rootRank = self.src
             direct: dist.Work = self.group.broadcast([buf], opts)  # type: ignore[attr-defined]
             return direct
-        work = dist.broadcast(buf, self.src, group=self.group, async_op=True)
+        work: dist.Work | None = dist.broadcast(buf, self.src, group=self.group, async_op=True)
         assert work is not None
         return work
 
@@ -229,6 +226,13 @@ class BucketedBroadcast:
             for work in [self._broadcast(b) for b in range(self.plan.num_buckets)]:
                 work.wait()
         self._receive_stream.synchronize()
+
+    def received(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of the last `receive`, as views of this object's buffers in the plan's
+        dtype, valid until the next receive: for a receiver that copies them itself (vLLM's
+        `load_weights` fuses and shards them on its way into its own parameters)."""
+        for slots, views in zip(self._slots, self._view_lists, strict=True):
+            yield from zip((s.name for s in slots), views, strict=True)
 
     @torch.no_grad()
     def unpack(self, tensors: Mapping[str, torch.Tensor]) -> None:

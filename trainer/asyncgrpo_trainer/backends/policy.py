@@ -41,7 +41,8 @@ import torch.distributed as dist
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
-from asyncgrpo_trainer.backends.modelspec import DTYPES, ModelBuild
+from asyncgrpo_trainer.models import hf
+from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 POLICY_FILE = "policy.pt"
 """The torch backend's file in a checkpoint directory (`checkpoint`)."""
@@ -206,9 +207,13 @@ class TorchPolicyWorker(PolicyWorker):
         }
 
     def save(self, directory: str) -> dict[str, Any]:
-        """Write `policy.pt` (the group calls data-parallel rank 0 only: every rank holds the same
-        state)."""
-        return checkpoint.write_or_return(Path(directory) / POLICY_FILE, self.state())
+        """Write `policy.pt`, and for a pretrained model the Hugging Face directory `hf` (the
+        group calls data-parallel rank 0 only: every rank holds the same state)."""
+        returned = checkpoint.write_or_return(Path(directory) / POLICY_FILE, self.state())
+        export = hf_export(self.build, self.weights())
+        if export is not None:
+            returned |= checkpoint.write_or_return(Path(directory) / checkpoint.HF_DIR, export)
+        return returned
 
     def load(self, directory: str) -> None:
         state = checkpoint.read(
@@ -317,7 +322,16 @@ class StepTotals:
             "clip_fraction": self.sums["clip_fraction_sum"] / tokens,
             "kl": self.sums["kl_sum"] / tokens,
             "gen_kl_error": self.sums["gen_kl_sum"] / tokens,
+            "gen_logprob_error": self.sums["gen_logprob_error_sum"] / tokens,
         }
+
+
+def hf_export(build: ModelBuild, weights: dict[str, torch.Tensor]) -> hf.Export | None:
+    """The Hugging Face directory a checkpoint of a pretrained model holds (the source checkpoint's
+    config and tokenizer, the trained weights in the model's dtype); None for the tiny model."""
+    if build.checkpoint is None:
+        return None
+    return hf.Export(weights, build.config, build.checkpoint, build.torch_dtype)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_taken: int) -> float:
@@ -330,7 +344,16 @@ def optimizer_step(optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_t
     return lr
 
 
-_SUMMED = ("tokens", "sequences", "loss_sum", "is_weight_sum", "clip_fraction_sum", "kl_sum", "gen_kl_sum")
+_SUMMED = (
+    "tokens",
+    "sequences",
+    "loss_sum",
+    "is_weight_sum",
+    "clip_fraction_sum",
+    "kl_sum",
+    "gen_kl_sum",
+    "gen_logprob_error_sum",
+)
 """The per-step sums `StepAccumulator.reduce` reduces over the data-parallel group."""
 
 

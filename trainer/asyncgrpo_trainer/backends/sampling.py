@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import KVCache
+from asyncgrpo_trainer.models.network import KVCache
 
 Forward = Callable[[torch.Tensor, KVCache | None], tuple[torch.Tensor, KVCache]]
 
@@ -88,11 +88,12 @@ def decode_step(
 class DecodeState:
     """Per-row tokens, log-probs and end-of-sequence flags of a batch being decoded.
 
-    With `eos_id` None no row ever ends early (ignore_eos): every row runs the whole budget.
+    A row ends at any of `eos_ids`; with none (ignore_eos) no row ends early: every row runs the
+    whole budget.
     """
 
-    def __init__(self, batch: int, eos_id: int | None) -> None:
-        self.eos_id = eos_id
+    def __init__(self, batch: int, eos_ids: tuple[int, ...]) -> None:
+        self.eos_ids = frozenset(eos_ids)
         self.tokens: list[list[int]] = [[] for _ in range(batch)]
         self.logprobs: list[list[float]] = [[] for _ in range(batch)]
         self.done = [False] * batch
@@ -103,7 +104,7 @@ class DecodeState:
                 continue
             self.tokens[i].append(int(t))
             self.logprobs[i].append(float(lp))
-            if t == self.eos_id:
+            if t in self.eos_ids:
                 self.done[i] = True
 
     @property

@@ -1,6 +1,6 @@
-"""Fast batched decoding for a `TinyCausalLM`: static KV cache, one CUDA graph per decode step.
+"""Fast batched decoding for a `CausalLM`: static KV cache, one CUDA graph per decode step.
 
-Why this exists: the plain loop (`sampling.decode_step` over `TinyCausalLM.forward`) launches a few
+Why this exists: the plain loop (`sampling.decode_step` over `CausalLM.forward`) launches a few
 thousand small kernels per token and copies every token to the host to check for end-of-sequence;
 on an H200 a 24-layer model then spends ~65 ms per step waiting on the CPU (HF `generate()` is the
 same, about 2% of the decode bound). Here every buffer is allocated once, so one whole decode step
@@ -34,8 +34,8 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.backends.model import Block, TinyCausalLM
 from asyncgrpo_trainer.backends.sampling import filtered_logprobs
+from asyncgrpo_trainer.models.network import CausalLM, DecoderLayer
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,12 @@ class DecodeOutput:
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     var = x.float().pow(2).mean(-1, keepdim=True)
-    return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
+    return weight * (x.float() * torch.rsqrt(var + eps)).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rope(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    if cos is None or sin is None:  # learned absolute positions: nothing to rotate
+        return x
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -81,15 +83,46 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 @dataclass
 class _LayerWeights:
+    """One layer's tensors as the decode step uses them; q/k/v and gate/up packed (see the module
+    docstring), the rest the model's own parameters. Biases and q/k norms are None where the
+    family has none."""
+
     ln1: torch.Tensor
     w_qkv: torch.Tensor
-    b_qkv: torch.Tensor
+    b_qkv: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
     w_o: torch.Tensor
+    b_o: torch.Tensor | None
     ln2: torch.Tensor
     w_gu: torch.Tensor
+    b_gu: torch.Tensor | None
     w_down: torch.Tensor
-    eps1: float
-    eps2: float
+    b_down: torch.Tensor | None
+    eps: float
+
+    def post(self) -> dict[str, Any]:
+        """The keyword arguments of `_post_attention`."""
+        return {
+            "w_o": self.w_o,
+            "b_o": self.b_o,
+            "ln2": self.ln2,
+            "w_gu": self.w_gu,
+            "b_gu": self.b_gu,
+            "w_down": self.w_down,
+            "b_down": self.b_down,
+            "eps": self.eps,
+        }
+
+
+def _packed(layer: DecoderLayer) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[torch.Tensor]]:
+    """The tensors packed into w_qkv, b_qkv (None without biases) and w_gu, in packing order."""
+    att, mlp = layer.self_attn, layer.mlp
+    weights: list[torch.Tensor] = [att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]
+    biases: list[torch.Tensor] | None = None
+    if att.q_proj.bias is not None and att.k_proj.bias is not None and att.v_proj.bias is not None:
+        biases = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
+    return weights, biases, [mlp.gate_proj.weight, mlp.up_proj.weight]
 
 
 def _pre_attention(
@@ -97,21 +130,26 @@ def _pre_attention(
     *,
     ln1: torch.Tensor,
     w_qkv: torch.Tensor,
-    b_qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     eps: float,
     heads: int,
     kv_heads: int,
+    head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Norm, packed q/k/v projection and RoPE for one new token per row: x (B, C) -> (B, H*, D)."""
-    b = x.shape[0]
-    d = cos.shape[-1]
+    """Norm, packed q/k/v projection, q/k norm and RoPE for x (..., C) -> (..., H*, D)."""
+    d = head_dim
     h = _rms(x, ln1, eps)
     qkv = F.linear(h, w_qkv, b_qkv)
-    q = qkv[:, : heads * d].view(b, heads, d)
-    k = qkv[:, heads * d : (heads + kv_heads) * d].view(b, kv_heads, d)
-    v = qkv[:, (heads + kv_heads) * d :].view(b, kv_heads, d)
+    lead = qkv.shape[:-1]
+    q = qkv[..., : heads * d].view(*lead, heads, d)
+    k = qkv[..., heads * d : (heads + kv_heads) * d].view(*lead, kv_heads, d)
+    v = qkv[..., (heads + kv_heads) * d :].view(*lead, kv_heads, d)
+    if q_norm is not None and k_norm is not None:
+        q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
     return _rope(q, cos, sin), _rope(k, cos, sin), v
 
 
@@ -135,17 +173,20 @@ def _post_attention(
     attn: torch.Tensor,
     *,
     w_o: torch.Tensor,
+    b_o: torch.Tensor | None,
     ln2: torch.Tensor,
     w_gu: torch.Tensor,
+    b_gu: torch.Tensor | None,
     w_down: torch.Tensor,
+    b_down: torch.Tensor | None,
     eps: float,
 ) -> torch.Tensor:
     """Output projection, residual, norm and the SwiGLU MLP (packed gate/up)."""
-    x = x + F.linear(attn, w_o)
+    x = x + F.linear(attn, w_o, b_o)
     h = _rms(x, ln2, eps)
-    gu = F.linear(h, w_gu)
+    gu = F.linear(h, w_gu, b_gu)
     inter = gu.shape[-1] // 2
-    return x + F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], w_down)
+    return x + F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], w_down, b_down)
 
 
 @dataclass
@@ -166,7 +207,7 @@ class _BatchState:
 
 
 class StaticDecoder:
-    """Batched sampling with per-token log-probs from a `TinyCausalLM`; see the module docstring.
+    """Batched sampling with per-token log-probs from a `CausalLM`; see the module docstring.
 
     One decoder serves one set of `DecodeParams` (they are baked into the captured graph) and
     batches up to `max_batch` rows; a CUDA graph is captured lazily per batch size. On CPU (or with
@@ -175,13 +216,13 @@ class StaticDecoder:
 
     def __init__(
         self,
-        model: TinyCausalLM,
+        model: CausalLM,
         *,
         max_batch: int,
         max_prompt_len: int,
         max_new_tokens: int,
         params: DecodeParams,
-        eos_id: int | None,
+        eos_ids: tuple[int, ...],
         pad_id: int = 0,
         use_cuda_graph: bool | None = None,
         compile_layer: bool = False,
@@ -197,7 +238,7 @@ class StaticDecoder:
         self.model = model
         self.cfg = cfg
         self.params = params
-        self.eos_id = eos_id
+        self._eos = torch.tensor(eos_ids, dtype=torch.long) if eos_ids else None
         self.pad_id = pad_id
         self.max_batch = max_batch
         self.max_prompt_len = max_prompt_len
@@ -208,7 +249,9 @@ class StaticDecoder:
         self.use_cuda_graph = self.device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
         if self.use_cuda_graph and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
-        self.head_dim = cfg.hidden_size // cfg.num_heads
+        self.head_dim = cfg.head_dim
+        if self._eos is not None:
+            self._eos = self._eos.to(self.device)
         self.seq_len = max_prompt_len + max_new_tokens
         shape = (cfg.num_layers, max_batch, cfg.num_kv_heads, self.seq_len, self.head_dim)
         # Zero-filled so masked slots never hold NaN/inf (0 x NaN would leak through the softmax).
@@ -238,29 +281,41 @@ class StaticDecoder:
     @torch.no_grad()
     def refresh_weights(self) -> None:
         """(Re)pack q/k/v and gate/up from the model; in place, so captured graphs stay valid."""
-        blocks = [cast(Block, blk) for blk in self.model.layers]
+        layers = [cast(DecoderLayer, layer) for layer in self.model.layers]
         if not self._layers:
-            for blk in blocks:
-                att = blk.self_attn
+            for layer in layers:
+                att, mlp = layer.self_attn, layer.mlp
+                qkv_w, qkv_b, gu_w = _packed(layer)
+                gu_b: list[torch.Tensor] | None = None
+                if mlp.gate_proj.bias is not None and mlp.up_proj.bias is not None:
+                    gu_b = [mlp.gate_proj.bias, mlp.up_proj.bias]
                 self._layers.append(
                     _LayerWeights(
-                        ln1=blk.input_layernorm.weight,
-                        w_qkv=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
-                        b_qkv=torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]),
+                        ln1=layer.input_layernorm.weight,
+                        w_qkv=torch.cat(qkv_w),
+                        b_qkv=torch.cat(qkv_b) if qkv_b is not None else None,
+                        q_norm=att.q_norm.weight if att.q_norm is not None else None,
+                        k_norm=att.k_norm.weight if att.k_norm is not None else None,
                         w_o=att.o_proj.weight,
-                        ln2=blk.post_attention_layernorm.weight,
-                        w_gu=torch.cat([blk.gate_proj.weight, blk.up_proj.weight]),
-                        w_down=blk.down_proj.weight,
-                        eps1=float(blk.input_layernorm.eps),
-                        eps2=float(blk.post_attention_layernorm.eps),
+                        b_o=att.o_proj.bias,
+                        ln2=layer.post_attention_layernorm.weight,
+                        w_gu=torch.cat(gu_w),
+                        b_gu=torch.cat(gu_b) if gu_b is not None else None,
+                        w_down=mlp.down_proj.weight,
+                        b_down=mlp.down_proj.bias,
+                        eps=float(layer.input_layernorm.eps),
                     )
                 )
             return
-        for lw, blk in zip(self._layers, blocks, strict=True):
-            att = blk.self_attn
-            torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], out=lw.w_qkv)
-            torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias], out=lw.b_qkv)
-            torch.cat([blk.gate_proj.weight, blk.up_proj.weight], out=lw.w_gu)
+        for lw, layer in zip(self._layers, layers, strict=True):
+            mlp = layer.mlp
+            qkv_w, qkv_b, gu_w = _packed(layer)
+            torch.cat(qkv_w, out=lw.w_qkv)
+            if qkv_b is not None and lw.b_qkv is not None:
+                torch.cat(qkv_b, out=lw.b_qkv)
+            torch.cat(gu_w, out=lw.w_gu)
+            if lw.b_gu is not None and mlp.gate_proj.bias is not None and mlp.up_proj.bias is not None:
+                torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias], out=lw.b_gu)
 
     # ------------------------------------------------------------------ state
     def _state(self, batch: int) -> _BatchState:
@@ -298,41 +353,54 @@ class StaticDecoder:
         st.out_tok.index_copy_(1, st.step, tok.unsqueeze(1))
         st.out_lp.index_copy_(1, st.step, chosen.unsqueeze(1))
         st.lengths.add_(alive.long())
-        if self.eos_id is not None:
-            st.done.logical_or_(alive & (tok == self.eos_id))
+        if self._eos is not None:
+            st.done.logical_or_(alive & torch.isin(tok, self._eos))
         st.cur_tok.copy_(tok)
         st.step.add_(1)
+
+    def _positions_of(self, pos: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """cos/sin at `pos` in the model's dtype, with a head axis; None, None for learned positions."""
+        rope = self.model.model.rotary(pos)
+        if rope is None:
+            return None, None
+        return rope[0].to(self.dtype).unsqueeze(-2), rope[1].to(self.dtype).unsqueeze(-2)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.model.lm_head(self.model.model.norm(x))
+        return logits
 
     def _forward_one(self, st: _BatchState) -> None:
         """Run cur_tok through the model at st.slot; writes st.logits and the caches."""
         b = st.batch
-        x = self.model.embed_tokens(st.cur_tok)
         pos = (st.slot - st.pad).clamp_(min=0)
-        cos = self.model.rope_cos[pos].to(self.dtype).unsqueeze(1)  # type: ignore[index]
-        sin = self.model.rope_sin[pos].to(self.dtype).unsqueeze(1)  # type: ignore[index]
+        x = self.model.model.embed(st.cur_tok, pos)
+        cos, sin = self._positions_of(pos)
         valid = (self._positions >= st.pad.unsqueeze(1)) & (self._positions <= st.slot)
         key_bias = torch.zeros(valid.shape, dtype=torch.float32, device=self.device)
         key_bias = key_bias.masked_fill(~valid, float("-inf")).view(b, 1, 1, self.seq_len)
-        heads, kv_heads = self.cfg.num_heads, self.cfg.num_kv_heads
         for i, lw in enumerate(self._layers):
             kc, vc = self.k_cache[i, :b], self.v_cache[i, :b]
-            q, k, v = self._pre(
-                x,
-                ln1=lw.ln1,
-                w_qkv=lw.w_qkv,
-                b_qkv=lw.b_qkv,
-                cos=cos,
-                sin=sin,
-                eps=lw.eps1,
-                heads=heads,
-                kv_heads=kv_heads,
-            )
+            q, k, v = self._pre(x, cos=cos, sin=sin, **self._pre_args(lw))
             kc.index_copy_(2, st.slot, k.unsqueeze(2))
             vc.index_copy_(2, st.slot, v.unsqueeze(2))
             attn = self._attend(q, kc, vc, key_bias)
-            x = self._post(x, attn, w_o=lw.w_o, ln2=lw.ln2, w_gu=lw.w_gu, w_down=lw.w_down, eps=lw.eps2)
-        st.logits.copy_(self.model.lm_head(self.model.norm(x)))
+            x = self._post(x, attn, **lw.post())
+        st.logits.copy_(self._head(x))
         st.slot.add_(1)
+
+    def _pre_args(self, lw: _LayerWeights) -> dict[str, Any]:
+        """The keyword arguments of `_pre_attention` besides x and the rotary tables."""
+        return {
+            "ln1": lw.ln1,
+            "w_qkv": lw.w_qkv,
+            "b_qkv": lw.b_qkv,
+            "q_norm": lw.q_norm,
+            "k_norm": lw.k_norm,
+            "eps": lw.eps,
+            "heads": self.cfg.num_heads,
+            "kv_heads": self.cfg.num_kv_heads,
+            "head_dim": self.head_dim,
+        }
 
     @torch.no_grad()
     def _step(self, st: _BatchState) -> None:
@@ -344,11 +412,9 @@ class StaticDecoder:
     def _prefill(self, st: _BatchState, ids: torch.Tensor, pad: torch.Tensor) -> None:
         """Fill cache slots [0, P) and st.logits from left-padded prompts (B, P); flash when unpadded."""
         b, t = ids.shape
-        m = self.model
-        heads, kv_heads, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.head_dim
+        heads, kv_heads = self.cfg.num_heads, self.cfg.num_kv_heads
         pos = (torch.arange(t, device=self.device).unsqueeze(0) - pad.unsqueeze(1)).clamp(min=0)
-        cos = m.rope_cos[pos].to(self.dtype).unsqueeze(1)  # type: ignore[index]
-        sin = m.rope_sin[pos].to(self.dtype).unsqueeze(1)  # type: ignore[index]
+        cos, sin = self._positions_of(pos)
         padded = bool((pad > 0).any())
         mask = None
         if padded:
@@ -358,22 +424,18 @@ class StaticDecoder:
             # A padding query sees only itself, so it stays finite (its output is never used).
             mask = (causal & key_ok) | torch.eye(t, dtype=torch.bool, device=self.device)
             mask = mask.unsqueeze(1)
-        x = m.embed_tokens(ids)
+        x = self.model.model.embed(ids, pos)
         for i, lw in enumerate(self._layers):
-            h = _rms(x, lw.ln1, lw.eps1)
-            qkv = F.linear(h, lw.w_qkv, lw.b_qkv)
-            q = qkv[..., : heads * d].view(b, t, heads, d).transpose(1, 2)
-            k = qkv[..., heads * d : (heads + kv_heads) * d].view(b, t, kv_heads, d).transpose(1, 2)
-            v = qkv[..., (heads + kv_heads) * d :].view(b, t, kv_heads, d).transpose(1, 2)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k, v = _pre_attention(x, cos=cos, sin=sin, **self._pre_args(lw))
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             self.k_cache[i, :b, :, :t].copy_(k)
             self.v_cache[i, :b, :, :t].copy_(v)
             attn = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=not padded, enable_gqa=kv_heads != heads
             )
-            attn = attn.transpose(1, 2).reshape(b, t, heads * d)
-            x = _post_attention(x, attn, w_o=lw.w_o, ln2=lw.ln2, w_gu=lw.w_gu, w_down=lw.w_down, eps=lw.eps2)
-        st.logits.copy_(m.lm_head(m.norm(x[:, -1])))
+            attn = attn.transpose(1, 2).reshape(b, t, heads * self.head_dim)
+            x = _post_attention(x, attn, **lw.post())
+        st.logits.copy_(self._head(x[:, -1]))
         st.pad.copy_(pad)
         st.slot.fill_(t)
         st.step.zero_()

