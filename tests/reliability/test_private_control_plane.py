@@ -243,7 +243,10 @@ def test_a_job_without_kuberay_says_so_and_starts_once_kuberay_is_installed(
         )
         assert missing["phase"] == "Pending" and "KubeRay" in missing["message"]
         assert "not found" in missing["message"]  # the API server's words ("404 page not found")
-        warnings = [e for e in events(api, ns, "orphan") if e["type"] == "Warning"]
+        warnings = wait_until(  # the Event follows the status write it reports
+            lambda: [e for e in events(api, ns, "orphan") if e["type"] == "Warning"] or None,
+            "a Warning Event",
+        )
         assert [e["reason"] for e in warnings] == ["KubeRayMissing"]
 
         api.apply(RAYCLUSTER_CRD, json.dumps(saved))
