@@ -79,7 +79,8 @@ class Metrics:
         self.dry_runs = Counter(
             "asyncgrpo_admission_dry_runs",
             "Server-side dry-runs of a job's RayCluster at admission, by result: accepted, refused, "
-            "skipped (the API server could not judge it; the job is admitted) or unchanged.",
+            "skipped (the API server could not judge it; the job is admitted), unchanged (an update "
+            "that leaves the RayCluster as it was) or shed (too many at once; admitted without one).",
             ["result"],
             registry=self.registry,
         )

@@ -56,6 +56,8 @@ class Runtime:
     elector_task: asyncio.Task[None] | None = None
     metrics_server: web.AppRunner | None = None
     admission_dry_run: bool = True
+    dry_runs_in_flight: int = 0
+    """The admission webhook's RayCluster dry-runs running now (dryrun.MAX_IN_FLIGHT bounds it)."""
 
     def enqueue(self, namespace: str | None, name: str | None, delay: float = 0.0) -> None:
         if namespace and name:

@@ -233,7 +233,15 @@ async def _with_dry_run(
     if cluster is None:
         rt.metrics.dry_runs.labels("unchanged").inc()
         return decision
-    result, finding, warning = dryrun.judge(await dryrun.ask(rt.api, cluster), cluster["metadata"]["name"])
+    if rt.dry_runs_in_flight >= dryrun.MAX_IN_FLIGHT:
+        rt.metrics.dry_runs.labels("shed").inc()
+        return Decision(allowed=True, warnings=(*decision.warnings, dryrun.SHED_WARNING))
+    rt.dry_runs_in_flight += 1
+    try:
+        answer = await dryrun.ask(rt.api, cluster)
+    finally:
+        rt.dry_runs_in_flight -= 1
+    result, finding, warning = dryrun.judge(answer, cluster["metadata"]["name"])
     rt.metrics.dry_runs.labels(result).inc()
     warnings = decision.warnings + ((warning,) if warning else ())
     if finding is None:

@@ -94,8 +94,12 @@ class FakeApi:
             raise self.error
 
 
+def fake_runtime(api: FakeApi) -> SimpleNamespace:
+    return SimpleNamespace(api=api, metrics=Metrics(), dry_runs_in_flight=0)
+
+
 def judged(api: FakeApi, manifest: dict[str, Any]) -> webhook.Decision:
-    rt = SimpleNamespace(api=api, metrics=Metrics())
+    rt = fake_runtime(api)
     allowed = webhook.review("CREATE", new=manifest, old=None)
     assert allowed.allowed
     return asyncio.run(webhook._with_dry_run(rt, "CREATE", manifest, None, allowed))  # type: ignore[arg-type]
@@ -121,3 +125,29 @@ def test_an_accepted_dry_run_keeps_the_rules_warnings() -> None:
     decision = judged(FakeApi(), manifest)
     assert decision.allowed
     assert decision.warnings == webhook.review("CREATE", new=manifest, old=None).warnings
+
+
+def test_a_burst_of_creates_is_shed_beyond_the_dry_runs_in_flight_limit() -> None:
+    """A sweep applied at once must not double the API server's work at its busiest: beyond
+    MAX_IN_FLIGHT concurrent dry-runs, jobs are admitted at once without one, with a warning."""
+    api = FakeApi(delay=0.3)
+    rt = fake_runtime(api)
+    burst = dryrun.MAX_IN_FLIGHT + 2
+
+    async def admit_all() -> list[webhook.Decision]:
+        manifests = [stored(job(f"j{i}")) for i in range(burst)]
+        return await asyncio.gather(
+            *(
+                webhook._with_dry_run(rt, "CREATE", m, None, webhook.review("CREATE", new=m, old=None))  # type: ignore[arg-type]
+                for m in manifests
+            )
+        )
+
+    decisions = asyncio.run(admit_all())
+    assert all(d.allowed for d in decisions)
+    assert api.calls == dryrun.MAX_IN_FLIGHT
+    shed = [d for d in decisions if dryrun.SHED_WARNING in d.warnings]
+    assert len(shed) == burst - dryrun.MAX_IN_FLIGHT
+    assert rt.dry_runs_in_flight == 0
+    assert asyncio.run(webhook._with_dry_run(rt, "CREATE", stored(job("later")), None, webhook.ALLOW)).allowed  # type: ignore[arg-type]
+    assert api.calls == dryrun.MAX_IN_FLIGHT + 1  # the limit is on concurrency, not a budget
