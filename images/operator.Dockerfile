@@ -31,4 +31,4 @@ WORKDIR /tmp
 EXPOSE 9443 8080 9090
 # `python -m asyncgrpo_operator` = kopf run -m asyncgrpo_operator.main --standalone, all namespaces.
 ENTRYPOINT ["python", "-m", "asyncgrpo_operator"]
-CMD ["--liveness=http://0.0.0.0:8080/healthz", "--log-format=json"]
+CMD ["--liveness=http://0.0.0.0:8080/healthz", "--log-format=json", "--metrics-port=9090"]

@@ -4,7 +4,9 @@
 # (so there is no ENTRYPOINT to get in its way), and the operator starts the driver on the head
 # with the command below (`python -m asyncgrpo_trainer --job-spec /etc/asyncgrpo/job.json`).
 
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
+# CUDA 13.0: the torch the `gpu` extra pins (torch==2.11.0, whose PyPI wheel is built for CUDA 13.0,
+# `+cu130`) and vLLM 0.26 built against it; tests/chart/test_images.py checks the two agree.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
 FROM ${CUDA_IMAGE}
 
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -31,8 +33,10 @@ COPY trainer/ trainer/
 RUN pip install ".[gpu]" \
  && python -c "import ray, torch, vllm, megatron.core, asyncgrpo_trainer"
 
-# Ray's images run as uid 1000 with a writable home; KubeRay and Ray expect that.
-RUN useradd --uid 1000 --create-home --shell /bin/bash ray
+# Ray's images run as uid 1000 with a writable home; KubeRay and Ray expect that. Ubuntu 24.04
+# images already have uid and gid 1000 (user `ubuntu`): remove it first, or useradd fails.
+RUN userdel --remove ubuntu \
+ && useradd --uid 1000 --user-group --create-home --shell /bin/bash ray
 USER 1000
 WORKDIR /home/ray
 EXPOSE 6379 8265 10001

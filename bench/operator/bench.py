@@ -180,7 +180,8 @@ def watch_all(api: Api, marks: Marks, agj_ns: str, other_ns: str) -> list[Watch]
 
 
 class ProgressServer:
-    """The drivers' /progress (kwok runs no driver): answers at once, like a running driver."""
+    """The drivers' /progress (kwok runs no driver): answers at once, like a running driver. The
+    operator reads every job's from `url` (its ASYNCGRPO_PROGRESS_URL_TEMPLATE, no placeholders)."""
 
     def __init__(self) -> None:
         body = json.dumps({"step": 1, "maxSteps": 100, "policyVersion": 1, "state": "running"}).encode()
@@ -201,14 +202,14 @@ class ProgressServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def agj(name: str, progress_url: str) -> JSON:
+def agj(name: str) -> JSON:
     """The e2e test's small job: CPU head, one 1-GPU worker per pool; /progress polled every 60 s."""
-    return job_manifest(name, progress_url, progress={"pollSeconds": 60, "stallAfterSeconds": 3600})
+    return job_manifest(name, progress={"pollSeconds": 60, "stallAfterSeconds": 3600})
 
 
-def rendered_raycluster(name: str, namespace: str, progress_url: str) -> JSON:
+def rendered_raycluster(name: str, namespace: str) -> JSON:
     """The RayCluster our operator creates for `agj(name)` (minus ownerReferences)."""
-    manifest = {**agj(name, progress_url), "metadata": {"name": name, "namespace": namespace}}
+    manifest = {**agj(name), "metadata": {"name": name, "namespace": namespace}}
     report = validate_manifest(manifest)
     assert report.job is not None, report.errors
     (cluster,) = [o for o in manifests.objects(report.job, attempt=0) if o["kind"] == "RayCluster"]
@@ -217,9 +218,9 @@ def rendered_raycluster(name: str, namespace: str, progress_url: str) -> JSON:
     return cluster
 
 
-def rayjob(name: str, namespace: str, progress_url: str) -> JSON:
+def rayjob(name: str, namespace: str) -> JSON:
     """A RayJob of the same cluster shape (K8sJobMode: KubeRay submits through a Job's pod)."""
-    spec = rendered_raycluster(name, namespace, progress_url)["spec"]
+    spec = rendered_raycluster(name, namespace)["spec"]
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
@@ -248,12 +249,12 @@ class Bench:
     def create(self, kind: str, name: str) -> None:
         key = (kind, name)
         if kind == "agj":
-            path, body = AGJ.format(ns=self.agj_ns), agj(name, self.progress.url)
+            path, body = AGJ.format(ns=self.agj_ns), agj(name)
         elif kind == "rayjob":
-            path, body = RAYJOB.format(ns=self.other_ns), rayjob(name, self.other_ns, self.progress.url)
+            path, body = RAYJOB.format(ns=self.other_ns), rayjob(name, self.other_ns)
         else:
             path = RAYCLUSTER.format(ns=self.other_ns)
-            body = rendered_raycluster(name, self.other_ns, self.progress.url)
+            body = rendered_raycluster(name, self.other_ns)
         self.marks.mark(self.marks.started, key, time.monotonic())
         self.api.create(path, body)
         if kind == "floor":
@@ -415,12 +416,12 @@ def loadavg() -> float:
 
 
 @contextlib.contextmanager
-def installed(cluster: LocalCluster, workers: str) -> Iterator[Installation]:
+def installed(cluster: LocalCluster, workers: str, progress: ProgressServer) -> Iterator[Installation]:
     helm_bin = find_helm()
     if helm_bin is None:
         raise SystemExit("no helm binary (python -m tests.cluster build)")
     os.environ["ASYNCGRPO_WORKERS"] = workers
-    with running_chart(cluster, helm_bin) as inst:
+    with running_chart(cluster, helm_bin, progress_url_template=progress.url) as inst:
         yield inst
 
 
@@ -459,7 +460,7 @@ def main(argv: list[str]) -> int:
     progress = ProgressServer()
     marks = Marks()
     try:
-        with installed(cluster, args.workers) as inst, cf.ThreadPoolExecutor(16) as pool:
+        with installed(cluster, args.workers, progress) as inst, cf.ThreadPoolExecutor(16) as pool:
             other_ns = inst.jobs_namespace("kuberay", validated=False)
             try:
                 watches = watch_all(api, marks, inst.jobs_ns, other_ns)

@@ -26,6 +26,10 @@ CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 Schema = dict[str, Any]
 
 _DROPPED_KEYWORDS = frozenset({"title", "propertyNames", "additionalProperties"})
+OPAQUE = "x-kubernetes-preserve-unknown-fields"
+"""A field whose model sets this in its json_schema_extra is an untyped object in the CRD: a
+standard Kubernetes type (core/v1 Affinity) that the webhook validates with its full model, whose
+schema would otherwise triple the CRD's size (it appears in every pool)."""
 
 PRINTER_COLUMNS: list[Schema] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -174,6 +178,8 @@ def _structural(schema: Schema, *, with_defaults: bool) -> Schema:
 def _convert(node: Schema, defs: dict[str, Schema], *, with_defaults: bool) -> Schema:
     """Rewrite one JSON-schema node into its structural OpenAPI v3 form."""
     node = dict(node)
+    if node.get(OPAQUE):
+        return _ordered({"description": node.get("description", ""), "type": "object", OPAQUE: True})
     if "$ref" in node:
         target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
         node = {**target, **node}

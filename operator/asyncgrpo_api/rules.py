@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from asyncgrpo_api import quantity
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
@@ -42,11 +43,15 @@ class Finding:
 
 @dataclass(frozen=True)
 class Report:
-    """The outcome of validating one manifest: the parsed job when the schema accepted it."""
+    """The outcome of validating one manifest."""
 
     job: AsyncGRPOJob | None
+    """The job when it is accepted (schema and every rule)."""
     errors: tuple[Finding, ...]
     warnings: tuple[Finding, ...]
+    parsed: AsyncGRPOJob | None = None
+    """The job when the schema accepts it, even if a cross-field rule does not: the operator keeps
+    running a started job under the rules it was admitted with (docs/guides/job-lifecycle.md)."""
 
     @property
     def ok(self) -> bool:
@@ -67,7 +72,7 @@ def validate_manifest(manifest: Mapping[str, Any]) -> Report:
     except ValidationError as exc:
         return Report(job=None, errors=tuple(_schema_findings(exc)), warnings=())
     errors, warnings = check_rules(job)
-    return Report(job=job if not errors else None, errors=errors, warnings=warnings)
+    return Report(job=job if not errors else None, errors=errors, warnings=warnings, parsed=job)
 
 
 def check_rules(job: AsyncGRPOJob) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
@@ -556,6 +561,26 @@ def _needs_gpus(pool: WorkerGroup, path: str, why: str) -> Iterator[Finding]:
         )
 
 
+def _requests_within_limits(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """The API server refuses a pod whose request exceeds its limit; a RayCluster does not check
+    its pod templates, so without this the job would be admitted and its pods never created."""
+    cluster = job.spec.cluster
+    for name, group in (
+        ("head", cluster.head),
+        ("policyWorkers", cluster.policy_workers),
+        ("generationWorkers", cluster.generation_workers),
+    ):
+        limits = group.resources.limits
+        for resource, request in group.resources.requests.items():
+            limit = limits.get(resource)
+            if limit is not None and quantity.parse(request) > quantity.parse(limit):
+                yield Finding(
+                    f"spec.cluster.{name}.resources.requests.{resource}",
+                    f"{request} is more than the limit {limit}; a pod's request may not exceed its "
+                    "limit. Lower the request or raise the limit",
+                )
+
+
 def _gpus_not_in_resources(job: AsyncGRPOJob) -> Iterator[Finding]:
     cluster = job.spec.cluster
     for name, group in (
@@ -715,6 +740,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _data_and_env,
     _gpu_layout,
     _gpus_not_in_resources,
+    _requests_within_limits,
     _scheduler_queue,
     _unique_env_names,
 )

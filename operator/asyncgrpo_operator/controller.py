@@ -23,6 +23,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from asyncgrpo_operator.metrics import Metrics
+
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
@@ -53,6 +55,7 @@ class Controller:
     conflict_errors: tuple[type[BaseException], ...] = ()
     is_active: Callable[[], bool] = field(default=lambda: True)
     """False while another replica leads (leader.py): keys are kept, nothing is dispatched."""
+    metrics: Metrics | None = None
     stats: Stats = field(default_factory=Stats)
     _due: dict[Key, float] = field(default_factory=dict)
     _heap: list[tuple[float, Key]] = field(default_factory=list)
@@ -77,6 +80,13 @@ class Controller:
 
     def pending(self) -> int:
         return len(self._due) + self._ready.qsize() + len(self._running)
+
+    def depth(self) -> int:
+        """Keys waiting for a pass (due or not yet), not counting passes running now."""
+        return len(self._due) + self._ready.qsize()
+
+    def in_flight(self) -> int:
+        return len(self._running)
 
     async def run(self) -> None:
         """Dispatch, work and resync until cancelled."""
@@ -110,17 +120,22 @@ class Controller:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(timeout, 0.0))
 
     async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             _, _, key = await self._ready.get()
             delay: float | None
+            started, result = loop.time(), "error"
             try:
                 delay = await self.reconcile(key)
                 self._failures.pop(key, None)
+                result = "success"
             except asyncio.CancelledError:
+                result = ""
                 raise
             except self.conflict_errors as exc:
                 log.info("status conflict; re-planning", extra={"job": "/".join(key), "error": str(exc)})
                 delay = 0.2
+                result = "conflict"
             except Exception:
                 count = self._failures.get(key, 0) + 1
                 self._failures[key] = count
@@ -131,6 +146,9 @@ class Controller:
                 self.stats.passes += 1
                 self._running.discard(key)
                 self._passed.add(key)
+                if self.metrics is not None and result:
+                    self.metrics.reconciles.labels(result).inc()
+                    self.metrics.reconcile_seconds.observe(loop.time() - started)
             if key in self._dirty:
                 self._dirty.discard(key)
                 self.enqueue(key)

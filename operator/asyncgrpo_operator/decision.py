@@ -24,9 +24,25 @@ PODS_READY = "PodsReady"
 RUNNING = "Running"
 STALLED = "Stalled"
 RESTARTING = "Restarting"
-SUCCEEDED = "Succeeded"
+COMPLETE = "Complete"
+"""True once the driver exited 0; the phase is then Succeeded. Named like batch/v1 Job's and
+Kubeflow TrainJob's condition, so `kubectl wait --for=condition=Complete` works the same way."""
 FAILED = "Failed"
-CONDITION_ORDER = (SUSPENDED, PODS_SCHEDULED, PODS_READY, RUNNING, STALLED, RESTARTING, SUCCEEDED, FAILED)
+SPEC_VALID = "SpecValid"
+"""Present (False) only while a started job's spec fails rules tightened since it was admitted."""
+CONDITION_ORDER = (
+    SUSPENDED,
+    SPEC_VALID,
+    PODS_SCHEDULED,
+    PODS_READY,
+    RUNNING,
+    STALLED,
+    RESTARTING,
+    COMPLETE,
+    FAILED,
+)
+LEGACY_SUCCEEDED = "Succeeded"
+"""The Complete condition's type before 0.1.1; a stored status carrying it is read as Complete."""
 
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
@@ -41,6 +57,11 @@ RAY_WORKER_LOST = "RayWorkerLost"
 HEAD_POD_LOST = "HeadPodLost"
 CLUSTER_LOST = "RayClusterLost"
 UNSCHEDULABLE = "Unschedulable"
+CLUSTER_CREATE_FAILED = "ClusterCreateFailed"
+KUBERAY_MISSING = "KubeRayMissing"
+CLUSTER_NAME_TAKEN = "ClusterNameTaken"
+WAITING_FOR_PREVIOUS_CLUSTER = "WaitingForPreviousCluster"
+ADMITTED_UNDER_OLDER_RULES = "AdmittedUnderOlderRules"
 
 BAD_WAITING_REASONS = frozenset(
     {
@@ -59,6 +80,10 @@ BAD_WAITING_REASONS = frozenset(
 _WARNING_REASONS = frozenset(
     {
         UNSCHEDULABLE,
+        CLUSTER_CREATE_FAILED,
+        KUBERAY_MISSING,
+        CLUSTER_NAME_TAKEN,
+        ADMITTED_UNDER_OLDER_RULES,
         "PodCreationFailed",
         DEADLINE_EXCEEDED,
         BACKOFF_LIMIT_EXCEEDED,
@@ -156,7 +181,7 @@ def derive_phase(conditions: list[Condition]) -> tuple[Phase, str, str]:
 
     terminal: tuple[tuple[str, Phase], ...] = (
         (FAILED, "Failed"),
-        (SUCCEEDED, "Succeeded"),
+        (COMPLETE, "Succeeded"),
         (SUSPENDED, "Suspended"),
     )
     for type_, phase in terminal:
@@ -200,6 +225,8 @@ class Draft:
     generation: int
     mark: ProgressMark | None
     conditions: dict[str, Condition] = field(default_factory=dict)
+    before: dict[str, Condition] = field(default_factory=dict)
+    """The stored conditions by type (a legacy Succeeded read as Complete), to tell what changed."""
     fields: dict[str, Any] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -207,6 +234,10 @@ class Draft:
 
     def __post_init__(self) -> None:
         self.conditions = {c.type: c for c in self.old.conditions}
+        legacy = self.conditions.pop(LEGACY_SUCCEEDED, None)
+        if legacy is not None:
+            self.conditions.setdefault(COMPLETE, legacy.model_copy(update={"type": COMPLETE}))
+        self.before = dict(self.conditions)
         self.fields = {
             name: getattr(self.old, name)
             for name in (
@@ -217,6 +248,8 @@ class Draft:
                 "completion_time",
                 "ray_cluster_name",
                 "dashboard_url",
+                "head_pod",
+                "driver_logs",
                 "progress",
             )
         }
@@ -232,7 +265,7 @@ class Draft:
 
     @property
     def finished(self) -> bool:
-        return self.is_true(SUCCEEDED) or self.is_true(FAILED)
+        return self.is_true(COMPLETE) or self.is_true(FAILED)
 
     def get(self, name: str) -> Any:
         return self.fields[name]
@@ -309,9 +342,8 @@ class Draft:
         if phase != old_phase:
             text = f"{old_phase or 'New'} -> {phase}" + (f": {message}" if message else "")
             events.append(Event(_kind(reason, "True"), reason, text))
-        before = {c.type: c for c in self.old.conditions}
         for cond in conditions:
-            prior = before.get(cond.type)
+            prior = self.before.get(cond.type)
             if prior is None:
                 news = cond.status == "True" or cond.reason in _WARNING_REASONS
             elif prior.status != cond.status:

@@ -9,18 +9,22 @@ late delete can never hit a newer object that reused the name.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from asyncgrpo_operator import naming
+from asyncgrpo_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +37,26 @@ kopf's watches (user agent kopf/...) and from other controllers using the same c
 
 
 class ApiError(Exception):
-    """A failed API call: `status` is the HTTP code (0 when there was no answer)."""
+    """A failed API call: `status` is the HTTP code (0 when there was no answer), `message` the
+    API server's own words (the Status object's message), `reason` its reason (e.g. Invalid)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+        self.message = message
+        self.reason = reason
 
 
 class Api:
     """An authenticated API client. Create with `await Api.connect()`; close with `close()`."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, metrics: Metrics | None = None) -> None:
         self._client = api_client
         self.identity = socket.gethostname()
+        self.metrics = metrics
 
     @classmethod
-    async def connect(cls) -> Api:
+    async def connect(cls, metrics: Metrics | None = None) -> Api:
         """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG)."""
         configuration = client.Configuration()
         try:
@@ -57,7 +65,7 @@ class Api:
             await config.load_kube_config(client_configuration=configuration)
         api_client = client.ApiClient(configuration=configuration)
         api_client.user_agent = USER_AGENT
-        return cls(api_client)
+        return cls(api_client, metrics)
 
     async def close(self) -> None:
         await self._client.close()
@@ -74,6 +82,23 @@ class Api:
         content_type: str = "application/json",
     ) -> Obj:
         """One API call; returns the decoded JSON body. Raises ApiError on any non-2xx answer."""
+        started, code = time.monotonic(), 0
+        try:
+            result = await self._call(method, path, body=body, query=query, content_type=content_type)
+            code = 200
+            return result
+        except ApiError as err:
+            code = err.status
+            raise
+        finally:
+            if self.metrics is not None:
+                verb, resource = verb_and_resource(method, path)
+                self.metrics.api_requests.labels(verb, resource, str(code)).inc()
+                self.metrics.api_seconds.labels(verb).observe(time.monotonic() - started)
+
+    async def _call(
+        self, method: str, path: str, *, body: Any, query: Mapping[str, str] | None, content_type: str
+    ) -> Obj:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
             result = await self._client.call_api(
@@ -88,8 +113,9 @@ class Api:
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
         except ApiException as exc:
-            raise ApiError(int(exc.status or 0), _message(exc)) from exc
-        except (OSError, TimeoutError) as exc:
+            message, reason = _status_of(exc)
+            raise ApiError(int(exc.status or 0), message, reason) from exc
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
             raise ApiError(0, f"{method} {path}: {exc!r}") from exc
         return result if isinstance(result, dict) else {}
 
@@ -170,6 +196,17 @@ class Api:
         )
         return await self._create(path, manifest)
 
+    async def dry_run_raycluster(self, manifest: Obj) -> None:
+        """POST a RayCluster with dryRun=All: the API server runs its whole create path (schema,
+        CEL, admission webhooks and policies, quota) and stores nothing. Raises its refusal."""
+        namespace = manifest["metadata"]["namespace"]
+        path = (
+            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+        )
+        await self.request(
+            "POST", path, body=manifest, query={"dryRun": "All", "fieldManager": naming.MANAGER}
+        )
+
     async def delete_raycluster(self, namespace: str, name: str, uid: str) -> None:
         path = (
             f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
@@ -243,12 +280,36 @@ class Api:
                 raise
 
 
+def verb_and_resource(method: str, path: str) -> tuple[str, str]:
+    """The Kubernetes verb and resource of a call, for metrics: ("list", "pods"),
+    ("patch", "asyncgrpojobs/status"), ("create", "rayclusters")."""
+    parts = [p for p in path.split("?", maxsplit=1)[0].split("/") if p]
+    # /api/v1/... or /apis/<group>/<version>/...; then optionally namespaces/<ns>/
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    resource = rest[0] if rest else "unknown"
+    named = len(rest) >= 2
+    if len(rest) >= 3:
+        resource = f"{resource}/{rest[2]}"
+    verbs = {"GET": "get" if named else "list", "POST": "create", "PUT": "update", "PATCH": "patch"}
+    return verbs.get(method.upper(), method.lower()), resource
+
+
 def _job_path(namespace: str, name: str) -> str:
     return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
 
-def _message(exc: ApiException) -> str:
+def _status_of(exc: ApiException) -> tuple[str, str]:
+    """(message, reason) of a failed call: from the metav1.Status body the API server sends, else
+    the raw body or the HTTP reason phrase."""
     body = getattr(exc, "body", None)
     if isinstance(body, bytes):
         body = body.decode(errors="replace")
-    return str(body or exc.reason or exc)
+    try:
+        status = json.loads(body) if isinstance(body, str) else None
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("kind") == "Status" and status.get("message"):
+        return str(status["message"]), str(status.get("reason") or "")
+    return str(body or exc.reason or exc), ""

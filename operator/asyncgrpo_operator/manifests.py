@@ -354,7 +354,7 @@ def _pod_spec(
             t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in placement.tolerations
         ]
     if placement.affinity is not None:
-        pod["affinity"] = placement.affinity
+        pod["affinity"] = placement.affinity.model_dump(mode="json", by_alias=True, exclude_none=True)
     if spec.scheduler.priority_class_name is not None:
         pod["priorityClassName"] = spec.scheduler.priority_class_name
     if spec.scheduler.name == "kai":

@@ -37,9 +37,6 @@ MANAGER: Final = "asyncgrpo-operator"
 
 JOB_NAME_LABEL: Final = f"{GROUP}/job-name"
 ATTEMPT_LABEL: Final = f"{GROUP}/attempt"
-PROGRESS_URL_ANNOTATION: Final = f"{GROUP}/progress-url"
-"""Overrides where the operator reads the driver's progress (default: the head pod IP). Used by
-local runs where the driver is a process on the operator's machine, and behind proxies."""
 
 KOPF_FINALIZER: Final = f"{GROUP}/kopf-finalizer"
 """kopf's finalizer name. No handler needs a finalizer, so kopf never adds it; the prefix is set

@@ -144,6 +144,8 @@ class ClusterView:
     name: str
     uid: str
     attempt: int | None = None
+    owner_uid: str | None = None
+    """The UID of its controller ownerReference: only a cluster owned by the job is the job's."""
     deleting: bool = False
     created_at: datetime | None = None
     provisioned: bool = False
@@ -163,6 +165,7 @@ class ClusterView:
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
             attempt=_int_or_none((meta.get("labels") or {}).get(naming.ATTEMPT_LABEL)),
+            owner_uid=_controller_uid(meta),
             deleting=bool(meta.get("deletionTimestamp")),
             created_at=parse_time(meta.get("creationTimestamp")),
             provisioned=(conditions.get("RayClusterProvisioned") or {}).get("status") == "True",
@@ -266,6 +269,23 @@ class ProgressMark:
 
 
 @dataclass(frozen=True)
+class CreateFailure:
+    """The API server refused to create an attempt's RayCluster (remembered between passes)."""
+
+    cluster: str
+    status: int
+    """The HTTP status: 422 invalid, 403 forbidden (RBAC, quota, a policy), 404 no such resource
+    (KubeRay's CRD is not installed), 5xx (e.g. a failing admission webhook)."""
+    message: str
+    """The API server's message, as it gave it."""
+    at: datetime
+    count: int = 1
+    """Failures in a row for this cluster name: the retry backs off with it."""
+    generation: int = 0
+    """metadata.generation of the job when it failed: a changed spec is retried at once."""
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything one reconcile pass knows about a job's world, read at `now`."""
 
@@ -281,6 +301,11 @@ class Observation:
     """When `progress` was read (passes between two reads reuse it and must not look newer)."""
     progress_error: str | None = None
     progress_mark: ProgressMark | None = None
+    create_failure: CreateFailure | None = None
+    """The last refused create of a RayCluster of this job, if any."""
+    kuberay_missing: str | None = None
+    """Set (to the API server's message) when RayClusters cannot even be listed: 404, the ray.io
+    API is not served, i.e. KubeRay's CRDs are not installed. `clusters` is then empty."""
 
 
 def parse_time(value: Any) -> datetime | None:

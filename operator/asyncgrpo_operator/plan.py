@@ -9,9 +9,13 @@ The rules, in the order they are applied:
 1. A finished job (Succeeded or Failed) stays finished; only its cleanup policy and TTL act.
 2. A suspended job has no RayCluster (Suspended). Resuming restarts the deadline clock, like a
    batch/v1 Job, and the trainer resumes from its checkpoint.
-3. An active job has exactly one RayCluster, named after its attempt; clusters of other attempts
-   are deleted. activeDeadlineSeconds (from status.startTime) and startupDeadlineSeconds (from the
-   attempt's start, until the driver runs) fail it with DeadlineExceeded, never retried.
+3. An active job has exactly one RayCluster, named after its attempt and owned by the job (its
+   controller ownerReference carries the job's UID: a cluster with the right name and labels but
+   another owner is never adopted nor deleted); owned clusters of other attempts are deleted. A
+   create the API server refuses is shown with its message (ClusterCreateFailed, KubeRayMissing)
+   and retried with backoff. activeDeadlineSeconds (from status.startTime) and
+   startupDeadlineSeconds (from the attempt's first create, until the driver runs) fail it with
+   DeadlineExceeded, never retried.
 4. The driver's exit decides an attempt: 0 succeeds; 3 and 4 are InvalidModel and InvalidData (the
    model files, or the data files or reward function, are unusable) and any other code 1-128 a
    training error, none of them retried;
@@ -21,6 +25,9 @@ The rules, in the order they are applied:
 5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
    scheduler's message), PodsReady (ImagePullBackOff, HeadNotReady, ...), Running (driver running
    on a provisioned cluster) and Stalled (the step stopped advancing for stallAfterSeconds).
+6. A job whose spec the rules refuse is Failed (InvalidSpec) and cleaned up by its cleanupPolicy,
+   unless it was already started: a started job whose spec only fails rules tightened since it
+   was admitted keeps running under the spec it has (SpecValid False says why).
 """
 
 from __future__ import annotations
@@ -31,11 +38,16 @@ from datetime import datetime, timedelta
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
+from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import manifests, naming
 from asyncgrpo_operator.decision import (
+    ADMITTED_UNDER_OLDER_RULES,
     BACKOFF_LIMIT_EXCEEDED,
     BAD_WAITING_REASONS,
+    CLUSTER_CREATE_FAILED,
     CLUSTER_LOST,
+    CLUSTER_NAME_TAKEN,
+    COMPLETE,
     DEADLINE_EXCEEDED,
     DELETION_RECHECK_SECONDS,
     DRIVER_KILLED,
@@ -45,6 +57,7 @@ from asyncgrpo_operator.decision import (
     INVALID_DATA,
     INVALID_MODEL,
     INVALID_SPEC,
+    KUBERAY_MISSING,
     PODS_READY,
     PODS_SCHEDULED,
     PROVISIONING_RECHECK_SECONDS,
@@ -52,11 +65,12 @@ from asyncgrpo_operator.decision import (
     RAY_WORKER_LOST,
     RESTARTING,
     RUNNING,
+    SPEC_VALID,
     STALLED,
-    SUCCEEDED,
     SUSPENDED,
     TRAINING_ERROR,
     UNSCHEDULABLE,
+    WAITING_FOR_PREVIOUS_CLUSTER,
     ApplyConfigMap,
     CreateRayCluster,
     Decision,
@@ -67,9 +81,20 @@ from asyncgrpo_operator.decision import (
     waiting_on,
 )
 from asyncgrpo_operator.manifests import Owner
-from asyncgrpo_operator.observed import ClusterView, DriverExit, Observation, PodView, ProgressMark
+from asyncgrpo_operator.observed import (
+    ClusterView,
+    DriverExit,
+    Observation,
+    PodView,
+    ProgressMark,
+)
 
-__all__ = ["plan", "plan_invalid"]
+__all__ = ["create_retry_seconds", "plan", "plan_invalid"]
+
+CREATE_RETRY_SECONDS = 5.0
+CREATE_RETRY_MAX_SECONDS = 300.0
+KUBERAY_RECHECK_SECONDS = 30.0
+NAME_TAKEN_RECHECK_SECONDS = 10.0
 
 # --- entry points ---------------------------------------------------------------------------------
 
@@ -81,26 +106,62 @@ def plan(
     *,
     generation: int,
     owner: Owner | None,
+    spec_errors: tuple[str, ...] = (),
 ) -> Decision:
-    """Decide the next status and actions of a valid job."""
+    """Decide the next status and actions of a job the operator runs.
+
+    `spec_errors` are the rules a started job's spec fails now but did not when it was admitted
+    (the operator was upgraded with tighter rules): the job keeps running, SpecValid says why.
+    """
     draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, observed.progress_mark)
+    ctx = _Ctx(job, observed, owner)
+    _spec_validity(draft, spec_errors)
     if draft.finished:
-        _cleanup(job, draft, observed)
+        _cleanup(job.spec.cleanup_policy, draft, _owned(ctx))
     elif job.spec.suspend:
-        _suspend(draft, observed)
+        _suspend(draft, _owned(ctx))
     else:
-        _run(_Ctx(job, observed, owner), draft)
+        _run(ctx, draft)
     return draft.decision()
 
 
 def plan_invalid(
-    status: AsyncGRPOJobStatus | None, observed: Observation, *, generation: int, message: str
+    status: AsyncGRPOJobStatus | None,
+    observed: Observation,
+    *,
+    generation: int,
+    message: str,
+    cleanup: CleanupPolicy,
+    owner: Owner | None,
 ) -> Decision:
-    """A job the API server accepted but the rules reject (e.g. no webhook installed): Failed."""
+    """A job the rules reject and the operator will not run (no webhook installed; a job that had
+    not started when the rules were tightened; a started one whose spec no longer parses at all):
+    Failed with InvalidSpec, and its RayClusters deleted whatever its cleanup policy says, because
+    without a spec nothing can manage, retry or clean them up later: such a job never holds GPUs.
+    A job that had finished before keeps its outcome and its policy. `cleanup` is the job's
+    cleanupPolicy as far as it can be read (else the defaults); its TTL applies either way."""
     draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, None)
     if not draft.finished:
         _finish(draft, FAILED, INVALID_SPEC, f"the job is invalid and is never run: {message}")
+    clusters = tuple(c for c in observed.clusters if owner is None or c.owner_uid == owner.uid)
+    failed = draft.conditions.get(FAILED)
+    if failed is not None and failed.status == "True" and failed.reason == INVALID_SPEC:
+        for cluster in clusters:
+            if not cluster.deleting:
+                why = "the job is invalid: nothing can manage its RayCluster any more"
+                draft.act(
+                    DeleteRayCluster(cluster.name, cluster.uid, why),
+                    Event("Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name}: {why}"),
+                )
+        draft.set_field("driver_logs", None)
+        clusters = ()
+    _cleanup(cleanup, draft, clusters)
     return draft.decision()
+
+
+def create_retry_seconds(failures: int) -> float:
+    """The wait before creating a refused RayCluster again: 5 s, doubling, at most 5 minutes."""
+    return min(CREATE_RETRY_SECONDS * 2.0 ** max(failures - 1, 0), CREATE_RETRY_MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -110,6 +171,27 @@ class _Ctx:
     job: AsyncGRPOJob
     observed: Observation
     owner: Owner | None
+
+
+def _owned(ctx: _Ctx) -> tuple[ClusterView, ...]:
+    """The observed clusters this job controls. A cluster selected by the job-name label but owned
+    by something else (a user's, or a deleted namesake job's awaiting garbage collection) is not."""
+    if ctx.owner is None:
+        return ctx.observed.clusters
+    return tuple(c for c in ctx.observed.clusters if c.owner_uid == ctx.owner.uid)
+
+
+def _spec_validity(draft: Draft, spec_errors: tuple[str, ...]) -> None:
+    if not spec_errors:
+        draft.drop(SPEC_VALID)
+        return
+    draft.set(
+        SPEC_VALID,
+        False,
+        ADMITTED_UNDER_OLDER_RULES,
+        "the spec fails rules added since the job was admitted; it keeps running as admitted, and a new "
+        "job with this spec would be refused: " + "; ".join(spec_errors),
+    )
 
 
 # --- finished jobs: cleanup and TTL -----------------------------------------------------------
@@ -126,18 +208,19 @@ def _finish(draft: Draft, outcome: str, reason: str, message: str) -> None:
     draft.set_field("completion_time", draft.now)
 
 
-def _cleanup(job: AsyncGRPOJob, draft: Draft, observed: Observation) -> None:
-    policy = job.spec.cleanup_policy
-    succeeded = draft.is_true(SUCCEEDED)
+def _cleanup(policy: CleanupPolicy, draft: Draft, clusters: tuple[ClusterView, ...]) -> None:
+    succeeded = draft.is_true(COMPLETE)
     rule = policy.on_success if succeeded else policy.on_failure
     if rule == "DeleteCluster":
-        for cluster in observed.clusters:
+        for cluster in clusters:
             if not cluster.deleting:
                 why = f"cleanupPolicy.{'onSuccess' if succeeded else 'onFailure'} is DeleteCluster"
                 draft.act(
                     DeleteRayCluster(cluster.name, cluster.uid, why),
                     Event("Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name}: {why}"),
                 )
+        if draft.get("driver_logs") is not None:
+            draft.set_field("driver_logs", None)  # the log went with the head pod
     ttl = policy.ttl_seconds_after_finished
     if ttl is None:
         return
@@ -150,16 +233,16 @@ def _cleanup(job: AsyncGRPOJob, draft: Draft, observed: Observation) -> None:
         draft.requeue((expiry - draft.now).total_seconds())
 
 
-def _fail(job: AsyncGRPOJob, draft: Draft, observed: Observation, reason: str, message: str) -> None:
+def _fail(ctx: _Ctx, draft: Draft, reason: str, message: str) -> None:
     _finish(draft, FAILED, reason, message)
-    _cleanup(job, draft, observed)
+    _cleanup(ctx.job.spec.cleanup_policy, draft, _owned(ctx))
 
 
 # --- suspend --------------------------------------------------------------------------------------
 
 
-def _suspend(draft: Draft, observed: Observation) -> None:
-    for cluster in observed.clusters:
+def _suspend(draft: Draft, clusters: tuple[ClusterView, ...]) -> None:
+    for cluster in clusters:
         if not cluster.deleting:
             draft.act(
                 DeleteRayCluster(cluster.name, cluster.uid, "spec.suspend is true"),
@@ -167,7 +250,7 @@ def _suspend(draft: Draft, observed: Observation) -> None:
                     "Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name}: the job is suspended"
                 ),
             )
-    pending = [c.name for c in observed.clusters]
+    pending = [c.name for c in clusters]
     message = "spec.suspend is true: the RayCluster is deleted and the job is kept"
     if pending:
         message += f" (deleting {', '.join(pending)})"
@@ -183,6 +266,8 @@ def _suspend(draft: Draft, observed: Observation) -> None:
     draft.set_field("ray_cluster_name", None)
     draft.set_field("dashboard_url", None)
     draft.set_field("attempt_start_time", None)
+    draft.set_field("head_pod", None)
+    draft.set_field("driver_logs", None)
 
 
 # --- active jobs ------------------------------------------------------------------------------
@@ -204,7 +289,8 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
         draft.act(ApplyConfigMap(desired_configmap))
 
     name = naming.raycluster_name(job.metadata.name, draft.attempt)
-    for cluster in observed.clusters:
+    owned = _owned(ctx)
+    for cluster in owned:
         if cluster.name != name and not cluster.deleting:
             draft.act(
                 DeleteRayCluster(cluster.name, cluster.uid, f"stale: the current attempt is {draft.attempt}"),
@@ -218,9 +304,8 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
         expiry = draft.get("start_time") + timedelta(seconds=deadline)
         if now >= expiry:
             _fail(
-                job,
+                ctx,
                 draft,
-                observed,
                 DEADLINE_EXCEEDED,
                 f"activeDeadlineSeconds ({deadline} s) passed since the job started at "
                 f"{_iso(draft.get('start_time'))}",
@@ -228,17 +313,34 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
             return
         draft.requeue((expiry - now).total_seconds())
 
-    current = next((c for c in observed.clusters if c.name == name), None)
+    if observed.kuberay_missing is not None:
+        _waiting_to_create(
+            ctx,
+            draft,
+            KUBERAY_MISSING,
+            f"RayClusters cannot be listed or created: the ray.io/v1 API is not served (is the KubeRay "
+            f"operator installed?): {observed.kuberay_missing}",
+            KUBERAY_RECHECK_SECONDS,
+        )
+        return
+    current = next((c for c in owned if c.name == name), None)
     ours = draft.get("ray_cluster_name") == name
     if current is None or current.deleting:
+        foreign = next((c for c in observed.clusters if c.name == name and c not in owned), None)
         if ours:
             _infra_failure(ctx, draft, current, CLUSTER_LOST, f"RayCluster {name} was deleted")
-        elif current is None:
-            _create_cluster(job, draft, owner)
-        else:
+        elif current is not None or (foreign is not None and foreign.deleting):
             message = f"waiting for RayCluster {name} of the previous run to be deleted"
-            draft.set(PODS_SCHEDULED, False, "WaitingForPreviousCluster", message)
-            draft.requeue(DELETION_RECHECK_SECONDS)
+            _waiting_to_create(ctx, draft, WAITING_FOR_PREVIOUS_CLUSTER, message, DELETION_RECHECK_SECONDS)
+        elif foreign is not None:
+            owner_uid = foreign.owner_uid or "none"
+            message = (
+                f"RayCluster {name} exists but is not this job's (its controller owner UID is {owner_uid}); "
+                "it is neither adopted nor deleted. Delete it or rename the job"
+            )
+            _waiting_to_create(ctx, draft, CLUSTER_NAME_TAKEN, message, NAME_TAKEN_RECHECK_SECONDS)
+        else:
+            _create_cluster(ctx, draft)
         return
     if not ours:  # first seen since it was created: record it
         draft.set_field("ray_cluster_name", name)
@@ -248,20 +350,58 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     _attempt(ctx, draft, current)
 
 
-def _create_cluster(job: AsyncGRPOJob, draft: Draft, owner: Owner | None) -> None:
+def _waiting_to_create(ctx: _Ctx, draft: Draft, reason: str, message: str, recheck: float) -> None:
+    """The attempt's RayCluster cannot be created yet: say why, look again, keep the deadline."""
+    _attempt_started(draft)
+    draft.set(PODS_SCHEDULED, False, reason, message)
+    draft.requeue(recheck)
+    _startup_deadline(ctx, draft)
+
+
+def _attempt_started(draft: Draft) -> None:
+    """The startup deadline counts from the attempt's first try to get its cluster, once."""
+    if draft.get("attempt_start_time") is None:
+        draft.set_field("attempt_start_time", draft.now)
+
+
+def _create_cluster(ctx: _Ctx, draft: Draft) -> None:
+    """Create the attempt's RayCluster, or, after the API server refused it, wait and retry."""
+    job = ctx.job
     name = naming.raycluster_name(job.metadata.name, draft.attempt)
-    draft.act(
-        CreateRayCluster(manifests.ray_cluster(job, draft.attempt, owner)),
-        Event("Normal", "CreatedRayCluster", f"creating RayCluster {name} (attempt {draft.attempt})"),
-    )
-    # status.rayClusterName is recorded once the cluster is seen (adoption below): the status is
-    # written before the create, so a name in the status always means "this cluster existed".
-    draft.set_field("attempt_start_time", draft.now)
+    failure = ctx.observed.create_failure
+    if failure is not None and (failure.cluster != name or failure.generation != draft.generation):
+        failure = None  # another attempt's, or the spec changed since: try the new one at once
+    _attempt_started(draft)
+    if failure is not None:
+        retry_at = failure.at + timedelta(seconds=create_retry_seconds(failure.count))
+        reason = KUBERAY_MISSING if failure.status == 404 else CLUSTER_CREATE_FAILED
+        what = f"creating RayCluster {name} failed {failure.count} time(s), last at {_iso(failure.at)}"
+        if draft.now < retry_at:
+            when = f"retrying at {_iso(retry_at)}"
+        else:
+            when = "retrying now"
+            _request_create(ctx, draft, name)
+        message = f"{what} (HTTP {failure.status}): {failure.message}; {when}"
+        draft.set(PODS_SCHEDULED, False, reason, message)  # the one condition that carries it
+        draft.set(PODS_READY, False, "ClusterCreating", f"RayCluster {name} does not exist yet")
+        draft.set(RUNNING, False, "ClusterCreating", "the driver starts once the pods are ready")
+        draft.requeue(max((retry_at - draft.now).total_seconds(), CREATE_RETRY_SECONDS))
+        _startup_deadline(ctx, draft)
+        return
+    _request_create(ctx, draft, name)
     draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(RUNNING, False, "ClusterCreating", "the driver starts once the pods are ready")
-    if job.spec.startup_deadline_seconds is not None:
-        draft.requeue(job.spec.startup_deadline_seconds)
+    _startup_deadline(ctx, draft)
+
+
+def _request_create(ctx: _Ctx, draft: Draft, name: str) -> None:
+    # status.rayClusterName is recorded once the cluster is seen (adoption in _run): the status is
+    # written before the create, so a name in the status always means "this cluster existed".
+    draft.act(
+        CreateRayCluster(manifests.ray_cluster(ctx.job, draft.attempt, ctx.owner)),
+        Event("Normal", "CreatedRayCluster", f"creating RayCluster {name} (attempt {draft.attempt})"),
+    )
 
 
 def _dashboard_url(job: AsyncGRPOJob, cluster: str) -> str:
@@ -283,6 +423,9 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
         and observed.remembered_exit.cluster_uid == cluster.uid
     ):
         exit_ = observed.remembered_exit
+    head_name = head.name if head is not None else exit_.pod_name if exit_ is not None else None
+    if head_name is not None:
+        _record_head(ctx, draft, head_name)
     if exit_ is not None:
         _driver_exited(ctx, draft, cluster, exit_)
         return
@@ -293,6 +436,13 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     _progressing(ctx, draft, cluster, pods, head)
 
 
+def _record_head(ctx: _Ctx, draft: Draft, pod: str) -> None:
+    """Name the head pod in the status, and how to read the driver's log there."""
+    namespace = f"-n {ctx.job.metadata.namespace} " if ctx.job.metadata.namespace else ""
+    draft.set_field("head_pod", pod)
+    draft.set_field("driver_logs", f"kubectl logs {namespace}{pod} -c {naming.DRIVER_CONTAINER}")
+
+
 _INPUT_ERRORS = {
     exitcodes.INVALID_MODEL: (INVALID_MODEL, "the model files cannot be used"),
     exitcodes.INVALID_DATA: (INVALID_DATA, "the data files or the reward function cannot be used"),
@@ -301,7 +451,6 @@ _INPUT_ERRORS = {
 
 
 def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverExit) -> None:
-    job, observed = ctx.job, ctx.observed
     code = exit_.exit_code
     detail = f": {exit_.message.strip()}" if exit_.message.strip() else ""
     if code == 0:
@@ -310,9 +459,9 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
         accuracy = progress.validation_accuracy if progress is not None else None
         held_out = f"; held-out accuracy {accuracy:.3f}" if accuracy is not None else ""
         _finish(
-            draft, SUCCEEDED, DRIVER_SUCCEEDED, f"the driver exited 0{at} (pod {exit_.pod_name}){held_out}"
+            draft, COMPLETE, DRIVER_SUCCEEDED, f"the driver exited 0{at} (pod {exit_.pod_name}){held_out}"
         )
-        _cleanup(job, draft, observed)
+        _cleanup(ctx.job.spec.cleanup_policy, draft, _owned(ctx))
     elif exit_.whole_pod:
         cause = f" ({exit_.reason})" if exit_.reason else ""
         _infra_failure(
@@ -324,7 +473,7 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
         )
     elif code in _INPUT_ERRORS:
         reason, what = _INPUT_ERRORS[code]
-        _fail(job, draft, observed, reason, f"{what}{detail}; not retried: fix the files or the spec")
+        _fail(ctx, draft, reason, f"{what}{detail}; not retried: fix the files or the spec")
     elif code == exitcodes.RAY_HEAD_UNAVAILABLE:
         _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
     elif code == exitcodes.RAY_WORKER_LOST:
@@ -340,9 +489,8 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
     else:
         reason = f" ({exit_.reason})" if exit_.reason and exit_.reason != "Error" else ""
         _fail(
-            job,
+            ctx,
             draft,
-            observed,
             TRAINING_ERROR,
             f"the driver exited with code {code}{reason} in pod {exit_.pod_name}{detail}; "
             "training errors are not retried",
@@ -382,14 +530,12 @@ def _head_lost(draft: Draft, cluster: ClusterView, head: PodView | None) -> str 
 
 def _infra_failure(ctx: _Ctx, draft: Draft, cluster: ClusterView | None, reason: str, message: str) -> None:
     """Retry an attempt lost to the infrastructure with a fresh RayCluster, or give up."""
-    job, observed, owner = ctx.job, ctx.observed, ctx.owner
-    limit = job.spec.backoff_limit
+    limit = ctx.job.spec.backoff_limit
     attempt = draft.attempt
     if draft.restarts >= limit:
         _fail(
-            job,
+            ctx,
             draft,
-            observed,
             BACKOFF_LIMIT_EXCEEDED,
             f"attempt {attempt} failed ({reason}: {message}) after {draft.restarts} restarts; "
             f"backoffLimit is {limit}",
@@ -407,8 +553,8 @@ def _infra_failure(ctx: _Ctx, draft: Draft, cluster: ClusterView | None, reason:
     )
     if draft.has(STALLED):
         draft.set(STALLED, False, reason, "a new attempt is starting")
-    draft.set_field("ray_cluster_name", None)
-    draft.set_field("dashboard_url", None)
+    for name in ("ray_cluster_name", "dashboard_url", "attempt_start_time", "head_pod", "driver_logs"):
+        draft.set_field(name, None)  # the new attempt's are recorded as it gets them
     if cluster is not None and not cluster.deleting:
         draft.act(
             DeleteRayCluster(cluster.name, cluster.uid, f"attempt {attempt} failed"),
@@ -418,7 +564,7 @@ def _infra_failure(ctx: _Ctx, draft: Draft, cluster: ClusterView | None, reason:
                 f"deleting RayCluster {cluster.name} of failed attempt {attempt}",
             ),
         )
-    _create_cluster(job, draft, owner)
+    _create_cluster(ctx, draft)
     draft.set(RUNNING, False, reason, "restarting with a fresh RayCluster")
 
 
@@ -475,7 +621,7 @@ def _progressing(
         why = "the driver starts once the pods are ready"
     draft.set(RUNNING, False, "DriverNotRunning", why)
     draft.requeue(PROVISIONING_RECHECK_SECONDS)
-    _startup_deadline(job, draft, observed)
+    _startup_deadline(ctx, draft)
 
 
 def _set_scheduled(draft: Draft, cluster: ClusterView, live: list[PodView], expected: int) -> None:
@@ -531,8 +677,10 @@ def _set_ready(draft: Draft, live: list[PodView], head: PodView | None, expected
     return True
 
 
-def _startup_deadline(job: AsyncGRPOJob, draft: Draft, observed: Observation) -> None:
-    deadline = job.spec.startup_deadline_seconds
+def _startup_deadline(ctx: _Ctx, draft: Draft) -> None:
+    """Fail the attempt once its driver has not run for startupDeadlineSeconds since the attempt
+    first tried to get its RayCluster (however many creates it took, or none succeeded)."""
+    deadline = ctx.job.spec.startup_deadline_seconds
     if deadline is None:
         return
     started: datetime = draft.get("attempt_start_time") or draft.now
@@ -542,14 +690,13 @@ def _startup_deadline(job: AsyncGRPOJob, draft: Draft, observed: Observation) ->
         return
     waiting = waiting_on(draft.conditions)
     last = f"; last state: {waiting.reason}: {waiting.message}" if waiting is not None else ""
-    name = draft.get("ray_cluster_name")
+    name = naming.raycluster_name(ctx.job.metadata.name, draft.attempt)
     _fail(
-        job,
+        ctx,
         draft,
-        observed,
         DEADLINE_EXCEEDED,
-        f"startupDeadlineSeconds ({deadline} s): the driver was not running {deadline} s after RayCluster "
-        f"{name} was created{last}",
+        f"startupDeadlineSeconds ({deadline} s): the driver was not running {deadline} s after attempt "
+        f"{draft.attempt} (RayCluster {name}) started at {_iso(started)}{last}",
     )
 
 

@@ -8,8 +8,10 @@ a decision made on stale data is rejected (409) before it acted, and re-planned 
 overwriting a newer one. Events are posted last, so a re-planned pass does not repeat them.
 
 The only state kept between passes is what the API cannot give back: the exit of a head pod that
-KubeRay has deleted since, when the step last advanced (for Stalled), and the last progress read
-(so frequent events do not hammer the driver).
+KubeRay has deleted since, when the step last advanced (for Stalled), the last progress read (so
+frequent events do not hammer the driver), and the last refused RayCluster create (for its
+backoff). A refused create is planned again in the same pass, so the job shows the API server's
+message at once instead of after a retry.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,10 +29,12 @@ from pydantic import ValidationError
 
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
+from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import decision, k8s, naming, plan, progress
 from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import (
     ClusterView,
+    CreateFailure,
     DriverExit,
     Observation,
     PodView,
@@ -65,21 +69,34 @@ class Memory:
     polls: dict[Key, _Poll] = field(default_factory=dict)
     written: dict[Key, str] = field(default_factory=dict)
     """The resourceVersion of the job as this operator's last status write left it."""
+    create_failures: dict[Key, CreateFailure] = field(default_factory=dict)
+    phases: dict[Key, str] = field(default_factory=dict)
+    """Each job's phase as the last pass left it (the jobs-by-phase metric)."""
 
     def forget(self, key: Key) -> None:
+        self.phases.pop(key, None)
         self.exits.pop(key, None)
         self.marks.pop(key, None)
         self.polls.pop(key, None)
         self.written.pop(key, None)
+        self.create_failures.pop(key, None)
 
 
 class Reconciler:
     """Runs passes; owns the API client, the HTTP session for /progress and the memory."""
 
-    def __init__(self, api: k8s.Api, session: aiohttp.ClientSession, memory: Memory | None = None) -> None:
+    def __init__(
+        self,
+        api: k8s.Api,
+        session: aiohttp.ClientSession,
+        memory: Memory | None = None,
+        *,
+        progress_url_template: str = progress.DEFAULT_URL_TEMPLATE,
+    ) -> None:
         self.api = api
         self.session = session
         self.memory = memory or Memory()
+        self.progress_url_template = progress.check_url_template(progress_url_template)
 
     def is_own_write(self, key: Key, resource_version: str | None) -> bool:
         """Whether a watch event shows the job exactly as this operator's last status write left
@@ -100,16 +117,46 @@ class Reconciler:
         now = datetime.now(UTC).replace(microsecond=0)
         generation = int(body["metadata"].get("generation") or 0)
         status = _parse_status(body.get("status"))
+        owner = Owner(name=name, uid=str(body["metadata"]["uid"]))
         report = validate_manifest(_manifest(body))
-        if report.job is None:
+        job = report.job
+        spec_errors: tuple[str, ...] = ()
+        if job is None and report.parsed is not None and status is not None and status.start_time:
+            # Started under rules that have since been tightened: it keeps running as admitted.
+            job, spec_errors = report.parsed, tuple(str(e) for e in report.errors)
+        observed = await self._observe(key, body, job, status, now)
+        if job is None:
             message = "; ".join(str(e) for e in report.errors)
-            outcome = plan.plan_invalid(status, Observation(now=now), generation=generation, message=message)
-        else:
-            observed = await self._observe(key, body, report.job, status, now)
-            owner = Owner(name=name, uid=str(body["metadata"]["uid"]))
-            outcome = plan.plan(report.job, status, observed, generation=generation, owner=owner)
-        await self._apply(key, body, outcome)
-        return outcome.requeue_after
+            outcome = plan.plan_invalid(
+                status,
+                observed,
+                generation=generation,
+                message=message,
+                cleanup=_cleanup_policy(body),
+                owner=owner,
+            )
+            await self._apply(key, body, outcome, now, generation)
+            return outcome.requeue_after
+        outcome = plan.plan(
+            job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
+        )
+        written, failure = await self._apply(key, body, outcome, now, generation)
+        if failure is None:
+            return outcome.requeue_after
+        # The API server refused the RayCluster: plan again on the world as this pass left it
+        # (its status written, its ConfigMap applied) with the API server's answer, so the pass
+        # already shows the refusal (condition and Event) and schedules the retry.
+        applied = [a.manifest["data"] for a in outcome.actions if isinstance(a, decision.ApplyConfigMap)]
+        after = replace(
+            observed,
+            create_failure=failure,
+            configmap_data=applied[-1] if applied else observed.configmap_data,
+        )
+        replanned = plan.plan(
+            job, outcome.status, after, generation=generation, owner=owner, spec_errors=spec_errors
+        )
+        await self._apply(key, _as_written(body, written, outcome), replanned, now, generation)
+        return replanned.requeue_after
 
     # --- read --------------------------------------------------------------------------------
 
@@ -117,27 +164,37 @@ class Reconciler:
         self,
         key: Key,
         body: Mapping[str, Any],
-        job: AsyncGRPOJob,
+        job: AsyncGRPOJob | None,
         status: AsyncGRPOJobStatus | None,
         now: datetime,
     ) -> Observation:
+        """The job's world: its RayClusters, pods and spec ConfigMap, and (while the driver runs)
+        its /progress. `job` is None for a job that is not run; its /progress is not read."""
         namespace, name = key
         # Three independent reads, sent together: one round trip of latency instead of three.
         raw_clusters, raw_pods, configmap = await asyncio.gather(
-            self.api.list_rayclusters(namespace, name),
+            self._list_rayclusters(namespace, name),
             self.api.list_pods(namespace, name),
             self.api.get_configmap(namespace, naming.spec_configmap_name(name)),
         )
-        clusters = tuple(ClusterView.from_dict(c) for c in raw_clusters)
+        kuberay_missing = raw_clusters if isinstance(raw_clusters, str) else None
+        clusters = (
+            () if isinstance(raw_clusters, str) else tuple(ClusterView.from_dict(c) for c in raw_clusters)
+        )
         pods = tuple(PodView.from_dict(p) for p in raw_pods)
-        attempt = status.attempt if status is not None else 0
-        current = next((c for c in clusters if c.name == naming.raycluster_name(name, attempt)), None)
+        failure = self.memory.create_failures.get(key)
+        if failure is not None and any(c.name == failure.cluster for c in clusters):
+            del self.memory.create_failures[key]  # created since
+            failure = None
+        uid = str(body["metadata"].get("uid", ""))
+        current_name = naming.raycluster_name(name, status.attempt if status is not None else 0)
+        current = next((c for c in clusters if c.name == current_name and c.owner_uid == uid), None)
         head = None
         if current is not None:
             head = next(
                 (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
             )
-        poll = await self._poll(key, body, job, head, now)
+        poll = await self._poll(key, job, head, now) if job is not None else None
         return Observation(
             now=now,
             clusters=clusters,
@@ -148,16 +205,26 @@ class Reconciler:
             progress_read_at=poll.read_at if poll is not None else None,
             progress_error=poll.error if poll is not None else None,
             progress_mark=self.memory.marks.get(key),
+            create_failure=failure,
+            kuberay_missing=kuberay_missing,
         )
 
-    async def _poll(
-        self, key: Key, body: Mapping[str, Any], job: AsyncGRPOJob, head: PodView | None, now: datetime
-    ) -> _Poll | None:
+    async def _list_rayclusters(self, namespace: str, name: str) -> list[dict[str, Any]] | str:
+        """The job's RayClusters, or the API server's message when it does not serve RayClusters
+        at all (404: KubeRay's CRD is not installed), which the plan reports as KubeRayMissing."""
+        try:
+            return await self.api.list_rayclusters(namespace, name)
+        except k8s.ApiError as err:
+            if err.status == 404:
+                return err.message or "404 Not Found"
+            raise
+
+    async def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> _Poll | None:
         """Read /progress while the driver runs, at most about once per pollSeconds."""
         driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
         if driver is None or driver.state != "running":
             return None
-        url = progress.progress_url(body, head)
+        url = progress.progress_url(self.progress_url_template, key[0], key[1], head)
         if url is None:
             return _Poll(time.monotonic(), now, None, "the head pod has no IP yet")
         last = self.memory.polls.get(key)
@@ -173,9 +240,14 @@ class Reconciler:
 
     # --- write -------------------------------------------------------------------------------
 
-    async def _apply(self, key: Key, body: Mapping[str, Any], outcome: decision.Decision) -> None:
+    async def _apply(
+        self, key: Key, body: Mapping[str, Any], outcome: decision.Decision, now: datetime, generation: int
+    ) -> tuple[str, CreateFailure | None]:
+        """Write the status, act, post the events. Returns the job's resourceVersion afterwards and
+        the API server's refusal of a RayCluster create, if one was refused."""
         namespace, name = key
         meta = body["metadata"]
+        resource_version = str(meta["resourceVersion"])
         # The status first, then the actions: a decision made on stale data fails here (409)
         # before it changed anything, and a crash after this point leaves a status that the
         # next pass completes (it records a cluster only once it has seen it).
@@ -190,20 +262,23 @@ class Reconciler:
                 )
                 version = (written.get("metadata") or {}).get("resourceVersion")
                 if version:
-                    self.memory.written[key] = str(version)
+                    self.memory.written[key] = resource_version = str(version)
             except k8s.ApiError as err:
                 if err.status == 409:
                     raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
                 if err.status == 404:  # deleted meanwhile: nothing left to do
                     self.memory.forget(key)
-                    return
+                    return resource_version, None
                 raise
+        failures: list[CreateFailure] = []
         for group in _groups(outcome.actions):
             # Creates that follow each other (the ConfigMap and the RayCluster of an attempt) go
             # out together; deletes stay in order. Pods wait for a missing ConfigMap volume, so
             # the two creates need no order between them.
-            await asyncio.gather(*(self._act(key, meta, action) for action in group))
+            done = await asyncio.gather(*(self._act(key, meta, action, now, generation) for action in group))
+            failures += [f for f in done if f is not None]
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
+        self.memory.phases[key] = outcome.status.phase
         if outcome.progress_mark is not None:
             self.memory.marks[key] = outcome.progress_mark
         if outcome.status.phase in ("Succeeded", "Failed"):
@@ -223,23 +298,47 @@ class Reconciler:
             )
         # Events are independent of each other: post them together (one round trip, not one each).
         await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
+        return resource_version, failures[0] if failures else None
 
-    async def _act(self, key: Key, meta: Mapping[str, Any], action: decision.Action) -> None:
+    async def _act(
+        self, key: Key, meta: Mapping[str, Any], action: decision.Action, now: datetime, generation: int
+    ) -> CreateFailure | None:
         namespace, name = key
         if isinstance(action, decision.ApplyConfigMap):
             await self.api.apply_configmap(action.manifest)
         elif isinstance(action, decision.CreateRayCluster):
-            created = await self.api.create_raycluster(action.manifest)
-            log.info(
-                "created RayCluster",
-                extra=_fields(key, cluster=action.manifest["metadata"]["name"], new=created),
-            )
+            return await self._create_raycluster(key, action.manifest, now, generation)
         elif isinstance(action, decision.DeleteRayCluster):
             await self.api.delete_raycluster(namespace, action.name, action.uid)
             log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
         elif isinstance(action, decision.DeleteJob):
             await self.api.delete_job(namespace, name, str(meta["uid"]))
             log.info("deleted job", extra=_fields(key, why=action.why))
+        return None
+
+    async def _create_raycluster(
+        self, key: Key, manifest: Mapping[str, Any], now: datetime, generation: int
+    ) -> CreateFailure | None:
+        """Create the attempt's RayCluster; a refusal (any HTTP error but 409, which means it
+        exists) is remembered for the plan, with how many times in a row it happened."""
+        cluster = str(manifest["metadata"]["name"])
+        try:
+            created = await self.api.create_raycluster(dict(manifest))
+        except k8s.ApiError as err:
+            if err.status == 0:  # no answer at all: the pass fails and is retried with backoff
+                raise
+            last = self.memory.create_failures.get(key)
+            count = last.count + 1 if last is not None and last.cluster == cluster else 1
+            failure = CreateFailure(cluster, err.status, err.message, now, count, generation)
+            self.memory.create_failures[key] = failure
+            log.warning(
+                "RayCluster create refused",
+                extra=_fields(key, cluster=cluster, status=err.status, error=err.message, count=count),
+            )
+            return failure
+        self.memory.create_failures.pop(key, None)
+        log.info("created RayCluster", extra=_fields(key, cluster=cluster, new=created))
+        return None
 
     async def _post_event(self, key: Key, body: Mapping[str, Any], event: decision.Event) -> None:
         try:
@@ -260,6 +359,24 @@ def _groups(actions: Sequence[decision.Action]) -> list[list[decision.Action]]:
         else:
             groups.append([action])
     return groups
+
+
+def _as_written(body: Mapping[str, Any], resource_version: str, outcome: decision.Decision) -> dict[str, Any]:
+    """The job as the pass's status write left it, to plan and write on top of it."""
+    return {
+        **body,
+        "metadata": {**body["metadata"], "resourceVersion": resource_version},
+        "status": outcome.status_patch(),
+    }
+
+
+def _cleanup_policy(body: Mapping[str, Any]) -> CleanupPolicy:
+    """A job's cleanupPolicy as far as it can be read when the rest of its spec cannot (else the
+    defaults), so that a job the operator will not run is still cleaned up and its TTL applies."""
+    try:
+        return CleanupPolicy.model_validate((body.get("spec") or {}).get("cleanupPolicy") or {})
+    except (ValidationError, AttributeError):
+        return CleanupPolicy()
 
 
 def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:

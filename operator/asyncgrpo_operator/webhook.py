@@ -20,6 +20,9 @@ Design choices, each to keep the webhook from ever wedging the cluster:
   it is a service reference with a CA bundle, which kopf's managed mode cannot produce, and
   `helm uninstall` removes it together with the operator, so no orphaned webhook blocks the API.
 
+After the rules, a job that passes them is checked once more by the API server itself: the
+RayCluster it would get is dry-run (dryrun.py), and a refusal of the object refuses the job.
+
 The operator's `main.py` calls `configure_admission(settings)` from its `@kopf.on.startup` handler;
 importing this module registers the handler with kopf's default registry.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +41,7 @@ import kopf
 
 from asyncgrpo_api.rules import Finding, locked_changes, validate_manifest
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, AsyncGRPOJob
+from asyncgrpo_operator import dryrun, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +86,8 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
     Kept free of kopf so the exact rules (what is skipped, what is locked, how the message reads)
     are unit-tested directly; `validate_job` only adapts it to kopf.
     """
-    if new is None:
-        return ALLOW  # DELETE/CONNECT: never hooked, and never blocked if someone hooks them
-    if operation == "UPDATE" and old is not None:
-        if _being_deleted(new) or _being_deleted(old):
-            return ALLOW  # finalizer removal and the like must always pass
-        if old.get("spec") == new.get("spec"):
-            return ALLOW  # metadata-only: validated when the spec was written; rules may have moved on
+    if new is None or _not_judged(operation, new, old):
+        return ALLOW
     report = validate_manifest(_user_input(new))
     errors = list(report.errors)
     if operation == "UPDATE" and old is not None:
@@ -97,6 +97,14 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
         return Decision(allowed=True, warnings=warnings)
     message = denial_message(new, errors)
     return Decision(allowed=False, message=message, warnings=warnings, errors=tuple(errors))
+
+
+def _not_judged(operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Updates that always pass: of an object being deleted (finalizer removal and the like), and
+    metadata-only ones (validated when the spec was written; the rules may have moved on)."""
+    if operation != "UPDATE" or old is None:
+        return False
+    return _being_deleted(new) or _being_deleted(old) or old.get("spec") == new.get("spec")
 
 
 def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:
@@ -185,21 +193,62 @@ def _being_deleted(obj: Mapping[str, Any]) -> bool:
 
 
 @kopf.on.validate(GROUP, VERSION, PLURAL, id=HANDLER_ID, operations=["CREATE", "UPDATE"])
-async def validate_job(*, body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
+async def validate_job(*, body: kopf.Body, warnings: list[str], memo: Any = None, **kwargs: Any) -> None:
     """Deny an invalid or locked-field change with every finding; pass warnings on to kubectl.
 
     async on purpose: validation is a few milliseconds of pure CPU, cheaper on the event loop than
-    a hop through kopf's thread pool, and it keeps admission latency low.
+    a hop through kopf's thread pool, and the dry-run is one awaited API call.
     """
+    started = time.monotonic()
+    operation = str(kwargs.get("operation") or "")
     old, new = kwargs.get("old"), kwargs.get("new")
-    decision = review(
-        str(kwargs.get("operation") or ""),
-        new=dict(new) if new is not None else dict(body),
-        old=dict(old) if old is not None else None,
-    )
+    new_obj = dict(new) if new is not None else dict(body)
+    old_obj = dict(old) if old is not None else None
+    decision = review(operation, new=new_obj, old=old_obj)
+    rt = runtime.find(memo)
+    if decision.allowed and rt is not None and rt.admission_dry_run:
+        decision = await _with_dry_run(rt, operation, new_obj, old_obj, decision)
+    if rt is not None:
+        verdict = "allowed" if decision.allowed else "denied"
+        rt.metrics.admissions.labels(operation, verdict).inc()
+        rt.metrics.admission_seconds.labels(operation).observe(time.monotonic() - started)
     warnings.extend(decision.warnings)
     if not decision.allowed:
         raise kopf.AdmissionError(decision.message, code=DENIAL_CODE)
+
+
+async def _with_dry_run(
+    rt: runtime.Runtime,
+    operation: str,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    decision: Decision,
+) -> Decision:
+    if _not_judged(operation, new, old):
+        return decision
+    job = _parse(new)
+    before = _parse(old) if operation == "UPDATE" and old is not None else None
+    uid = str(_mapping(new.get("metadata")).get("uid") or "")
+    cluster = dryrun.target(job, before, uid) if job is not None else None
+    if cluster is None:
+        rt.metrics.dry_runs.labels("unchanged").inc()
+        return decision
+    if rt.dry_runs_in_flight >= dryrun.MAX_IN_FLIGHT:
+        rt.metrics.dry_runs.labels("shed").inc()
+        return Decision(allowed=True, warnings=(*decision.warnings, dryrun.SHED_WARNING))
+    rt.dry_runs_in_flight += 1
+    try:
+        answer = await dryrun.ask(rt.api, cluster)
+    finally:
+        rt.dry_runs_in_flight -= 1
+    result, finding, warning = dryrun.judge(answer, cluster["metadata"]["name"])
+    rt.metrics.dry_runs.labels(result).inc()
+    warnings = decision.warnings + ((warning,) if warning else ())
+    if finding is None:
+        return Decision(allowed=True, warnings=warnings)
+    return Decision(
+        allowed=False, message=denial_message(new, [finding]), warnings=warnings, errors=(finding,)
+    )
 
 
 # --- server configuration ------------------------------------------------------------------------

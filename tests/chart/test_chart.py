@@ -380,3 +380,34 @@ def test_every_value_has_a_comment_and_a_schema_entry() -> None:
         for part in key.split("."):
             node = node["properties"][part]
         assert node, key
+
+
+def test_metrics_are_served_where_the_chart_points_the_service(default_objects: Objects) -> None:
+    """values.yaml, the Deployment, the Service and the operator agree on the metrics port."""
+    from asyncgrpo_operator import metrics  # noqa: PLC0415 - the operator's side of the contract
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]
+    ports = {p["name"]: p["containerPort"] for p in container(default_objects)["ports"]}
+    assert env(default_objects)[metrics.PORT_ENV] == str(values["port"]) == str(ports["metrics"])
+    service = next(
+        s for s in by_kind(default_objects, "Service") if s["metadata"]["name"].endswith("-metrics")
+    )
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert not by_kind(default_objects, "ServiceMonitor")  # off by default: needs prometheus-operator
+
+
+def test_a_service_monitor_scrapes_the_metrics_service_when_enabled(helm_bin: Path) -> None:
+    objects = template(
+        helm_bin,
+        {"metrics.serviceMonitor.enabled": True, "metrics.serviceMonitor.labels": {"release": "prom"}},
+    )
+    monitor = one(objects, "ServiceMonitor")
+    service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-metrics"))
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert not by_kind(
+        template(helm_bin, {"metrics.enabled": False, "metrics.serviceMonitor.enabled": True}),
+        "ServiceMonitor",
+    )

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,163 @@ def test_trainer_image_has_what_the_operators_driver_container_runs() -> None:
         "the driver runs `python -m ...` from bash: python must be on PATH"
     )
     assert "wget" in text, "KubeRay's probes exec wget in the Ray containers"
+
+
+# --- users: a base image's own accounts --------------------------------------------------------
+
+BASE_IMAGE_ACCOUNTS: list[tuple[str, dict[int, str], dict[int, str]]] = [
+    # (a substring of the FROM image, its users by uid, its groups by gid), beyond the system ones
+    ("ubuntu24.04", {1000: "ubuntu"}, {1000: "ubuntu"}),
+    ("ubuntu:24.04", {1000: "ubuntu"}, {1000: "ubuntu"}),
+    ("noble", {1000: "ubuntu"}, {1000: "ubuntu"}),
+    ("ubuntu25", {1000: "ubuntu"}, {1000: "ubuntu"}),
+    ("ubuntu:25", {1000: "ubuntu"}, {1000: "ubuntu"}),
+]
+"""Ubuntu's images gained a default `ubuntu` user (uid/gid 1000) in 23.04; Debian's and the python
+images have none. A Dockerfile creating uid 1000 on such a base fails at build time."""
+
+
+def base_image(dockerfile: Path) -> str:
+    """The final stage's base image, with ARG defaults substituted."""
+    args: dict[str, str] = {}
+    image = ""
+    for word, rest in instructions(dockerfile):
+        if word == "ARG" and "=" in rest:
+            name, _, value = rest.partition("=")
+            args[name.strip()] = value.strip()
+        elif word == "FROM":
+            image = rest.split()[0]
+            for name, value in args.items():
+                image = image.replace("${" + name + "}", value).replace("$" + name, value)
+    return image
+
+
+def _option(argv: list[str], *names: str) -> str | None:
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if name.startswith("--") and arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def shell_commands(run: str) -> list[list[str]]:
+    """The simple commands of a RUN line (split at &&, ||, ; and |, quotes respected)."""
+    lexer = shlex.shlex(run, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token in {"&&", "||", ";", "|", "&"}:
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [c for c in commands if c]
+
+
+@dataclass
+class Accounts:
+    """/etc/passwd and /etc/group as uid/gid -> name, changed by the commands a RUN line runs."""
+
+    image: str
+    users: dict[int, str] = field(default_factory=dict)
+    groups: dict[int, str] = field(default_factory=dict)
+
+    def run(self, argv: list[str]) -> list[str]:
+        """Apply one command; the reasons it would fail at build time."""
+        tool, name, shown = argv[0], argv[-1], " ".join(argv)
+        if tool == "userdel":  # with USERGROUPS_ENAB (Debian, Ubuntu) the user's own group goes too
+            self.users = {u: n for u, n in self.users.items() if n != name}
+            self.groups = {g: n for g, n in self.groups.items() if n != name}
+        elif tool == "groupdel":
+            self.groups = {g: n for g, n in self.groups.items() if n != name}
+        elif tool == "useradd":
+            return self._useradd(argv, name, shown)
+        elif tool == "groupadd":
+            gid = _option(argv, "-g", "--gid")
+            if gid is not None:
+                return self._take(self.groups, int(gid), name, f"`{shown}`: gid")
+        return []
+
+    def _useradd(self, argv: list[str], name: str, shown: str) -> list[str]:
+        problems = (
+            [f"`{shown}`: user {name!r} already exists in {self.image}"]
+            if name in self.users.values()
+            else []
+        )
+        uid = _option(argv, "-u", "--uid")
+        if uid is None:
+            return problems
+        if "-o" not in argv and "--non-unique" not in argv:
+            problems += self._take(self.users, int(uid), name, f"`{shown}`: uid")
+        if _option(argv, "-g", "--gid") is None:  # a user group of the same number is created
+            problems += self._take(self.groups, int(uid), name, f"`{shown}`: its user group's gid")
+        return problems
+
+    def _take(self, table: dict[int, str], number: int, name: str, what: str) -> list[str]:
+        taken = table.get(number)
+        table[number] = name
+        return [f"{what} {number} already belongs to {taken!r} in {self.image}"] if taken else []
+
+
+def account_conflicts(dockerfile: Path) -> list[str]:
+    """Replay the useradd/userdel/groupadd/groupdel commands of the RUN lines on the base image's
+    accounts; every create of a uid, gid or name that exists at that point is a build failure."""
+    accounts = Accounts(base_image(dockerfile))
+    for marker, users, groups in BASE_IMAGE_ACCOUNTS:
+        if marker in accounts.image:
+            accounts.users, accounts.groups = dict(users), dict(groups)
+    problems: list[str] = []
+    for word, rest in instructions(dockerfile):
+        if word == "RUN":
+            for argv in shell_commands(rest):
+                problems += accounts.run(argv)
+    return problems
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR, TRAINER], ids=lambda p: p.name)
+def test_images_create_no_user_or_group_their_base_image_already_has(dockerfile: Path) -> None:
+    assert account_conflicts(dockerfile) == []
+
+
+def test_the_account_check_catches_uid_1000_on_ubuntu_24_04(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.Dockerfile"
+    broken.write_text(
+        "ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04\nFROM ${CUDA_IMAGE}\n"
+        "RUN useradd --uid 1000 --create-home --shell /bin/bash ray\n"
+    )
+    problems = account_conflicts(broken)
+    assert problems and "uid 1000 already belongs to 'ubuntu'" in problems[0]
+
+
+# --- CUDA: the base image and the pinned torch agree -------------------------------------------
+
+
+def pinned(requirement_prefix: str, extra: str) -> str:
+    """The version a pyproject extra pins with ==, e.g. pinned("torch", "trainer") -> "2.11.0"."""
+    import tomllib  # noqa: PLC0415
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for requirement in extras[extra]:
+        name, _, version = requirement.partition("==")
+        if name.strip() == requirement_prefix:
+            return version.strip()
+    raise AssertionError(f"{requirement_prefix} is not pinned with == in the {extra} extra")
+
+
+def test_the_trainer_image_cuda_is_the_cuda_of_the_pinned_torch_wheel() -> None:
+    """torch's PyPI wheel is built for one CUDA (2.11.0: 13.0, as its cuda-toolkit requirement
+    says); the image's CUDA runtime and compiler (vLLM and Megatron build extensions) must match."""
+    from importlib import metadata  # noqa: PLC0415
+
+    torch_pin = pinned("torch", "trainer")
+    assert pinned("vllm", "gpu") == "0.26.0"
+    if metadata.version("torch").split("+")[0] != torch_pin:
+        pytest.skip(f"the installed torch is not the pinned {torch_pin}")
+    toolkit = next(r for r in metadata.requires("torch") or [] if r.startswith("cuda-toolkit"))
+    torch_cuda = ".".join(toolkit.split("==")[1].split(";")[0].strip().split(".")[:2])
+    image = base_image(TRAINER)
+    image_cuda = ".".join(image.split(":")[1].split("-")[0].split(".")[:2])
+    assert image_cuda == torch_cuda, (
+        f"{image} has CUDA {image_cuda}; torch {torch_pin} is built for {torch_cuda}"
+    )

@@ -159,6 +159,16 @@ def _audit_flags(s: StatePaths) -> list[str]:
     ]
 
 
+WATCH_CACHE_ENV = "ASYNCGRPO_CLUSTER_WATCH_CACHE"
+"""0: the API server serves watches from etcd itself (`--watch-cache=false`), so that compacting
+etcd expires a watch's resourceVersion (410 Gone) deterministically. On by default, as in any
+real cluster; tests/reliability/test_watch_compaction.py turns it off in its private cluster."""
+
+
+def _watch_cache_flags() -> list[str]:
+    return ["--watch-cache=false"] if os.environ.get(WATCH_CACHE_ENV, "") in {"0", "false", "no"} else []
+
+
 def kube_apiserver(b: Layout, s: StatePaths) -> Spec:
     p = s.pki
     argv = [
@@ -181,6 +191,7 @@ def kube_apiserver(b: Layout, s: StatePaths) -> Spec:
         "--enable-priority-and-fairness=false",
         "--profiling=false",
         *_audit_flags(s),
+        *_watch_cache_flags(),
     ]
     return Spec("kube-apiserver", argv, _https("kube-apiserver", "/readyz"))
 

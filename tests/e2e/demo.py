@@ -36,6 +36,7 @@ import yaml
 from tests.chart.helm import CHART, NO_HELM, REPO, find_helm
 from tests.cluster.build import BuildError, build, layout
 from tests.cluster.cluster import ClusterError, LocalCluster
+from tests.e2e.test_operator import ProgressServer
 from tests.e2e.whole_path import AgjWatch, DriverKubelet, LocalDriver, drive, wait_terminal
 from tests.webhook.cluster_harness import SELECTOR_LABEL, Installation
 
@@ -125,7 +126,14 @@ def run(job_file: Path, *, keep: bool) -> int:
     if helm_bin is None:
         raise SystemExit(f"error: {NO_HELM}")
     workdir = Path(tempfile.mkdtemp(prefix="asyncgrpo-demo-"))  # kept: the logs printed are in it
-    installation = DemoInstallation(cluster, helm_bin, workdir=workdir, keep_workdir=True)
+    pod_network = ProgressServer()  # the operator reads /progress here; forwarded to the driver
+    installation = DemoInstallation(
+        cluster,
+        helm_bin,
+        workdir=workdir,
+        keep_workdir=True,
+        progress_url_template=pod_network.template,
+    )
     driver: list[LocalDriver] = []
     try:
         say(
@@ -158,7 +166,7 @@ def run(job_file: Path, *, keep: bool) -> int:
             "    no containers, so the driver container runs here as the pod describes it; the operator\n"
             "    polls its /progress, and its exit is written into the pod's status like a kubelet would."
         )
-        kubelet = DriverKubelet(installation.api, installation.kubectl, installation.workdir / "kubelet")
+        kubelet = DriverKubelet(installation.api, installation.workdir / "kubelet", pod_network)
         watch = AgjWatch(installation.kubectl, ns, job, out=sys.stdout, every=2.0)
         watch.poll()
         for _ in drive(kubelet, watch, timeout=JOB_TIMEOUT, out=sys.stdout, on_start=driver.append):
@@ -184,6 +192,7 @@ def run(job_file: Path, *, keep: bool) -> int:
     finally:
         for local in driver:
             local.kill()
+        pod_network.close()
         say("Cleaning up: the job, the chart and the operator")
         try:
             installation.uninstall()

@@ -5,7 +5,8 @@ as it runs in its image, against the fixture's kubeconfig. kwok runs no containe
 play the kubelet's part for the driver: they end the driver container by writing the head pod's
 container status (the Ray head container keeps running, as it does in a real pod), or fail the
 whole head pod with kwok's fault stage. The driver's /progress is a real HTTP server in the test
-process; the job's `asyncgrpo.dev/progress-url` annotation points the operator at it.
+process; the operator is pointed at it with its own setting (ASYNCGRPO_PROGRESS_URL_TEMPLATE),
+as a job's author cannot do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,7 +32,7 @@ import yaml
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.rules import validate_manifest
 from tests.cluster import faults
-from tests.cluster.cluster import LocalCluster
+from tests.cluster.cluster import ClusterError, LocalCluster
 from tests.cluster.rest import JSON, Api, ApiError, condition
 from tests.cluster.samples import pods, raycluster_path, wait_until
 
@@ -67,15 +69,24 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    """`python -m asyncgrpo_operator` watching one namespace; logs go to a file."""
+    """`python -m asyncgrpo_operator` watching one namespace; logs go to a file. `progress` is
+    where it reads the drivers' /progress (the test process plays every driver)."""
 
     def __init__(
-        self, kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] | None = None
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+        *,
+        progress: ProgressServer | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log = log
-        self.env = env or {}
+        self.env = dict(env or {})
+        if progress is not None:
+            self.env.setdefault("ASYNCGRPO_PROGRESS_URL_TEMPLATE", progress.template)
         self.proc: subprocess.Popen[bytes] | None = None
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
 
@@ -133,9 +144,9 @@ class OperatorProcess:
 
 @pytest.fixture
 def operator(
-    kubeconfig: Path, namespace: str, asyncgrpo_crd: JSON, tmp_path: Path
+    kubeconfig: Path, namespace: str, asyncgrpo_crd: JSON, tmp_path: Path, driver_progress: ProgressServer
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
+    op = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log", progress=driver_progress)
     op.start()
     yield op
     op.stop()
@@ -144,16 +155,25 @@ def operator(
 
 
 class ProgressServer:
-    """The driver's /progress endpoint, served from the test process."""
+    """The drivers' /progress endpoints, served from the test process at
+    /progress/<namespace>/<job>: what the operator reads with `template` as its URL template.
+
+    Every job gets `doc` unless `docs` has one for it; a job in `routes` is forwarded to that URL
+    (a driver run as a local process, tests/e2e/whole_path.py). `hits` records every path asked.
+    """
 
     def __init__(self) -> None:
         self.doc: dict[str, Any] = {"step": 0, "maxSteps": 20, "policyVersion": 0, "state": "starting"}
+        self.docs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.routes: dict[tuple[str, str], str] = {}
+        self.hits: list[str] = []
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = json.dumps(server_self.doc).encode()
-                self.send_response(200)
+                server_self.hits.append(self.path)
+                status, body = server_self.answer(self.path)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -163,8 +183,26 @@ class ProgressServer:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/progress"
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.template = self.base + "/progress/{namespace}/{job}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, path: str) -> tuple[int, bytes]:
+        parts = path.strip("/").split("/")
+        key = (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "progress" else None
+        upstream = self.routes.get(key) if key is not None else None
+        if upstream is not None:
+            try:
+                with urllib.request.urlopen(upstream, timeout=2) as response:
+                    return int(response.status), bytes(response.read())
+            except OSError as exc:
+                return 502, json.dumps({"error": str(exc)}).encode()
+        doc = self.docs.get(key, self.doc) if key is not None else self.doc
+        return 200, json.dumps(doc).encode()
+
+    def url_of(self, namespace: str, job: str) -> str:
+        """The URL the operator reads for one job."""
+        return f"{self.base}/progress/{namespace}/{job}"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -180,7 +218,7 @@ def driver_progress() -> Iterator[ProgressServer]:
 # --- the job and helpers --------------------------------------------------------------------
 
 
-def job_manifest(name: str, progress_url: str, **spec: Any) -> JSON:
+def job_manifest(name: str, **spec: Any) -> JSON:
     """A small job: head on the CPU node, one 1-GPU worker per pool on the tainted GPU pool."""
     gpu_pool = {
         "replicas": 1,
@@ -192,7 +230,7 @@ def job_manifest(name: str, progress_url: str, **spec: Any) -> JSON:
     manifest: JSON = {
         "apiVersion": "asyncgrpo.dev/v1alpha1",
         "kind": "AsyncGRPOJob",
-        "metadata": {"name": name, "annotations": {"asyncgrpo.dev/progress-url": progress_url}},
+        "metadata": {"name": name},
         "spec": {
             "image": "rayproject/ray:2.46.0",
             "backoffLimit": 2,
@@ -342,7 +380,7 @@ def test_job_runs_on_the_gpu_pool_and_succeeds_when_the_driver_exits_zero(
     operator: OperatorProcess,
     driver_progress: ProgressServer,
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("happy", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("happy"))
 
     rc = wait_until(lambda: rayclusters(kube_api, namespace, "happy"), "RayCluster happy-0")[0]
     assert rc["metadata"]["name"] == "happy-0"
@@ -367,13 +405,18 @@ def test_job_runs_on_the_gpu_pool_and_succeeds_when_the_driver_exits_zero(
     assert "Running" in table and "DriverRunning" in table
     assert table.splitlines()[1].split()[2] == "3"  # STEP column
 
+    head = head_pod(kube_api, namespace, "happy-0")["metadata"]["name"]
+    assert status["headPod"] == head
+    assert status["driverLogs"] == f"kubectl logs -n {namespace} {head} -c driver"
     driver_progress.doc = {**driver_progress.doc, "step": 20, "state": "succeeded"}
     end_driver(kube_api, namespace, head_pod(kube_api, namespace, "happy-0"), 0)
+    # As for a batch/v1 Job or a Kubeflow TrainJob, with the real kubectl:
+    local_cluster.kubectl("wait", "--for=condition=Complete", "agj/happy", "-n", namespace, "--timeout=60s")
     done = wait_phase(kube_api, namespace, "happy", "Succeeded", "DriverSucceeded")
     assert done["completionTime"]
     gone(lambda: not live_rayclusters(kube_api, namespace, "happy"), "RayCluster deleted (onSuccess)")
     conditions = {c["type"]: c for c in done["conditions"]}
-    assert conditions["Succeeded"]["status"] == "True"
+    assert conditions["Complete"]["status"] == "True" and "Failed" not in conditions
     assert conditions["Running"]["status"] == "False"
     assert "PodsReady" not in conditions
     assert {"CreatedRayCluster", "AllPodsScheduled", "AllPodsReady", "DriverRunning", "DriverSucceeded"} <= (
@@ -390,7 +433,6 @@ def test_unschedulable_gpus_are_pending_with_the_schedulers_reason_then_deadline
 ) -> None:
     manifest = job_manifest(
         "greedy",
-        driver_progress.url,
         startupDeadlineSeconds=20,
         cluster={"policyWorkers": {"gpusPerReplica": 16}},  # GPU nodes have 8
         trainer={"policy": {"trainMicroBatchSize": 2}},
@@ -405,14 +447,18 @@ def test_unschedulable_gpus_are_pending_with_the_schedulers_reason_then_deadline
     failed = wait_phase(kube_api, namespace, "greedy", "Failed", "DeadlineExceeded", timeout=60)
     assert "startupDeadlineSeconds" in failed["message"] and "nvidia.com/gpu" in failed["message"]
     assert failed["restarts"] == 0
-    warnings = {e["reason"] for e in events(kube_api, namespace, "greedy") if e["type"] == "Warning"}
-    assert {"Unschedulable", "DeadlineExceeded"} <= warnings
+
+    def warned() -> set[str] | None:  # Events follow the status write they report
+        reasons = {e["reason"] for e in events(kube_api, namespace, "greedy") if e["type"] == "Warning"}
+        return reasons if {"Unschedulable", "DeadlineExceeded"} <= reasons else None
+
+    wait_until(warned, "Warning events Unschedulable and DeadlineExceeded", timeout=10)
 
 
 def test_head_pod_failure_restarts_with_a_new_raycluster(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("flaky", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("flaky"))
     run_until_running(kube_api, namespace, "flaky", driver_progress)
     faults.fail_pod(
         kube_api, namespace, head_pod(kube_api, namespace, "flaky-0")["metadata"]["name"], exit_code=137
@@ -438,7 +484,7 @@ def test_a_driver_exit_on_a_head_pod_kuberay_deletes_at_once_still_decides_the_a
 ) -> None:
     """The whole head pod ends with the driver's code 0; KubeRay deletes such a pod immediately, so
     the operator may only ever see it in the watch event: the exit is remembered from there."""
-    create_job(kube_api, namespace, job_manifest("brisk", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("brisk"))
     run_until_running(kube_api, namespace, "brisk", driver_progress)
     head = head_pod(kube_api, namespace, "brisk-0")["metadata"]["name"]
     faults.fail_pod(kube_api, namespace, head, exit_code=0, reason="Completed", message="done")
@@ -450,7 +496,7 @@ def test_a_driver_exit_on_a_head_pod_kuberay_deletes_at_once_still_decides_the_a
 def test_exhausted_backoff_limit_fails_with_the_reason(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("fragile", driver_progress.url, backoffLimit=0))
+    create_job(kube_api, namespace, job_manifest("fragile", backoffLimit=0))
     run_until_running(kube_api, namespace, "fragile", driver_progress)
     end_driver(kube_api, namespace, head_pod(kube_api, namespace, "fragile-0"), 137)
 
@@ -462,14 +508,25 @@ def test_exhausted_backoff_limit_fails_with_the_reason(
 
 
 def test_training_error_fails_at_once_and_is_not_retried(
-    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+    kube_api: Api,
+    local_cluster: LocalCluster,
+    namespace: str,
+    operator: OperatorProcess,
+    driver_progress: ProgressServer,
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("buggy", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("buggy"))
     run_until_running(kube_api, namespace, "buggy", driver_progress)
     end_driver(kube_api, namespace, head_pod(kube_api, namespace, "buggy-0"), 1, "ValueError: loss is nan")
 
+    local_cluster.kubectl("wait", "--for=condition=Failed", "agj/buggy", "-n", namespace, "--timeout=60s")
     failed = wait_phase(kube_api, namespace, "buggy", "Failed", "TrainingError")
     assert "loss is nan" in failed["message"] and failed["restarts"] == 0
+    # The pod is kept (onFailure: KeepCluster), and the status says where the driver's log is.
+    assert failed["driverLogs"] == f"kubectl logs -n {namespace} {failed['headPod']} -c driver"
+    with pytest.raises(ClusterError, match="timed out"):
+        local_cluster.kubectl(
+            "wait", "--for=condition=Complete", "agj/buggy", "-n", namespace, "--timeout=2s"
+        )
 
 
 def test_unusable_data_fails_at_once_with_invalid_data_and_is_not_retried(
@@ -490,7 +547,7 @@ def test_unusable_data_fails_at_once_with_invalid_data_and_is_not_retried(
 def test_suspend_deletes_the_cluster_and_resume_recreates_it(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("pausable", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("pausable"))
     run_until_running(kube_api, namespace, "pausable", driver_progress)
     path = f"{JOBS.format(ns=namespace)}/pausable"
 
@@ -509,7 +566,7 @@ def test_suspend_deletes_the_cluster_and_resume_recreates_it(
 def test_deleting_the_job_removes_its_children(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("doomed", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("doomed"))
     run_until_running(kube_api, namespace, "doomed", driver_progress)
     kube_api.delete(f"{JOBS.format(ns=namespace)}/doomed")
 
@@ -540,7 +597,7 @@ def test_ttl_after_finished_deletes_the_job_at_expiry(
     create_job(
         kube_api,
         namespace,
-        job_manifest("brief", driver_progress.url, cleanupPolicy={"ttlSecondsAfterFinished": 4}),
+        job_manifest("brief", cleanupPolicy={"ttlSecondsAfterFinished": 4}),
     )
     run_until_running(kube_api, namespace, "brief", driver_progress)
     end_driver(kube_api, namespace, head_pod(kube_api, namespace, "brief-0"), 0)
@@ -561,7 +618,7 @@ def test_ttl_after_finished_deletes_the_job_at_expiry(
 def test_a_driver_whose_step_stops_advancing_is_reported_stalled(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("wedged", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("wedged"))
     run_until_running(kube_api, namespace, "wedged", driver_progress)
 
     def stalled() -> JSON | None:
@@ -581,7 +638,7 @@ def test_an_operator_killed_mid_reconcile_never_makes_a_second_raycluster(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
     operator.kill()
-    create_job(kube_api, namespace, job_manifest("sturdy", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("sturdy"))
     driver_progress.doc = {"step": 1, "maxSteps": 20, "state": "running"}
 
     # 1. Killed right after it created the RayCluster, before it could record it in the status.
@@ -606,6 +663,20 @@ def test_an_operator_killed_mid_reconcile_never_makes_a_second_raycluster(
     assert (by_type["Running"]["status"], by_type["Running"]["reason"]) == ("True", "DriverRunning")
 
 
+def lease_holder(api: Api, namespace: str) -> str:
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/asyncgrpo-operator"
+    try:
+        return str(api.get(path)["spec"].get("holderIdentity") or "")
+    except ApiError as err:
+        if err.status == 404:
+            return ""
+        raise
+
+
+def holding(replicas: list[OperatorProcess], holder: str) -> OperatorProcess:
+    return next(r for r in replicas if r.proc is not None and holder.endswith(f"-{r.proc.pid}"))
+
+
 def test_two_replicas_with_leader_election_act_once_and_fail_over(
     *,
     kube_api: Api,
@@ -615,22 +686,55 @@ def test_two_replicas_with_leader_election_act_once_and_fail_over(
     tmp_path: Path,
     driver_progress: ProgressServer,
 ) -> None:
+    """client-go's semantics (leaseDuration 15 s, renewDeadline 10 s, retryPeriod 2 s): a leader
+    that is stopped releases the Lease and a standby takes over at its next retry; one that is
+    killed is replaced once its Lease has gone unrenewed for a lease duration."""
     env = {"ASYNCGRPO_LEADER_ELECTION": "true", "ASYNCGRPO_LEADER_ELECTION_NAMESPACE": namespace}
-    replicas = [OperatorProcess(kubeconfig, namespace, tmp_path / f"operator-{i}.log", env) for i in range(2)]
-    for replica in replicas:
+    replicas = [
+        OperatorProcess(kubeconfig, namespace, tmp_path / f"operator-{i}.log", env, progress=driver_progress)
+        for i in range(3)
+    ]
+    for replica in replicas[:2]:
         replica.start()
     try:
-        create_job(kube_api, namespace, job_manifest("shared", driver_progress.url))
+        create_job(kube_api, namespace, job_manifest("shared"))
         run_until_running(kube_api, namespace, "shared", driver_progress)
         created = [e for e in events(kube_api, namespace, "shared") if e["reason"] == "CreatedRayCluster"]
         assert len(created) == 1
 
-        lease = kube_api.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/asyncgrpo-operator")
-        holder = lease["spec"]["holderIdentity"]
-        leader = next(r for r in replicas if r.proc is not None and holder.endswith(f"-{r.proc.pid}"))
-        leader.kill()
+        # 1. The leader is stopped (SIGTERM, as on a rollout): it releases the Lease.
+        first = lease_holder(kube_api, namespace)
+        stopped = time.monotonic()
+        holding(replicas, first).stop()
+        second = wait_until(
+            lambda: ((h := lease_holder(kube_api, namespace)) not in ("", first) and h) or None,
+            "the standby holds the Lease",
+            timeout=30,
+            interval=0.1,
+        )
+        handed_over = time.monotonic() - stopped
         kube_api.merge_patch(f"{JOBS.format(ns=namespace)}/shared", {"spec": {"suspend": True}})
-        wait_phase(kube_api, namespace, "shared", "Suspended", timeout=60)  # the standby took over
+        wait_phase(kube_api, namespace, "shared", "Suspended", timeout=60)  # the new leader acts
+
+        # 2. The new leader is killed (SIGKILL): nothing is released; its Lease must expire.
+        replicas[2].start()
+        time.sleep(4)  # the new standby has seen the Lease being renewed
+        killed = time.monotonic()
+        holding(replicas, second).kill()
+        third = wait_until(
+            lambda: ((h := lease_holder(kube_api, namespace)) not in ("", second) and h) or None,
+            "the last replica holds the Lease",
+            timeout=60,
+            interval=0.1,
+        )
+        taken_over = time.monotonic() - killed
+        assert third.endswith(f"-{replicas[2].proc.pid}")  # type: ignore[union-attr]
+        kube_api.merge_patch(f"{JOBS.format(ns=namespace)}/shared", {"spec": {"suspend": False}})
+        run_until_running(kube_api, namespace, "shared", driver_progress)
+        print(f"failover: leader stopped -> the standby leads in {handed_over:.1f} s;", end=" ")
+        print(f"leader killed -> {taken_over:.1f} s")
+        assert handed_over < 8, "a released Lease is taken at the standby's next retry (2 s)"
+        assert 11 <= taken_over < 30, "a killed leader's Lease expires after 15 s without renewal"
     finally:
         for replica in replicas:
             replica.stop()

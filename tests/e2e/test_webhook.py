@@ -30,6 +30,8 @@ from asyncgrpo_operator.webhook import WEBHOOK_NAME
 from tests.chart.helm import NO_HELM, REPO, find_helm, template
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import ApiError
+from tests.cluster.samples import raycluster_path, wait_until
+from tests.e2e.test_operator_hardening import NO_HOST_NETWORK, host_network_refused, scrape, value
 from tests.webhook.cluster_harness import JOBS_PATH, Installation, running_chart
 from tests.webhook.jobs import (
     INVALID_COMBINATIONS,
@@ -39,6 +41,7 @@ from tests.webhook.jobs import (
     Case,
     job,
 )
+from tests.webhook.server import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -51,7 +54,7 @@ def chart(local_cluster: LocalCluster) -> Iterator[Installation]:
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
-    with running_chart(local_cluster, helm_bin) as installation:
+    with running_chart(local_cluster, helm_bin, metrics_port=free_port()) as installation:
         yield installation
 
 
@@ -281,6 +284,57 @@ def test_deleting_a_job_is_never_blocked(chart: Installation, jobs_ns: str) -> N
     assert release.returncode == 0, release.stderr
     gone = chart.kubectl("wait", "-n", jobs_ns, "--for=delete", "asyncgrpojob/held", "--timeout=30s")
     assert gone.returncode == 0, gone.stderr
+
+
+# --- the RayCluster, dry-run by the API server --------------------------------------------------
+
+
+def test_a_job_whose_raycluster_the_api_server_would_refuse_is_refused_at_apply(
+    chart: Installation, jobs_ns: str
+) -> None:
+    """The webhook dry-runs the job's RayCluster (dryRun=All): a cluster policy on RayClusters,
+    which the rules know nothing of, refuses the job at `kubectl apply`, in the policy's words."""
+    exposed = job("exposed", network={"hostNetwork": True})
+    with host_network_refused(chart.api, jobs_ns):
+        outcome = chart.kubectl.apply(jobs_ns, exposed)
+        rejected(outcome.stderr, outcome.returncode, NO_HOST_NETWORK)
+        assert (
+            DENIED_BY_WEBHOOK in outcome.stderr
+            and "spec: the API server refused the RayCluster exposed-0" in (outcome.stderr)
+        )
+        fine = chart.kubectl.apply(jobs_ns, job("unexposed"))
+        assert fine.returncode == 0, fine.stderr
+    # Nothing was created by the dry-run, and without the policy the same job is admitted.
+    assert (
+        chart.api.get(raycluster_path(jobs_ns), labelSelector="asyncgrpo.dev/job-name=exposed")["items"] == []
+    )
+
+    def admitted() -> bool | None:  # the API server drops the policy from its cache within seconds
+        return chart.kubectl.apply(jobs_ns, exposed).returncode == 0 or None
+
+    wait_until(admitted, "the same job admitted once the policy is gone", timeout=30)
+
+
+def test_admissions_and_dry_runs_are_counted_in_the_operators_metrics(
+    chart: Installation, jobs_ns: str
+) -> None:
+    assert chart.metrics_port is not None
+    before = scrape(chart.metrics_port)
+    assert chart.kubectl.apply(jobs_ns, job("counted")).returncode == 0
+    refused = chart.kubectl.apply(jobs_ns, WEBHOOK_ONLY[0].manifest)  # past CEL, refused by the webhook
+    assert refused.returncode != 0 and DENIED_BY_WEBHOOK in refused.stderr
+    after = scrape(chart.metrics_port)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("asyncgrpo_admission_requests_total", operation="CREATE", verdict="allowed") == 1
+    assert grew("asyncgrpo_admission_requests_total", operation="CREATE", verdict="denied") == 1
+    assert grew("asyncgrpo_admission_duration_seconds_count", operation="CREATE") == 2
+    assert (
+        grew("asyncgrpo_admission_dry_runs_total", result="accepted") == 1
+    )  # the refused one never got there
+    assert grew("asyncgrpo_api_requests_total", verb="create", resource="rayclusters", code="200") >= 1
 
 
 # --- without the webhook -------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from asyncgrpo_api import exitcodes
 from tests.chart.helm import NO_HELM, find_helm
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.samples import wait_until
-from tests.e2e.test_operator import live_rayclusters
+from tests.e2e.test_operator import ProgressServer, live_rayclusters
 from tests.e2e.whole_path import (
     AgjWatch,
     DriverKubelet,
@@ -43,17 +43,25 @@ STEPS = 120  # long enough that a 1 s progress poll sees several steps even on a
 
 
 @pytest.fixture(scope="module")
-def chart(local_cluster: LocalCluster) -> Iterator[Installation]:
+def pod_network() -> Iterator[ProgressServer]:
+    """Where the operator reads the drivers' /progress: forwarded to each local driver's port."""
+    server = ProgressServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def chart(local_cluster: LocalCluster, pod_network: ProgressServer) -> Iterator[Installation]:
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
-    with running_chart(local_cluster, helm_bin) as installation:
+    with running_chart(local_cluster, helm_bin, progress_url_template=pod_network.template) as installation:
         yield installation
 
 
 @pytest.fixture
-def kubelet(chart: Installation, tmp_path: Path) -> DriverKubelet:
-    return DriverKubelet(chart.api, chart.kubectl, tmp_path)
+def kubelet(chart: Installation, tmp_path: Path, pod_network: ProgressServer) -> DriverKubelet:
+    return DriverKubelet(chart.api, tmp_path, pod_network)
 
 
 def apply(chart: Installation, manifest: dict[str, object]) -> None:

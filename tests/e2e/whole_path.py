@@ -19,10 +19,11 @@ without containers is translated, and only this:
    an embedded Ray, like `asyncgrpo run`. That Ray is given the logical CPUs the RayCluster's pods
    would contribute (RAY_OVERRIDE_RESOURCES: one per worker rank, one on the head for the
    controller actor), else a 2-core machine could not place the job's actors.
-4. Network: a pod has its own network namespace, where the pinned progress port 8090 is free.
-   Here the driver gets `--progress-port <a free port>` and the job the annotation
-   `asyncgrpo.dev/progress-url` (set with `kubectl annotate`), which the operator reads instead of
-   the pod IP.
+4. Network: a pod has its own network namespace, where the pinned progress port 8090 is free,
+   and the operator reaches it at the pod's IP. Here the driver gets `--progress-port <a free
+   port>`, and the operator, started with ASYNCGRPO_PROGRESS_URL_TEMPLATE pointing at `progress`
+   (a router in this process standing in for the pod network), has /progress/<namespace>/<job>
+   forwarded to that port. Job authors cannot redirect the operator: the URL is its setting.
 5. The image: `python` is this virtualenv's interpreter (first on PATH) and the image's
    environment is this process's (without KUBECONFIG and RAY_ADDRESS).
 6. The exit, reported like a kubelet into the pod's status: the container's exit code is the
@@ -53,12 +54,11 @@ from typing import Any, TextIO
 
 from tests.cluster.rest import JSON, Api, ApiError
 from tests.cluster.samples import pods, raycluster_path, wait_until
-from tests.e2e.test_operator import end_driver, get_job
+from tests.e2e.test_operator import ProgressServer, end_driver, get_job
 from tests.webhook.cluster_harness import Kubectl
 from tests.webhook.server import free_port
 
 DRIVER_CONTAINER = "driver"
-PROGRESS_URL_ANNOTATION = "asyncgrpo.dev/progress-url"
 TERMINATION_LOG_LINES = 80
 TERMINATION_MESSAGE_ENV = "ASYNCGRPO_TERMINATION_MESSAGE_PATH"
 TERMINATION_LOG_BYTES = 2048
@@ -147,8 +147,9 @@ class DriverKubelet:
     """Plays the kubelet for the driver container of a job's head pods (see the module docstring)."""
 
     api: Api
-    kubectl: Kubectl
     root: Path
+    progress: ProgressServer
+    """The pod network's stand-in: the operator reads /progress here (translation 4)."""
     python: Path = field(default_factory=lambda: Path(sys.executable))
 
     # --- reading the objects back ---------------------------------------------------------------
@@ -224,7 +225,7 @@ class DriverKubelet:
     # --- running it ----------------------------------------------------------------------------
 
     def start(self, pod: JSON, *, job: str, out: TextIO | None = None) -> LocalDriver:
-        """Run the pod's driver container here and point the job's progress URL at it."""
+        """Run the pod's driver container here and route the job's /progress to it."""
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         cluster = pod["metadata"]["labels"]["ray.io/cluster"]
         container = next(c for c in pod["spec"]["containers"] if c["name"] == DRIVER_CONTAINER)
@@ -294,14 +295,9 @@ class DriverKubelet:
             process,
             termination_file=termination_file,
         )
-        args = ["annotate", "--overwrite", "-n", namespace, f"asyncgrpojob/{job}"]
-        args.append(f"{PROGRESS_URL_ANNOTATION}={driver.progress_url}")
+        self.progress.routes[(namespace, job)] = driver.progress_url
         if out is not None:
-            out.write(f"$ kubectl {shlex.join(args)}\n")
-        annotate = self.kubectl(*args)
-        if annotate.returncode != 0:
-            driver.kill()
-            raise RuntimeError(f"kubectl annotate failed: {annotate.stderr}")
+            out.write(f"# {self.progress.url_of(namespace, job)} -> {driver.progress_url}\n")
         return driver
 
     def _ray_cpus(self, namespace: str, cluster: str) -> int:

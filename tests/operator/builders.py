@@ -66,12 +66,15 @@ def cluster(
     deleting: bool = False,
     created: float = 0.0,
     uid: str = "",
+    owner_uid: str | None = JOB_UID,
 ) -> ClusterView:
+    """A RayCluster of the job's attempt; owned by the job unless `owner_uid` says otherwise."""
     name = naming.raycluster_name("demo", attempt)
     return ClusterView(
         name=name,
         uid=uid or f"rc-uid-{attempt}",
         attempt=attempt,
+        owner_uid=owner_uid,
         deleting=deleting,
         created_at=at(created),
         provisioned=provisioned,

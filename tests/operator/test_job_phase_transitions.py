@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
+from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import plan
 from asyncgrpo_operator.observed import DriverExit, Observation, ProgressMark
 from tests.operator.builders import (
@@ -660,7 +661,9 @@ def test_cleanup_on_failure_delete_cluster_deletes_it() -> None:
 
 
 def test_an_invalid_job_fails_with_invalid_spec() -> None:
-    decision = plan.plan_invalid(None, observe(0), generation=1, message="spec.x: bad")
+    decision = plan.plan_invalid(
+        None, observe(0), generation=1, message="spec.x: bad", cleanup=CleanupPolicy(), owner=OWNER
+    )
     assert (decision.status.phase, decision.status.reason) == ("Failed", "InvalidSpec")
     assert decision.actions == ()
 

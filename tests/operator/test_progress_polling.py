@@ -6,13 +6,12 @@ import asyncio
 import json
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from asyncgrpo_operator import naming, progress
+from asyncgrpo_operator import progress
 from asyncgrpo_operator.observed import PodView, ProgressReading
 
 DOC = {
@@ -122,15 +121,70 @@ def test_wrong_types_in_the_document_become_unknown_values() -> None:
 
 
 def head_pod(ip: str | None) -> PodView:
-    return PodView(name="h", uid="u", node_type="head", group="headgroup", owner_uid="rc", ip=ip)
+    return PodView(name="demo-0-head", uid="u", node_type="head", group="headgroup", owner_uid="rc", ip=ip)
 
 
-def test_progress_url_is_the_head_pod_ip_unless_the_job_overrides_it() -> None:
-    job: dict[str, Any] = {"metadata": {"annotations": {}}}
-    assert progress.progress_url(job, head_pod("10.1.2.3")) == "http://10.1.2.3:8090/progress"
-    assert progress.progress_url(job, head_pod(None)) is None
-    job["metadata"]["annotations"][naming.PROGRESS_URL_ANNOTATION] = "http://127.0.0.1:9999/progress"
-    assert progress.progress_url(job, None) == "http://127.0.0.1:9999/progress"
+def test_progress_url_is_the_head_pod_ip_by_default() -> None:
+    template = progress.DEFAULT_URL_TEMPLATE
+    assert progress.progress_url(template, "team", "demo", head_pod("10.1.2.3")) == (
+        "http://10.1.2.3:8090/progress"
+    )
+    assert progress.progress_url(template, "team", "demo", head_pod("fd00::7")) == (
+        "http://[fd00::7]:8090/progress"
+    )
+    assert progress.progress_url(template, "team", "demo", head_pod(None)) is None
+    assert progress.progress_url(template, "team", "demo", None) is None
+
+
+def test_an_operator_url_template_routes_by_names_the_operator_knows() -> None:
+    template = "http://127.0.0.1:9999/progress/{namespace}/{job}/{pod}"
+    assert progress.progress_url(template, "team", "demo", head_pod(None)) == (
+        "http://127.0.0.1:9999/progress/team/demo/demo-0-head"
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "complaint"),
+    [
+        ("http://{host}/progress", "unknown placeholder"),
+        ("file:///etc/passwd", "http:// or https://"),
+        ("{pod_ip}:8090", "http:// or https://"),
+    ],
+)
+def test_a_bad_url_template_is_refused_at_startup(template: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        progress.check_url_template(template)
+
+
+def test_a_redirect_from_the_driver_is_not_followed() -> None:
+    """The driver runs the job author's code: a redirect must not send the operator elsewhere."""
+    followed: list[str] = []
+
+    async def scenario() -> None:
+        async def redirect(_: web.Request) -> web.Response:
+            raise web.HTTPFound("/elsewhere")
+
+        async def elsewhere(request: web.Request) -> web.Response:
+            followed.append(request.path)
+            return web.json_response(DOC)
+
+        app = web.Application()
+        app.router.add_get("/progress", redirect)
+        app.router.add_get("/elsewhere", elsewhere)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(progress.ProgressError, match="HTTP 302"):
+                    await progress.read_progress(session, f"http://127.0.0.1:{port}/progress")
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert followed == []
 
 
 def test_the_document_matches_what_the_trainer_serves() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from asyncgrpo_operator import settings
+from asyncgrpo_operator import k8s, settings
 from asyncgrpo_operator.reconciler import Reconciler
 from tests.operator.builders import BASE_JOB
 
@@ -134,3 +134,41 @@ def test_kopf_builds_no_body_copy_per_event() -> None:
     body = kopf.Body({"metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"big": list(range(1000))}})
     assert config.persistence.diffbase_storage.build(body=body) == {}
     assert config.persistence.diffbase_storage.fetch(body=body) is None
+
+
+class RefusingApi(TimedApi):
+    """The API server refuses the RayCluster (a policy, 422); records statuses and events."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        super().__init__(job)
+        self.statuses: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+
+    async def create_raycluster(self, manifest: dict[str, Any]) -> bool:
+        await self._call("create_raycluster")
+        raise k8s.ApiError(422, 'rayclusters.ray.io "demo-0" is forbidden: denied request: no hostNetwork')
+
+    async def patch_job_status(self, namespace: str, name: str, version: str, status: Any) -> dict[str, Any]:
+        self.statuses.append(status)
+        return await self._call(
+            "patch_job_status", {"metadata": {"resourceVersion": f"written-{len(self.statuses)}"}}
+        )  # type: ignore[no-any-return]
+
+    async def post_event(self, job: Any, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason))
+
+
+def test_a_refused_create_is_in_the_status_written_by_the_same_pass_with_one_warning() -> None:
+    async def scenario() -> RefusingApi:
+        api = RefusingApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            delay = await Reconciler(api, session).reconcile(("team", "demo"))  # type: ignore[arg-type]
+        assert delay == 5.0  # the retry's backoff
+        return api
+
+    api = asyncio.run(scenario())
+    assert [s["reason"] for s in api.statuses] == ["ClusterCreating", "ClusterCreateFailed"]
+    assert "no hostNetwork" in api.statuses[-1]["message"] and "HTTP 422" in api.statuses[-1]["message"]
+    assert [e for e in api.events if e[0] == "Warning"] == [("Warning", "ClusterCreateFailed")]
+    names = [n for n, _, _ in api.calls]
+    assert names.count("apply_configmap") == 1 and names.count("create_raycluster") == 1

@@ -48,7 +48,15 @@ class ProxiedInstallation(Installation):
 
 
 @pytest.fixture(scope="session")
-def chart(local_cluster: LocalCluster) -> Iterator[ProxiedInstallation]:
+def progress_server() -> Iterator[ProgressServer]:
+    """The drivers' /progress for every operator of the session (reset per test by `progress`)."""
+    server = ProgressServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def chart(local_cluster: LocalCluster, progress_server: ProgressServer) -> Iterator[ProxiedInstallation]:
     """The chart installed, the operator serving its webhook and reconciling `chart.jobs_ns`."""
     helm_bin = find_helm()
     if helm_bin is None:
@@ -59,7 +67,9 @@ def chart(local_cluster: LocalCluster) -> Iterator[ProxiedInstallation]:
     )
     proxy = RecordingProxy(local_cluster.api.base_url, cluster_pki.ca_crt, cert, key)
     proxy.start()
-    installation = ProxiedInstallation(local_cluster, helm_bin, proxy=proxy)
+    installation = ProxiedInstallation(
+        local_cluster, helm_bin, proxy=proxy, progress_url_template=progress_server.template
+    )
     installation.install()
     try:
         installation.start_operator()
@@ -73,9 +83,9 @@ def chart(local_cluster: LocalCluster) -> Iterator[ProxiedInstallation]:
 
 
 @pytest.fixture
-def progress() -> Iterator[ProgressServer]:
-    """A driver's /progress in mid-run (step 3 of 20) that the operator under test polls."""
-    server = ProgressServer()
-    server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
-    yield server
-    server.close()
+def progress(progress_server: ProgressServer) -> ProgressServer:
+    """Every driver's /progress in mid-run (step 3 of 20), as the operator under test polls it."""
+    progress_server.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
+    progress_server.docs.clear()
+    progress_server.routes.clear()
+    return progress_server

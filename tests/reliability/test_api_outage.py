@@ -88,14 +88,16 @@ def test_an_api_server_outage_is_survived_and_status_catches_up(
     via_proxy = tmp_path / "kubeconfig"
     via_proxy.write_text(yaml.safe_dump(config))
     # A 10-minute resync: only re-established watches can deliver the changes in time.
-    op = OperatorProcess(via_proxy, ns, tmp_path / "operator.log", {"ASYNCGRPO_RESYNC_SECONDS": "600"})
+    op = OperatorProcess(
+        via_proxy, ns, tmp_path / "operator.log", {"ASYNCGRPO_RESYNC_SECONDS": "600"}, progress=progress
+    )
     op.start()
     outages = count("outages", 1)
     try:
         for round_ in range(outages):
             a, b, c = (f"{x}-{round_}" for x in "abc")
             for name in (a, c):
-                create_job(api, ns, job_manifest(name, progress.url))
+                create_job(api, ns, job_manifest(name))
             for name in (a, c):
                 _until(api, ns, name, "Running", lambda s: s.get("phase") == "Running")
 
@@ -103,7 +105,7 @@ def test_an_api_server_outage_is_survived_and_status_catches_up(
             proxy.outage_begin()
             started = time.monotonic()
             api.merge_patch(f"{JOBS.format(ns=ns)}/{a}", {"spec": {"suspend": True}})
-            create_job(api, ns, job_manifest(b, progress.url))
+            create_job(api, ns, job_manifest(b))
             faults.fail_pod(api, ns, head_pod(api, ns, f"{c}-0")["metadata"]["name"], exit_code=137)
             time.sleep(max(0.0, 15 - (time.monotonic() - started)))
             assert op.proc is not None and op.proc.poll() is None, op.tail()

@@ -13,7 +13,6 @@ Count: ASYNCGRPO_RELIABILITY_RESTARTS (default 1).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,9 +23,8 @@ import pytest
 import yaml
 
 from tests.cluster import faults
-from tests.cluster.config import _BASE_PORTS  # type: ignore[attr-defined]
 from tests.cluster.fixtures import wait_for_default_service_account
-from tests.cluster.pki import Pki
+from tests.cluster.private import private_control_plane
 from tests.cluster.rest import JSON, Api, condition
 from tests.cluster.samples import wait_until
 from tests.e2e.test_operator import (
@@ -45,43 +43,19 @@ from tests.reliability.conftest import count
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-OFFSET = 300
 DOWN = 10.0
 
 
 @pytest.fixture
 def private_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Api, Path]]:
     """A control plane of this test's own; yields (its env, an admin client, its kubeconfig)."""
-    state = tmp_path_factory.mktemp("private-ctrlplane")
-    env = {
-        **os.environ,
-        "ASYNCGRPO_CLUSTER_STATE": str(state),
-        "ASYNCGRPO_CLUSTER_PORT_OFFSET": str(OFFSET),
-        # The kwok node must outlive the API server's down time: with the default 20 s its lease
-        # once lapsed in CI, the node went NotReady and no pod became ready again (not a fault of
-        # the operator's; this test is about the API server).
-        "ASYNCGRPO_NODE_GRACE_SECONDS": "90",
-    }
-
-    def cli(*args: str, timeout: float = 240) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.cluster", *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        assert done.returncode == 0, f"tests.cluster {args}: {done.stdout}\n{done.stderr}"
-        return done.stdout
-
-    cli("up")
-    try:
-        api = Api(f"https://127.0.0.1:{_BASE_PORTS['kube-apiserver'] + OFFSET}", Pki(state / "pki"))
-        yield env, api, state / "kubeconfig"
-    finally:
-        cli("down", "--purge", timeout=120)
+    # The kwok node must outlive the API server's down time: with the default 20 s its lease once
+    # lapsed in CI, the node went NotReady and no pod became ready again (not a fault of the
+    # operator's; this test is about the API server).
+    with private_control_plane(
+        tmp_path_factory.mktemp("private-ctrlplane"), ASYNCGRPO_NODE_GRACE_SECONDS="90"
+    ) as cluster:
+        yield cluster.env, cluster.api, cluster.kubeconfig
 
 
 def _until(api: Api, ns: str, name: str, what: str, ok: Callable[[JSON], bool]) -> JSON:
@@ -110,13 +84,15 @@ def test_a_kube_apiserver_restart_is_survived_and_status_catches_up_through_watc
     wait_for_default_service_account(api, ns)
     progress = ProgressServer()
     progress.doc = {"step": 3, "maxSteps": 20, "policyVersion": 3, "state": "running"}
-    op = OperatorProcess(kubeconfig, ns, tmp_path / "operator.log", {"ASYNCGRPO_RESYNC_SECONDS": "600"})
+    op = OperatorProcess(
+        kubeconfig, ns, tmp_path / "operator.log", {"ASYNCGRPO_RESYNC_SECONDS": "600"}, progress=progress
+    )
     op.start()
     try:
         for round_ in range(count("restarts", 1)):
             a, b, c = (f"{x}-{round_}" for x in "abc")
             for name in (a, c):
-                create_job(api, ns, job_manifest(name, progress.url))
+                create_job(api, ns, job_manifest(name))
             for name in (a, c):
                 _until(api, ns, name, "Running", lambda s: s.get("phase") == "Running")
 
@@ -133,7 +109,7 @@ def test_a_kube_apiserver_restart_is_survived_and_status_catches_up_through_watc
             assert op.proc is not None and op.proc.poll() is None, op.tail()
             back = time.monotonic()
             api.merge_patch(f"{JOBS.format(ns=ns)}/{a}", {"spec": {"suspend": True}})
-            create_job(api, ns, job_manifest(b, progress.url))
+            create_job(api, ns, job_manifest(b))
             faults.fail_pod(api, ns, head_pod(api, ns, f"{c}-0")["metadata"]["name"], exit_code=137)
 
             _until(api, ns, a, "Suspended after the restart", lambda s: s.get("phase") == "Suspended")

@@ -155,7 +155,13 @@ def test_api_server_and_webhook_agree_with_the_cli_on_generated_specs(
     def case(manifest: dict[str, Any]) -> None:
         _check_both(chart, manifest, stats)
 
+    proxy = getattr(chart, "proxy", None)
+    seen = len(proxy.calls) if proxy is not None else 0
     case()
+    if proxy is not None:  # the webhook's dry-runs of the accepted jobs' RayClusters, by answer
+        for call in proxy.calls[seen:]:
+            if call.method == "POST" and call.path.endswith("/rayclusters") and "dryRun=All" in call.query:
+                stats[f"dry-run-{call.status}"] += 1
     record_property("stats", dict(stats))
     print("bad-input stats:", json.dumps(dict(stats)))
     assert stats["api-accepted"] > 0 and stats["by-webhook"] > 0, stats

@@ -109,7 +109,9 @@ def test_many_jobs_at_once_all_run_with_bounded_memory_and_latency(
         "policyWorkers": {**placement, "gpusPerReplica": 0},
         "generationWorkers": {**placement, "gpusPerReplica": 0},
     }
-    op = OperatorProcess(kubeconfig, ns, tmp_path / "operator.log", {"ASYNCGRPO_RESYNC_SECONDS": "60"})
+    op = OperatorProcess(
+        kubeconfig, ns, tmp_path / "operator.log", {"ASYNCGRPO_RESYNC_SECONDS": "60"}, progress=progress
+    )
     op.start()
     assert op.proc is not None
     rss: list[int] = []
@@ -134,7 +136,7 @@ def test_many_jobs_at_once_all_run_with_bounded_memory_and_latency(
         t0 = time.monotonic()
         for i in range(jobs):
             name = f"load-{i:03d}"
-            create_job(api, ns, job_manifest(name, progress.url, cluster=cluster))
+            create_job(api, ns, job_manifest(name, cluster=cluster))
             created[name] = time.monotonic()
         applied = time.monotonic() - t0
 

@@ -109,7 +109,7 @@ def test_sigkill_at_random_points_of_every_transition_loses_nothing(
     seed = int(time.time())
     rng = random.Random(seed)
     rounds = count("kill_rounds", 1)
-    op = OperatorProcess(kubeconfig, ns, tmp_path / "operator.log")
+    op = OperatorProcess(kubeconfig, ns, tmp_path / "operator.log", progress=progress)
     kills = events_total = events_missing = 0
 
     def kill_soon() -> None:
@@ -125,7 +125,7 @@ def test_sigkill_at_random_points_of_every_transition_loses_nothing(
             for round_ in range(rounds):
                 name = f"kill-{round_}"
                 path = f"{JOBS.format(ns=ns)}/{name}"
-                create_job(api, ns, job_manifest(name, progress.url))
+                create_job(api, ns, job_manifest(name))
                 kill_soon()
                 _until(api, ns, name, "Running", lambda s: s.get("phase") == "Running")
 
@@ -201,13 +201,16 @@ def test_two_replicas_with_leader_election_exactly_one_acts(
     posted them all, each job got exactly one CreatedRayCluster, and the standby created nothing."""
     api, ns = kube_api, namespace
     env = {"ASYNCGRPO_LEADER_ELECTION": "true", "ASYNCGRPO_LEADER_ELECTION_NAMESPACE": ns}
-    replicas = [OperatorProcess(kubeconfig, ns, tmp_path / f"operator-{i}.log", env) for i in range(2)]
+    replicas = [
+        OperatorProcess(kubeconfig, ns, tmp_path / f"operator-{i}.log", env, progress=progress)
+        for i in range(2)
+    ]
     for replica in replicas:
         replica.start()
     try:
         names = [f"shared-{i}" for i in range(count("leader_jobs", 4))]
         for name in names:
-            create_job(api, ns, job_manifest(name, progress.url))
+            create_job(api, ns, job_manifest(name))
         for name in names:
             _until(api, ns, name, "Running", lambda s: s.get("phase") == "Running")
         instances: set[str] = set()

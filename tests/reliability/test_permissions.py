@@ -71,7 +71,7 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
         f"/api/v1/namespaces/{ns}/configmaps",
         {"metadata": {"name": f"{name}-spec"}, "data": {"job.json": "{}"}},
     )
-    manifest = job_manifest(name, progress.url, cleanupPolicy={"ttlSecondsAfterFinished": 2})
+    manifest = job_manifest(name, cleanupPolicy={"ttlSecondsAfterFinished": 2})
     api.create(JOBS_PATH.format(ns=ns), manifest)
     path = f"{JOBS_PATH.format(ns=ns)}/{name}"
 
@@ -123,7 +123,7 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
 
 
 def test_trainer_pods_get_no_api_token_unless_a_service_account_is_named() -> None:
-    manifest = job_manifest("tokenless", "http://127.0.0.1:1/progress")
+    manifest = job_manifest("tokenless")
     for service_account, automount in ((None, False), ("trainer-sa", None)):
         spec = dict(manifest["spec"])
         if service_account:
@@ -244,7 +244,7 @@ def test_a_user_without_rights_on_jobs_can_neither_create_nor_read_them(
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}],
         },
     )
-    manifest = job_manifest("secretive", progress.url)
+    manifest = job_manifest("secretive")
     api.create(JOBS_PATH.format(ns=ns), manifest)
     jobs = JOBS_PATH.format(ns=ns)
     attempt = {**manifest, "metadata": {"name": "intruder"}}

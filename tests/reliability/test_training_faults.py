@@ -45,8 +45,9 @@ def operator(
     namespace: str,
     asyncgrpo_crd: JSON,  # noqa: F811
     tmp_path: Path,
+    progress: ProgressServer,
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
+    op = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log", progress=progress)
     op.start()
     yield op
     op.stop()
@@ -149,7 +150,7 @@ def test_an_infrastructure_fault_is_retried_once_then_fails_with_the_cause(
                 ],
             }
         }
-    create_job(api, ns, job_manifest(name, progress.url, **extra))
+    create_job(api, ns, job_manifest(name, **extra))
     _until(api, ns, name, "Running", lambda s: s.get("phase") == "Running")
 
     inject(api, ns, f"{name}-0", node)
@@ -180,7 +181,7 @@ def test_a_lost_worker_pod_is_replaced_without_failing_the_job(
     kube_api: Api, namespace: str, operator: OperatorProcess, progress: ProgressServer
 ) -> None:
     api, ns, name = kube_api, namespace, "workers"
-    create_job(api, ns, job_manifest(name, progress.url))
+    create_job(api, ns, job_manifest(name))
     _until(api, ns, name, "Running", lambda s: s.get("phase") == "Running")
     for group in ("policy", "generation"):
         selector = f"ray.io/cluster={name}-0,ray.io/group={group}"

@@ -101,6 +101,10 @@ class Installation:
     module: str = ""
     keep_workdir: bool = False
     """Keep `workdir` after `uninstall` (the demo prints log paths in it); tests leave nothing."""
+    progress_url_template: str | None = None
+    """Where the operator reads the drivers' /progress (the tests serve it; kwok runs no driver)."""
+    metrics_port: int | None = None
+    """Serve the operator's /metrics on this port (as the chart's ASYNCGRPO_METRICS_PORT does)."""
 
     @property
     def release(self) -> str:
@@ -256,6 +260,10 @@ class Installation:
                 p for p in (str(extra_path or ""), os.environ.get("PYTHONPATH", "")) if p
             ),
         }
+        if self.progress_url_template:
+            env["ASYNCGRPO_PROGRESS_URL_TEMPLATE"] = self.progress_url_template
+        if self.metrics_port:
+            env["ASYNCGRPO_METRICS_PORT"] = str(self.metrics_port)
         argv = [
             sys.executable,
             "-m",
@@ -340,11 +348,19 @@ class Installation:
 
 
 @contextmanager
-def running_chart(cluster: LocalCluster, helm_bin: Path) -> Iterator[Installation]:
+def running_chart(
+    cluster: LocalCluster,
+    helm_bin: Path,
+    *,
+    progress_url_template: str | None = None,
+    metrics_port: int | None = None,
+) -> Iterator[Installation]:
     """helm install (URL-mode webhook) and the operator running as the chart's ServiceAccount;
     on exit the operator's log tail goes to stderr (shown when a test fails) and the chart is
     uninstalled."""
-    installation = Installation(cluster, helm_bin)
+    installation = Installation(
+        cluster, helm_bin, progress_url_template=progress_url_template, metrics_port=metrics_port
+    )
     try:
         installation.install()
     except BaseException:  # interrupted or failed: nothing to uninstall, but the work folder exists

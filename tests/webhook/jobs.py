@@ -117,9 +117,9 @@ WEBHOOK_ONLY: tuple[Case, ...] = (
         "spec.trainer.policy.trainMicroBatchSize",
     ),
     Case(
-        "vllm-without-gpus",
-        job("bad-vllm-cpu", trainer={"generation": {"backend": "vllm"}}),
-        "spec.cluster.generationWorkers.gpusPerReplica",
+        "vllm-with-the-tiny-model",
+        job("bad-vllm-tiny", trainer={"generation": {"backend": "vllm"}}),
+        "spec.trainer.generation.backend",
     ),
 )
 """Rules the CRD's CEL cannot express (arithmetic over the GPU layout): only the webhook catches them."""

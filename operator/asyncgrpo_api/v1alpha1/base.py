@@ -27,7 +27,12 @@ class ApiModel(BaseModel):
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+"""A non-negative Kubernetes quantity (apimachinery's ParseQuantity grammar): a decimal number, then
+a binary suffix (Ki..Ei), a decimal one (n, u, m, k, M..E) or an integer exponent (e3, E-2).
+Strict on purpose: the RayCluster schema accepts some strings that pod creation then refuses, and
+a negative request or limit is refused for every resource."""
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 DnsLabel = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
@@ -35,6 +40,6 @@ DnsSubdomain = Annotated[str, StringConstraints(min_length=1, max_length=253, pa
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)]
 Quantity = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=QUANTITY_PATTERN)]
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=316, pattern=LABEL_KEY_PATTERN)]
-LabelValue = Annotated[str, StringConstraints(max_length=63)]
+LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 ShortText = Annotated[str, StringConstraints(max_length=256)]
 AbsolutePath = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")]

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from asyncgrpo_api.v1alpha1.base import ApiModel, DnsSubdomain, LabelKey, ShortText
+from asyncgrpo_api.v1alpha1.base import ApiModel, DnsSubdomain, LabelKey, LabelValue, ShortText
 from asyncgrpo_api.v1alpha1.placement import ClusterSpec
 from asyncgrpo_api.v1alpha1.runtime import (
     CheckpointSpec,
@@ -91,7 +91,7 @@ class AsyncGRPOJobSpec(ApiModel):
         default=None,
         description="ServiceAccount of the pods; unset uses the namespace default without a mounted token.",
     )
-    labels: dict[LabelKey, Annotated[str, StringConstraints(max_length=63)]] = Field(
+    labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Extra labels on the RayCluster and its pods."
     )
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The training run itself.")
@@ -167,6 +167,16 @@ class AsyncGRPOJobStatus(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")
     ray_cluster_name: ShortText | None = Field(default=None, description="RayCluster of the current attempt.")
     dashboard_url: ShortText | None = Field(default=None, description="Ray dashboard of the current attempt.")
+    head_pod: ShortText | None = Field(
+        default=None,
+        description="Head pod of the current (or last) attempt: its `driver` container runs the training "
+        "driver, whose exit decides the attempt.",
+    )
+    driver_logs: ShortText | None = Field(
+        default=None,
+        description="Where the driver's log is: the kubectl command that prints it (the head pod's "
+        "`driver` container). Kept after the job finishes while the RayCluster is kept.",
+    )
     attempt: int = Field(default=0, ge=0, description="Index of the current attempt (0 is the first).")
     restarts: int = Field(default=0, ge=0, description="Retries after infrastructure failures.")
     start_time: datetime | None = Field(
@@ -183,11 +193,6 @@ class AsyncGRPOJobStatus(ApiModel):
     progress: Progress | None = Field(default=None, description="Training progress.")
 
 
-LabelValueText = Annotated[
-    str, StringConstraints(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-]
-
-
 class ObjectMeta(ApiModel):
     """metav1.ObjectMeta: the fields the API server knows, so a misspelt key is an error here too.
 
@@ -202,7 +207,7 @@ class ObjectMeta(ApiModel):
     namespace: Annotated[str, StringConstraints(max_length=63)] | None = Field(
         default=None, description="Namespace."
     )
-    labels: dict[LabelKey, LabelValueText] = Field(default_factory=dict, description="Labels.")
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, description="Labels.")
     annotations: dict[LabelKey, str] = Field(default_factory=dict, description="Annotations.")
     uid: str | None = Field(default=None, description="Server-set unique id.")
     resource_version: str | None = Field(default=None, description="Server-set version.")

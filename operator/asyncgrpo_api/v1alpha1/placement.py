@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
+from asyncgrpo_api.v1alpha1.affinity import Affinity
 from asyncgrpo_api.v1alpha1.base import ApiModel, LabelKey, LabelValue, Quantity, ShortText
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -64,10 +65,12 @@ class Placement(ApiModel):
         max_length=32,
         description="Taints the pool's pods tolerate; GPU pools usually taint nvidia.com/gpu.",
     )
-    affinity: dict[str, Any] | None = Field(
+    affinity: Affinity | None = Field(
         default=None,
-        description="A core/v1 Affinity object (nodeAffinity, podAffinity, podAntiAffinity), "
+        description="A core/v1 Affinity (nodeAffinity, podAffinity, podAntiAffinity), typed and checked "
+        "like the API server checks a pod's (by the admission webhook and `asyncgrpo validate`), then "
         "copied into the pod spec unchanged.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     annotations: dict[LabelKey, ShortText] = Field(
         default_factory=dict, max_length=32, description="Extra annotations on the pool's pods."

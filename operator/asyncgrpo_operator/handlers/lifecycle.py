@@ -37,10 +37,9 @@ async def controller_alive(*, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     idle = asyncio.get_running_loop().time() - stats.last_beat
     if idle > STALE_AFTER_SECONDS:
         raise kopf.PermanentError(f"the reconcile queue has not ticked for {idle:.0f} s")
-    leader = rt.elector.is_leader if rt.elector is not None else True
     return {
         "passes": stats.passes,
         "failures": stats.failures,
         "pending": rt.controller.pending(),
-        "leader": leader,
+        "leader": rt.is_leader,
     }

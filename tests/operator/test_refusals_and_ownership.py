@@ -1,0 +1,292 @@
+"""The plan when the world says no: a refused RayCluster create, KubeRay missing, a cluster name
+taken by someone else, a spec that tightened rules now refuse; and what the status tells about a
+finished job (Complete, the head pod, the driver's log).
+
+Like test_job_phase_transitions.py, each test feeds one decision's status into the next pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition
+from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
+from asyncgrpo_operator import plan
+from asyncgrpo_operator.observed import CreateFailure
+from tests.operator.builders import OWNER, at, cluster, healthy_pods, job, observe, terminated
+from tests.operator.test_job_phase_transitions import actions_of, running, step
+
+REFUSED = "admission webhook denied the request: RayClusters here may not use hostNetwork"
+
+
+def refused(seconds: float, count: int = 1, status: int = 422, generation: int = 1) -> CreateFailure:
+    return CreateFailure("demo-0", status, REFUSED, at(seconds), count, generation)
+
+
+def condition(decision: plan.Decision, type_: str) -> Condition:
+    found = decision.condition(type_)
+    assert found is not None, [c.type for c in decision.status.conditions]
+    return found
+
+
+# --- a refused create ----------------------------------------------------------------------------
+
+
+def test_a_refused_create_shows_the_api_servers_message_and_waits_before_retrying() -> None:
+    first = step(job(), None, observe(0, configmap=False))
+    assert actions_of(first, plan.CreateRayCluster)
+    # The reconciler plans again in the same pass with the API server's answer.
+    shown = step(job(), first.status, observe(0, create_failure=refused(0)))
+
+    scheduled = condition(shown, "PodsScheduled")
+    assert (scheduled.status, scheduled.reason) == ("False", "ClusterCreateFailed")
+    assert REFUSED in scheduled.message and "HTTP 422" in scheduled.message
+    assert (shown.status.phase, shown.status.reason) == ("Pending", "ClusterCreateFailed")
+    assert REFUSED in (shown.status.message or "")
+    assert [(e.type, e.reason) for e in shown.events] == [("Warning", "ClusterCreateFailed")]
+    assert actions_of(shown, plan.CreateRayCluster) == []
+    assert shown.requeue_after == plan.create_retry_seconds(1) == 5.0
+
+    too_soon = step(job(), shown.status, observe(3, create_failure=refused(0)))
+    assert actions_of(too_soon, plan.CreateRayCluster) == []
+    retry = step(job(), shown.status, observe(5, create_failure=refused(0)))
+    assert len(actions_of(retry, plan.CreateRayCluster)) == 1
+    assert condition(retry, "PodsScheduled").reason == "ClusterCreateFailed"  # until it succeeds
+    assert not [e for e in retry.events if e.type == "Warning"]  # one Warning, not one per retry
+
+
+def test_retries_back_off_to_five_minutes() -> None:
+    assert [plan.create_retry_seconds(n) for n in (1, 2, 3, 4, 7, 20)] == [5, 10, 20, 40, 300, 300]
+    waiting = step(job(), None, observe(100, create_failure=refused(100, count=3)))
+    assert actions_of(waiting, plan.CreateRayCluster) == []
+    assert waiting.requeue_after == 20.0
+
+
+def test_a_changed_spec_is_tried_at_once() -> None:
+    shown = step(job(), None, observe(0, create_failure=refused(0)))
+    fixed = step(job(), shown.status, observe(1, create_failure=refused(0)), generation=2)
+    assert len(actions_of(fixed, plan.CreateRayCluster)) == 1
+
+
+def test_a_forbidden_create_is_reported_with_its_code() -> None:
+    quota = (
+        'rayclusters.ray.io "demo-0" is forbidden: exceeded quota: rc, requested: count/rayclusters.ray.io=1'
+    )
+    failure = CreateFailure("demo-0", 403, quota, at(0), 1, 1)
+    shown = step(job(), None, observe(0, create_failure=failure))
+    scheduled = condition(shown, "PodsScheduled")
+    assert scheduled.reason == "ClusterCreateFailed" and "HTTP 403" in scheduled.message
+    assert "exceeded quota" in scheduled.message
+
+
+def test_kuberay_not_installed_is_reported_and_nothing_is_created() -> None:
+    missing = step(
+        job(), None, observe(0, kuberay_missing="the server could not find the requested resource")
+    )
+    assert (missing.status.phase, missing.status.reason) == ("Pending", "KubeRayMissing")
+    assert "KubeRay" in (missing.status.message or "")
+    assert actions_of(missing, plan.CreateRayCluster) == []
+    assert [e.reason for e in missing.events if e.type == "Warning"] == ["KubeRayMissing"]
+    installed = step(job(), missing.status, observe(30))
+    assert len(actions_of(installed, plan.CreateRayCluster)) == 1
+
+
+def test_a_create_answered_404_is_kuberay_missing() -> None:
+    shown = step(job(), None, observe(0, create_failure=refused(0, status=404)))
+    assert condition(shown, "PodsScheduled").reason == "KubeRayMissing"
+
+
+# --- the startup deadline counts from the attempt's first try ------------------------------------
+
+
+def test_a_job_that_never_gets_its_cluster_hits_its_startup_deadline() -> None:
+    the_job = job(startupDeadlineSeconds=60)
+    status: AsyncGRPOJobStatus | None = None
+    decision = step(the_job, status, observe(0, configmap=False))
+    assert decision.status.attempt_start_time == at(0)
+    for seconds in (10, 25, 40, 55):  # refused and retried on every pass
+        failure = refused(seconds - 5, count=seconds // 10)
+        decision = step(the_job, decision.status, observe(seconds, create_failure=failure, the_job=the_job))
+        assert decision.status.attempt_start_time == at(0), "the clock must not restart"
+        assert decision.requeue_after is not None and decision.requeue_after <= 60 - seconds
+    decision = step(the_job, decision.status, observe(60, create_failure=refused(55, 5), the_job=the_job))
+    assert (decision.status.phase, decision.status.reason) == ("Failed", "DeadlineExceeded")
+    assert "startupDeadlineSeconds (60 s)" in (decision.status.message or "")
+    assert "ClusterCreateFailed" in (decision.status.message or "") and REFUSED in (
+        decision.status.message or ""
+    )
+
+
+def test_kuberay_missing_also_runs_into_the_startup_deadline() -> None:
+    the_job = job(startupDeadlineSeconds=60)
+    first = step(the_job, None, observe(0, kuberay_missing="404", the_job=the_job))
+    late = step(the_job, first.status, observe(61, kuberay_missing="404", the_job=the_job))
+    assert (late.status.phase, late.status.reason) == ("Failed", "DeadlineExceeded")
+
+
+def test_a_retry_gets_a_fresh_startup_deadline() -> None:
+    the_job = job(startupDeadlineSeconds=600)
+    before = running(the_job, seconds=30)
+    rc = cluster(0, provisioned=True)
+    lost = step(the_job, before.status, observe(700, rc, the_job=the_job))  # head pod gone
+    assert lost.status.attempt == 1 and lost.status.attempt_start_time == at(700)
+    assert lost.status.phase == "Restarting"
+
+
+# --- ownership ----------------------------------------------------------------------------------
+
+
+def test_a_cluster_with_the_jobs_name_but_another_owner_is_neither_adopted_nor_deleted() -> None:
+    theirs = cluster(0, owner_uid="someone-else", uid="foreign")
+    decision = step(job(), None, observe(0, theirs, configmap=False))
+    assert decision.status.ray_cluster_name is None
+    assert actions_of(decision, plan.CreateRayCluster) == []
+    assert actions_of(decision, plan.DeleteRayCluster) == []
+    scheduled = condition(decision, "PodsScheduled")
+    assert scheduled.reason == "ClusterNameTaken" and "someone-else" in scheduled.message
+    unowned = step(job(), None, observe(0, replace(theirs, owner_uid=None), configmap=False))
+    assert "owner UID is none" in condition(unowned, "PodsScheduled").message
+
+
+def test_a_namesake_jobs_cluster_being_garbage_collected_is_waited_for() -> None:
+    leftover = cluster(0, owner_uid="deleted-job-uid", uid="old", deleting=True)
+    decision = step(job(), None, observe(0, leftover, configmap=False))
+    assert condition(decision, "PodsScheduled").reason == "WaitingForPreviousCluster"
+    assert actions_of(decision, plan.CreateRayCluster) == []
+
+
+def test_only_owned_clusters_of_other_attempts_are_deleted() -> None:
+    before = running()
+    foreign_stale = cluster(3, owner_uid="someone-else", uid="foreign")
+    ours_stale = cluster(2, uid="ours-stale")
+    rc = cluster(0, provisioned=True)
+    decision = step(job(), before.status, observe(40, rc, foreign_stale, ours_stale, pods=healthy_pods(rc)))
+    assert [a.uid for a in actions_of(decision, plan.DeleteRayCluster)] == ["ours-stale"]  # type: ignore[attr-defined]
+
+
+def test_suspend_and_cleanup_delete_only_owned_clusters() -> None:
+    foreign = cluster(1, owner_uid="someone-else", uid="foreign")
+    suspended = step(job(suspend=True), running().status, observe(40, cluster(0), foreign))
+    assert [a.uid for a in actions_of(suspended, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
+
+
+# --- a spec that tightened rules refuse ------------------------------------------------------
+
+
+def test_a_started_job_keeps_running_when_its_spec_fails_newer_rules() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    errors = ("spec.cluster.head.resources.requests.cpu: 2 is more than the limit 1",)
+    kept = plan.plan(
+        job(),
+        before.status,
+        observe(40, rc, pods=healthy_pods(rc)),
+        generation=1,
+        owner=OWNER,
+        spec_errors=errors,
+    )
+    assert kept.status.phase == "Running"
+    assert actions_of(kept, plan.DeleteRayCluster) == []
+    spec = condition(kept, "SpecValid")
+    assert (spec.status, spec.reason) == ("False", "AdmittedUnderOlderRules")
+    assert errors[0] in spec.message
+    assert [e.reason for e in kept.events] == ["AdmittedUnderOlderRules"]
+    fixed = step(job(), kept.status, observe(50, rc, pods=healthy_pods(rc)))
+    assert fixed.condition("SpecValid") is None
+
+
+def test_a_job_the_operator_will_not_run_is_failed_and_cleaned_up_by_its_policy() -> None:
+    rc = cluster(0, provisioned=True)
+    foreign = cluster(1, owner_uid="someone-else", uid="foreign")
+    policy = CleanupPolicy(on_failure="DeleteCluster", ttl_seconds_after_finished=60)
+    failed = plan.plan_invalid(
+        running().status,
+        observe(40, rc, foreign),
+        generation=2,
+        message="spec.x: bad",
+        cleanup=policy,
+        owner=OWNER,
+    )
+    assert (failed.status.phase, failed.status.reason) == ("Failed", "InvalidSpec")
+    assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
+    assert failed.requeue_after == 60
+    expired = plan.plan_invalid(
+        failed.status, observe(101), generation=2, message="spec.x: bad", cleanup=policy, owner=OWNER
+    )
+    assert len(actions_of(expired, plan.DeleteJob)) == 1
+
+
+def test_a_job_failed_as_invalid_never_keeps_its_cluster_even_with_keep_cluster() -> None:
+    """KeepCluster keeps a failed run's pods for debugging; a job the operator cannot read any
+    more has nothing to debug and nobody to manage its cluster: it must not hold GPUs."""
+    rc = cluster(0, provisioned=True)
+    failed = plan.plan_invalid(
+        running().status, observe(40, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
+    )
+    assert failed.status.phase == "Failed"
+    assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
+    again = plan.plan_invalid(
+        failed.status, observe(45, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
+    )
+    assert len(actions_of(again, plan.DeleteRayCluster)) == 1, "until it is gone"
+
+
+def test_a_job_that_had_succeeded_keeps_its_outcome_and_its_policy_when_its_spec_stops_parsing() -> None:
+    the_job = job(cleanupPolicy={"onSuccess": "KeepCluster"})
+    rc = cluster(0, provisioned=True)
+    done = step(
+        the_job, running(the_job).status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0)))
+    )
+    later = plan.plan_invalid(
+        done.status,
+        observe(90, rc),
+        generation=3,
+        message="bad",
+        cleanup=CleanupPolicy(on_success="KeepCluster"),
+        owner=OWNER,
+    )
+    assert later.status.phase == "Succeeded" and actions_of(later, plan.DeleteRayCluster) == []
+
+
+# --- what a finished job's status says ----------------------------------------------------------
+
+
+def test_success_sets_complete_for_kubectl_wait_and_keeps_phase_succeeded() -> None:
+    the_job = job(cleanupPolicy={"onSuccess": "KeepCluster"})
+    before = running(the_job)
+    rc = cluster(0, provisioned=True)
+    done = step(
+        the_job, before.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0)), the_job=the_job)
+    )
+    assert done.status.phase == "Succeeded"
+    complete = condition(done, "Complete")
+    assert (complete.status, complete.reason) == ("True", "DriverSucceeded")
+    assert done.condition("Succeeded") is None
+    assert done.status.head_pod == "demo-0-head"
+    assert done.status.driver_logs == "kubectl logs -n team demo-0-head -c driver"
+
+
+def test_the_driver_log_is_gone_once_cleanup_deletes_the_cluster() -> None:
+    before = running()
+    assert before.status.driver_logs == "kubectl logs -n team demo-0-head -c driver"
+    rc = cluster(0, provisioned=True)
+    done = step(job(), before.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0))))
+    assert actions_of(done, plan.DeleteRayCluster)  # onSuccess: DeleteCluster
+    assert done.status.head_pod == "demo-0-head" and done.status.driver_logs is None
+
+
+def test_a_status_written_with_the_old_succeeded_condition_reads_as_complete() -> None:
+    rc = cluster(0, provisioned=True)
+    done = step(job(), running().status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0))))
+    legacy = done.status.model_copy(
+        update={
+            "conditions": [
+                c.model_copy(update={"type": "Succeeded"}) if c.type == "Complete" else c
+                for c in done.status.conditions
+            ]
+        }
+    )
+    again = step(job(), legacy, observe(90))
+    assert again.status.phase == "Succeeded"
+    assert condition(again, "Complete").status == "True" and again.condition("Succeeded") is None
+    assert again.events == ()
