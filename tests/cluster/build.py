@@ -5,9 +5,11 @@ Why a wrapper module per upstream: k8s.io/kubernetes and etcd's server carry rep
 for k8s) builds fine, and each upstream pins different versions of shared dependencies, so they cannot
 share one go.mod.
 
-The output folder is keyed by a hash of everything that changes the binaries (versions.toml, every
-go.mod/go.sum, the Go version, the flags), so a version bump builds into a fresh folder and an
-unchanged checkout reuses the old one without running the Go toolchain at all.
+The output folder is keyed by a hash of everything that changes the binaries (the pins in
+versions.toml, every go.mod/go.sum, the Go version, the flags), so a version bump builds into a
+fresh folder and an unchanged checkout reuses the old one without running the Go toolchain at all.
+An optional component (Kueue) is hashed and cached on its own, beside that folder: it is built only
+when something asks for it, and pinning or bumping it never rebuilds the others.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.config import GOMOD_DIR, VERSIONS_FILE, cache_root, components
+from tests.cluster.config import GOMOD_DIR, cache_root, components
 
 K8S_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 BUILD_DATE = "2026-01-01T00:00:00Z"  # fixed, so identical inputs give identical binaries
@@ -72,6 +74,21 @@ def helm_ldflags(version: str) -> str:
     for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
         flags += [f"-X {pkg}.k8sVersionMajor=1", f"-X {pkg}.k8sVersionMinor={match.group(1)}"]
     return " ".join(flags)
+
+
+def kueue_ldflags(version: str) -> str:
+    """Stamp Kueue's version like its Makefile, so its log's `Initializing gitVersion=` is true."""
+    return f"-s -w -X 'sigs.k8s.io/kueue/pkg/version.GitVersion={version}'"
+
+
+def optional_targets() -> dict[str, Target]:
+    """Builds that run only on request, keyed by component (see `build_optional`)."""
+    c = components()
+    return {
+        "kueue": Target(
+            "kueue", ("sigs.k8s.io/kueue/cmd/kueue",), ("kueue",), kueue_ldflags(c["kueue"].version)
+        )
+    }
 
 
 def targets() -> list[Target]:
@@ -129,17 +146,24 @@ def go_version() -> str:
     return subprocess.run([go, "version"], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def build_hash() -> str:
-    """Hash of everything that changes the binaries; names the cache folder."""
+def _inputs_hash(names: list[str], builds: list[Target]) -> str:
+    """Hash of the pins, go.mod/go.sum files and build flags of some components, and of Go."""
     h = hashlib.sha256()
-    h.update(VERSIONS_FILE.read_bytes())
+    comps = components()
+    for name in names:
+        h.update(repr(comps[name]).encode())
+        for f in sorted(comps[name].gomod_dir.glob("go.*")):
+            h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
+            h.update(f.read_bytes())
     h.update(go_version().encode())
-    for t in targets():
+    for t in builds:
         h.update(repr(t).encode())
-    for f in sorted(GOMOD_DIR.glob("*/go.*")):
-        h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
-        h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def build_hash() -> str:
+    """Hash of everything that changes the default binaries; names the cache folder."""
+    return _inputs_hash([n for n, c in components().items() if not c.optional], targets())
 
 
 def layout() -> Layout:
@@ -147,13 +171,53 @@ def layout() -> Layout:
     return Layout(cache_root() / build_hash())
 
 
+@dataclass(frozen=True)
+class OptionalLayout:
+    """Where one optional component's build lives: <cache>/<name>-<hash>/{bin,share}."""
+
+    name: str
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def share(self) -> Path:
+        return self.root / "share"
+
+    @property
+    def crds(self) -> Path:
+        return self.share / "crds"
+
+    @property
+    def webhooks(self) -> Path:
+        """The component's webhook configurations, as its module ships them (JSON)."""
+        return self.share / "webhooks.json"
+
+    def binary(self, name: str) -> Path:
+        return self.bin / name
+
+    def complete(self) -> bool:
+        built = all(self.binary(b).is_file() for b in optional_targets()[self.name].binaries)
+        return built and any(self.crds.glob("*.json")) and self.webhooks.is_file()
+
+
+def optional_layout(name: str) -> OptionalLayout:
+    """The cache folder of an optional component for the current pins (it may not exist yet)."""
+    target = optional_targets()[name]
+    return OptionalLayout(name, cache_root() / f"{name}-{_inputs_hash([name], [target])}")
+
+
 class BuildError(RuntimeError):
     """The toolchain is missing, a pin is inconsistent, or `go build` failed."""
 
 
-def check_pins() -> None:
+def check_pins(names: list[str] | None = None) -> None:
     """Refuse to build when versions.toml and a wrapper go.mod disagree: there must be one truth."""
     for comp in components().values():
+        if names is not None and comp.name not in names:
+            continue
         gomod = (comp.gomod_dir / "go.mod").read_text()
         needle = f"{comp.module} {comp.version}"
         if needle not in gomod:
@@ -177,17 +241,17 @@ def _log(msg: str) -> None:
     print(f"[ctrlplane build] {msg}", file=sys.stderr, flush=True)
 
 
-def build_target(t: Target, out: Layout) -> float:
-    """Run one `go build`; return its wall time in seconds."""
+def build_target(t: Target, bin_dir: Path) -> float:
+    """Run one `go build` into `bin_dir`; return its wall time in seconds."""
     comp = components()[t.component]
     cmd = ["go", "build", "-trimpath"]
     if t.tags:
         cmd.append(f"-tags={t.tags}")
     cmd += [f"-ldflags={t.ldflags}"]
     if len(t.binaries) == 1:
-        cmd += ["-o", str(out.binary(t.binaries[0]))]
+        cmd += ["-o", str(bin_dir / t.binaries[0])]
     else:
-        cmd += ["-o", str(out.bin) + "/"]
+        cmd += ["-o", str(bin_dir) + "/"]
     cmd += list(t.packages)
     _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}) ...")
     start = time.monotonic()
@@ -213,15 +277,28 @@ def module_dir(component: str) -> Path:
     return Path(json.loads(out)["Dir"])
 
 
-def copy_kuberay_crds(out: Layout) -> None:
-    """Store the ray.io CRDs from the module cache as compact JSON, so `up` needs neither the Go
-    toolchain nor a YAML parse of ~4 MB (about 1.5 s of CPU on this machine) on every start."""
-    src = module_dir("kuberay") / "config" / "crd" / "bases"
-    out.kuberay_crds.mkdir(parents=True, exist_ok=True)
+def _store_crds(src: Path, dest: Path) -> None:
+    """CRDs from a module cache folder, stored as compact JSON, so `up` needs neither the Go
+    toolchain nor a YAML parse of megabytes (about 1.5 s of CPU for KubeRay's) on every start."""
+    dest.mkdir(parents=True, exist_ok=True)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for f in sorted(src.glob("*.yaml")):
         doc = yaml.load(f.read_text(), Loader=loader)
-        (out.kuberay_crds / f"{f.stem}.json").write_text(json.dumps(doc, separators=(",", ":")))
+        (dest / f"{f.stem}.json").write_text(json.dumps(doc, separators=(",", ":")))
+
+
+def copy_kuberay_crds(out: Layout) -> None:
+    """The ray.io CRDs of the pinned KubeRay module."""
+    _store_crds(module_dir("kuberay") / "config" / "crd" / "bases", out.kuberay_crds)
+
+
+def copy_kueue_files(out: OptionalLayout) -> None:
+    """Kueue's CRDs and its webhook configurations (service-addressed; `up` points them at
+    127.0.0.1), from the pinned module's config/components."""
+    src = module_dir("kueue") / "config" / "components"
+    _store_crds(src / "crd" / "bases", out.crds)
+    docs = [d for d in yaml.safe_load_all((src / "webhook" / "manifests.yaml").read_text()) if d]
+    out.webhooks.write_text(json.dumps(docs, separators=(",", ":")))
 
 
 @contextmanager
@@ -247,7 +324,7 @@ def build(force: bool = False) -> Layout:
         times: dict[str, float] = {}
         for t in targets():
             if force or not all(out.binary(b).is_file() for b in t.binaries):
-                times[t.component] = round(build_target(t, out), 1)
+                times[t.component] = round(build_target(t, out.bin), 1)
         if force or not any(out.kuberay_crds.glob("*.json")):
             copy_kuberay_crds(out)
         if times:
@@ -258,12 +335,38 @@ def build(force: bool = False) -> Layout:
     return out
 
 
+def build_optional(name: str, force: bool = False) -> OptionalLayout:
+    """Build an optional component (today: kueue) into its own cache folder; a no-op when complete.
+
+    Why separate from `build`: the demo and the default tests never need it, so a fresh machine's
+    first `make demo` never waits for it; the tests that need Kueue call this first.
+    """
+    out = optional_layout(name)
+    if out.complete() and not force:
+        return out
+    check_pins([name])
+    with _lock(out.root / ".lock"):
+        out.bin.mkdir(parents=True, exist_ok=True)
+        times: dict[str, float] = {}
+        target = optional_targets()[name]
+        if force or not all(out.binary(b).is_file() for b in target.binaries):
+            times[name] = round(build_target(target, out.bin), 1)
+        if name == "kueue" and (force or not out.complete()):
+            copy_kueue_files(out)
+        if times:
+            record = {"go": go_version(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            with (out.root / "build-times.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+    _log(f"{name} in {out.bin}")
+    return out
+
+
 def stale_layouts(keep: set[Path]) -> list[Path]:
-    """Cache folders of earlier pins (hash-named), except the current one and those in `keep`."""
-    current = layout().root
-    pattern = re.compile(r"^[0-9a-f]{16}$")
+    """Cache folders of earlier pins (hash-named), except the current ones and those in `keep`."""
+    current = {layout().root} | {optional_layout(n).root for n in optional_targets()}
+    pattern = re.compile(r"^([a-z]+-)?[0-9a-f]{16}$")
     return [
         d
         for d in sorted(cache_root().iterdir() if cache_root().exists() else [])
-        if d.is_dir() and pattern.match(d.name) and d != current and d not in keep
+        if d.is_dir() and pattern.match(d.name) and d not in current and d not in keep
     ]

@@ -10,8 +10,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tests.cluster import pki
-from tests.cluster.build import check_pins, helm_ldflags, k8s_ldflags
+from tests.cluster import kueue, pki
+from tests.cluster.build import build_hash, check_pins, helm_ldflags, k8s_ldflags, optional_layout
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
 from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
@@ -19,8 +19,48 @@ from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, 
 
 def test_versions_toml_matches_every_gomod() -> None:
     check_pins()
-    assert set(components()) == {"kubernetes", "etcd", "kwok", "kuberay", "helm"}
+    assert set(components()) == {"kubernetes", "etcd", "kwok", "kuberay", "helm", "kueue"}
+    assert [c.name for c in components().values() if c.optional] == ["kueue"]
     assert kubernetes_version().startswith("v1.")
+
+
+def test_kueue_is_cached_apart_so_pinning_it_never_rebuilds_the_demos_components() -> None:
+    assert build_hash() not in optional_layout("kueue").root.name
+    assert optional_layout("kueue").root.name.startswith("kueue-")
+
+
+def test_kueue_webhooks_point_at_localhost_and_skip_integrations_that_are_off(tmp_path: Path) -> None:
+    manifest = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "mutating-webhook-configuration"},
+        "webhooks": [
+            {
+                "name": f"m{res}.kb.io",
+                "clientConfig": {"service": {"name": "webhook-service", "path": f"/mutate-{res}"}},
+                "rules": [{"apiGroups": [group], "resources": [res]}],
+            }
+            for group, res in (
+                ("ray.io", "rayclusters"),
+                ("ray.io", "rayjobs"),
+                ("", "pods"),
+                ("kueue.x-k8s.io", "workloads"),
+            )
+        ],
+    }
+    (out,) = kueue.webhook_configurations([manifest], b"CA")
+    assert out["metadata"]["name"] == "kueue-mutating-webhook-configuration"
+    assert [h["name"] for h in out["webhooks"]] == ["mrayclusters.kb.io", "mworkloads.kb.io"]
+    port = kueue.config(tmp_path)["webhook"]["port"]
+    assert out["webhooks"][0]["clientConfig"]["url"] == f"https://127.0.0.1:{port}/mutate-rayclusters"
+    assert out["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
+
+
+def test_the_default_cluster_queue_holds_the_whole_gpu_pool() -> None:
+    (group,) = kueue.cluster_queue()["spec"]["resourceGroups"]
+    quota = {r["name"]: r["nominalQuota"] for r in group["flavors"][0]["resources"]}
+    assert quota["nvidia.com/gpu"] == "32"
+    assert group["coveredResources"] == ["cpu", "memory", "nvidia.com/gpu"]
 
 
 def test_k8s_ldflags_stamp_both_version_packages() -> None:
