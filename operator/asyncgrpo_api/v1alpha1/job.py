@@ -97,7 +97,11 @@ class AsyncGRPOJobSpec(ApiModel):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The training run itself.")
 
 
-Phase = Literal["Pending", "Provisioning", "Running", "Suspended", "Restarting", "Succeeded", "Failed"]
+Phase = Literal[
+    "Pending", "Queued", "Provisioning", "Running", "Suspended", "Restarting", "Succeeded", "Failed"
+]
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""Kueue's convention for the queue of a job; on an AsyncGRPOJob it is copied to its RayCluster."""
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
 
@@ -212,6 +216,20 @@ class AsyncGRPOJob(ApiModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
     spec: AsyncGRPOJobSpec = Field(description="Desired state.")
     status: AsyncGRPOJobStatus | None = Field(default=None, description="Observed state.")
+
+    @property
+    def kueue_queue_name(self) -> str | None:
+        """The Kueue LocalQueue the job waits in, or None when Kueue does not manage it.
+
+        The job's kueue.x-k8s.io/queue-name label (Kueue's convention, what Kueue's own tooling sets)
+        is read first; spec.scheduler.queueName with scheduler.name kueue is an alias for it. When
+        both are set, admission refuses them unless they agree, so neither silently wins.
+        """
+        label = self.metadata.labels.get(KUEUE_QUEUE_LABEL)
+        if label:
+            return label
+        scheduler = self.spec.scheduler
+        return scheduler.queue_name if scheduler.name == "kueue" else None
 
     def to_manifest(self) -> dict[str, Any]:
         """The object as a Kubernetes manifest (camelCase, defaults included, no status)."""
