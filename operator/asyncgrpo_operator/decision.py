@@ -19,6 +19,8 @@ from asyncgrpo_operator.observed import ProgressMark
 # --- condition types and reasons ------------------------------------------------------------------
 
 SUSPENDED = "Suspended"
+QUEUED = "Queued"
+"""True while Kueue holds the attempt's RayCluster suspended (waiting for quota, or preempted)."""
 PODS_SCHEDULED = "PodsScheduled"
 PODS_READY = "PodsReady"
 RUNNING = "Running"
@@ -26,7 +28,17 @@ STALLED = "Stalled"
 RESTARTING = "Restarting"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-CONDITION_ORDER = (SUSPENDED, PODS_SCHEDULED, PODS_READY, RUNNING, STALLED, RESTARTING, SUCCEEDED, FAILED)
+CONDITION_ORDER = (
+    SUSPENDED,
+    QUEUED,
+    PODS_SCHEDULED,
+    PODS_READY,
+    RUNNING,
+    STALLED,
+    RESTARTING,
+    SUCCEEDED,
+    FAILED,
+)
 
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
@@ -162,6 +174,8 @@ def derive_phase(conditions: list[Condition]) -> tuple[Phase, str, str]:
     for type_, phase in terminal:
         if (cond := true(type_)) is not None:
             return phase, cond.reason, cond.message
+    if (queued := true(QUEUED)) is not None:
+        return "Queued", queued.reason, queued.message
     if (running := true(RUNNING)) is not None:
         stalled = true(STALLED)
         shown = stalled or running

@@ -145,6 +145,16 @@ class Api:
             f"/api/v1/namespaces/{namespace}/pods", f"{naming.JOB_NAME_LABEL}={job_name}"
         )
 
+    async def list_workloads(self, namespace: str, cluster_uid: str) -> list[Obj]:
+        """Kueue's Workloads of one RayCluster; empty when Kueue's API is not served (not installed)."""
+        path = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads"
+        try:
+            return await self.list_items(path, f"kueue.x-k8s.io/job-uid={cluster_uid}")
+        except ApiError as err:
+            if err.status == 404:
+                return []
+            raise
+
     async def get_configmap(self, namespace: str, name: str) -> Obj | None:
         return await self.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
 

@@ -18,6 +18,12 @@ The rules, in the order they are applied:
 5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
    scheduler's message), PodsReady (ImagePullBackOff, HeadNotReady, ...), Running (driver running
    on a provisioned cluster) and Stalled (the step stopped advancing for stallAfterSeconds).
+6. A job Kueue manages (kueue.x-k8s.io/queue-name) is Queued while Kueue holds its RayCluster
+   suspended, with Kueue's reason (Pending, Inadmissible, Preempted, ...). Its startup deadline
+   runs from admission. A preemption (Kueue suspends a running cluster) is not a failure: it
+   spends no backoffLimit, and the same RayCluster resumes from the latest checkpoint when it is
+   admitted again; what the stopped run left behind (its deleting pods, its driver's exit) is not
+   taken for the resumed run's.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from asyncgrpo_operator.decision import (
     PODS_READY,
     PODS_SCHEDULED,
     PROVISIONING_RECHECK_SECONDS,
+    QUEUED,
     RAY_HEAD_UNAVAILABLE,
     RAY_WORKER_LOST,
     RESTARTING,
@@ -240,9 +247,78 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if not ours:  # first seen since it was created: record it
         draft.set_field("ray_cluster_name", name)
         draft.set_field("dashboard_url", _dashboard_url(job, name))
-        if draft.get("attempt_start_time") is None:
+        if draft.get("attempt_start_time") is None and job.kueue_queue_name is None:
             draft.set_field("attempt_start_time", current.created_at or now)
+    if job.kueue_queue_name is not None and _queued(ctx, draft, current):
+        return
     _attempt(ctx, draft, current)
+
+
+def _queued(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> bool:
+    """Kueue's part of an attempt: True while Kueue holds the cluster suspended (the pass ends),
+    False once it is admitted (the attempt goes on, its startup deadline counting from now)."""
+    workload = ctx.observed.workload
+    if workload is not None and workload.cluster_uid != cluster.uid:
+        workload = None
+    queue = ctx.job.kueue_queue_name
+    if not cluster.suspended:
+        if not draft.is_true(QUEUED) and draft.has(QUEUED):
+            return False  # admitted before; nothing new
+        detail = f": {workload.message}" if workload is not None and workload.message else ""
+        draft.set(
+            QUEUED,
+            False,
+            "Admitted",
+            f"Kueue admitted RayCluster {cluster.name} from LocalQueue {queue}{detail}",
+        )
+        draft.set_field("attempt_start_time", draft.now)  # the startup deadline runs from admission
+        return False
+    if workload is None:
+        namespace = ctx.job.metadata.namespace or "the job's namespace"
+        reason = "WaitingForKueue"
+        message = (
+            f"RayCluster {cluster.name} waits suspended for Kueue, which has no Workload for it yet: is "
+            f"Kueue running with its ray.io/raycluster integration, and does LocalQueue {queue} exist in "
+            f"{namespace}?"
+        )
+    else:
+        reason = workload.reason
+        message = f"Kueue ({workload.name}): {workload.message}" if workload.message else f"Kueue: {reason}"
+    draft.set(QUEUED, True, reason, message)
+    draft.set(
+        PODS_SCHEDULED,
+        False,
+        "WaitingForAdmission",
+        f"RayCluster {cluster.name} is suspended until Kueue admits it from LocalQueue {queue}",
+    )
+    draft.drop(PODS_READY)
+    if draft.is_true(RUNNING):  # preempted: the run stops here and resumes later, no retry spent
+        draft.set(
+            RUNNING,
+            False,
+            reason,
+            "Kueue suspended the RayCluster; the driver resumes from the latest checkpoint when the job is "
+            "admitted again (no backoffLimit is spent)",
+        )
+        if draft.has(STALLED):
+            draft.set(STALLED, False, reason, "the job is queued")
+    elif draft.has(RUNNING):
+        draft.set(RUNNING, False, "Queued", "the driver starts once Kueue admits the job")
+    draft.set_field("attempt_start_time", None)
+    draft.requeue(PROVISIONING_RECHECK_SECONDS)  # Kueue's reason changes without a RayCluster event
+    return True
+
+
+def _admitted_at(ctx: _Ctx, draft: Draft) -> datetime | None:
+    """When Kueue last admitted the current attempt's cluster (None for a job Kueue does not manage):
+    pods deleted and driver exits from before then belong to a run Kueue preempted."""
+    if ctx.job.kueue_queue_name is None:
+        return None
+    workload = ctx.observed.workload
+    if workload is not None and workload.admitted_at is not None:
+        return workload.admitted_at
+    queued = draft.conditions.get(QUEUED)
+    return queued.last_transition_time if queued is not None and queued.status == "False" else None
 
 
 def _create_cluster(job: AsyncGRPOJob, draft: Draft, owner: Owner | None) -> None:
@@ -253,6 +329,12 @@ def _create_cluster(job: AsyncGRPOJob, draft: Draft, owner: Owner | None) -> Non
     )
     # status.rayClusterName is recorded once the cluster is seen (adoption below): the status is
     # written before the create, so a name in the status always means "this cluster existed".
+    if job.kueue_queue_name is not None:  # the startup deadline starts when Kueue admits it
+        draft.set_field("attempt_start_time", None)
+        draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name} in Kueue's queue")
+        draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
+        draft.set(RUNNING, False, "ClusterCreating", "the driver starts once Kueue admits the job")
+        return
     draft.set_field("attempt_start_time", draft.now)
     draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
@@ -271,15 +353,22 @@ def _dashboard_url(job: AsyncGRPOJob, cluster: str) -> str:
 def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     observed = ctx.observed
     pods = [p for p in observed.pods if p.owner_uid == cluster.uid]
+    admitted_at = _admitted_at(ctx, draft)
+    if admitted_at is not None and not draft.is_true(RUNNING):
+        pods = [p for p in pods if not p.deleting]  # KubeRay deleting a preempted run's pods
     heads = sorted((p for p in pods if p.is_head), key=lambda p: p.deleting)
     head = heads[0] if heads else None
     exit_ = DriverExit.from_pod(head) if head is not None else None
+    remembered = observed.remembered_exit
     if (
         exit_ is None
-        and observed.remembered_exit is not None
-        and observed.remembered_exit.cluster_uid == cluster.uid
+        and remembered is not None
+        and remembered.cluster_uid == cluster.uid
+        and (head is None or head.name == remembered.pod_name)
     ):
-        exit_ = observed.remembered_exit
+        exit_ = remembered
+    if exit_ is not None and _before(exit_.finished_at, admitted_at):
+        exit_ = None  # the driver of the run Kueue preempted; the resumed one is still to come
     if exit_ is not None:
         _driver_exited(ctx, draft, cluster, exit_)
         return
@@ -576,6 +665,10 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
     else:
         draft.set(STALLED, False, "Progressing", "the step advances")
         draft.requeue(limit - quiet)
+
+
+def _before(when: datetime | None, admitted_at: datetime | None) -> bool:
+    return when is not None and admitted_at is not None and when < admitted_at
 
 
 def _iso(value: datetime) -> str:

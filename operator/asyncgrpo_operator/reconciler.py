@@ -36,6 +36,7 @@ from asyncgrpo_operator.observed import (
     PodView,
     ProgressMark,
     ProgressReading,
+    WorkloadView,
 )
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,10 @@ class Reconciler:
                 (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
             )
         poll = await self._poll(key, body, job, head, now)
+        workload = None
+        if job.kueue_queue_name is not None and current is not None:
+            found = await self.api.list_workloads(namespace, current.uid)
+            workload = WorkloadView.from_dict(found[0]) if found else None
         return Observation(
             now=now,
             clusters=clusters,
@@ -148,6 +153,7 @@ class Reconciler:
             progress_read_at=poll.read_at if poll is not None else None,
             progress_error=poll.error if poll is not None else None,
             progress_mark=self.memory.marks.get(key),
+            workload=workload,
         )
 
     async def _poll(

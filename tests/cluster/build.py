@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.config import GOMOD_DIR, cache_root, components
+from tests.cluster.config import GOMOD_DIR, VERSIONS_FILE, cache_root, components
 
 K8S_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 BUILD_DATE = "2026-01-01T00:00:00Z"  # fixed, so identical inputs give identical binaries
@@ -146,24 +146,39 @@ def go_version() -> str:
     return subprocess.run([go, "version"], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _inputs_hash(names: list[str], builds: list[Target]) -> str:
-    """Hash of the pins, go.mod/go.sum files and build flags of some components, and of Go."""
-    h = hashlib.sha256()
-    comps = components()
-    for name in names:
-        h.update(repr(comps[name]).encode())
-        for f in sorted(comps[name].gomod_dir.glob("go.*")):
-            h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
-            h.update(f.read_bytes())
-    h.update(go_version().encode())
-    for t in builds:
-        h.update(repr(t).encode())
-    return h.hexdigest()[:16]
+OPTIONAL_MARKER = "\n# --- optional components"
+"""versions.toml below this line pins optional components, which the default hash leaves out."""
+
+
+def _gomod_files(names: list[str]) -> list[Path]:
+    dirs = {components()[n].gomod_dir for n in names}
+    return [f for f in sorted(GOMOD_DIR.glob("*/go.*")) if f.parent in dirs]
 
 
 def build_hash() -> str:
-    """Hash of everything that changes the default binaries; names the cache folder."""
-    return _inputs_hash([n for n, c in components().items() if not c.optional], targets())
+    """Hash of everything that changes the default binaries; names the cache folder: the pins above
+    versions.toml's optional marker, Go, the build flags and the default components' go.mod/go.sum."""
+    h = hashlib.sha256()
+    h.update(VERSIONS_FILE.read_text().split(OPTIONAL_MARKER)[0].encode())
+    h.update(go_version().encode())
+    for t in targets():
+        h.update(repr(t).encode())
+    for f in _gomod_files([n for n, c in components().items() if not c.optional]):
+        h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def optional_hash(name: str) -> str:
+    """Hash of one optional component's pin, go.mod/go.sum, build flags and Go."""
+    h = hashlib.sha256()
+    h.update(repr(components()[name]).encode())
+    h.update(go_version().encode())
+    h.update(repr(optional_targets()[name]).encode())
+    for f in _gomod_files([name]):
+        h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def layout() -> Layout:
@@ -205,8 +220,7 @@ class OptionalLayout:
 
 def optional_layout(name: str) -> OptionalLayout:
     """The cache folder of an optional component for the current pins (it may not exist yet)."""
-    target = optional_targets()[name]
-    return OptionalLayout(name, cache_root() / f"{name}-{_inputs_hash([name], [target])}")
+    return OptionalLayout(name, cache_root() / f"{name}-{optional_hash(name)}")
 
 
 class BuildError(RuntimeError):
