@@ -26,8 +26,8 @@ run() {  # name, timeout seconds, command...
 }
 PARTS=${PARTS:-modes megatron}
 # The Qwen2 shape of issue 8 (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864) with
-# the arithmetic task's character vocabulary; 16 prompts x 16 samples a step, every response 128
-# tokens (--ignore-eos: the task's own answers are ~3 tokens and leave the GPUs idle).
+# the digit-reversal task's character vocabulary; 16 prompts x 16 samples a step, every response 128
+# tokens (--ignore-eos: the task's own answers are 5 tokens and leave the GPUs idle).
 # Link bandwidth: bench/gpu/results/2026-11-29-h200x2/refit.json (4 GiB broadcast GPU 0 -> 1).
 SHAPE="--gpus 1 --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 \
   --prompts 16 --generations 16 --max-new-tokens 128 --ignore-eos --max-prompt-length 16 --micro-batch 64 \

@@ -261,34 +261,61 @@ def _streaming_chunk(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
-def _one_optimizer_step_per_rl_step(job: AsyncGRPOJob) -> Iterator[Finding]:
+def _whole_mini_batches(job: AsyncGRPOJob) -> Iterator[Finding]:
     trainer = job.spec.trainer
-    gbs = trainer.policy.train_global_batch_size
-    if gbs is not None and gbs != trainer.samples_per_step:
-        p, n = trainer.grpo.num_prompts_per_step, trainer.grpo.num_generations_per_prompt
+    gbs, samples = trainer.policy.train_global_batch_size, trainer.samples_per_step
+    if gbs is None:
+        return
+    p, n = trainer.grpo.num_prompts_per_step, trainer.grpo.num_generations_per_prompt
+    if gbs > samples or samples % gbs:
         yield Finding(
             f"{TRAINER}.policy.trainGlobalBatchSize",
-            f"must equal numPromptsPerStep x numGenerationsPerPrompt = {p} x {n} = "
-            f"{trainer.samples_per_step} (one RL step is one optimizer step); got {gbs}. Set it to "
-            f"{trainer.samples_per_step} or leave it unset",
+            f"must divide numPromptsPerStep x numGenerationsPerPrompt = {p} x {n} = {samples} (each RL "
+            f"step is {samples} / trainGlobalBatchSize optimizer steps); got {gbs}. Use a divisor of "
+            f"{samples}, or leave it unset for one optimizer step per RL step",
+        )
+    elif gbs < samples and trainer.policy.backend == "megatron":
+        yield Finding(
+            f"{TRAINER}.policy.trainGlobalBatchSize",
+            f"below P x N = {samples} (PPO mini-batches) runs on the torch policy backend; the megatron "
+            "backend takes one optimizer step per RL step. Leave it unset or use policy.backend torch",
         )
 
 
 def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
     trainer = job.spec.trainer
-    gbs = trainer.samples_per_step
+    gbs = trainer.train_global_batch_size
     micro = trainer.policy.train_micro_batch_size
     ranks = policy_data_parallel_size(job)
+    if trainer.samples_per_step % gbs:
+        return  # _whole_mini_batches reports it
+    if gbs == trainer.samples_per_step:
+        field, what = f"{TRAINER}.grpo.numPromptsPerStep", "numPromptsPerStep x numGenerationsPerPrompt"
+    else:
+        field, what = f"{TRAINER}.policy.trainGlobalBatchSize", "policy.trainGlobalBatchSize"
     if gbs % ranks:
         yield Finding(
-            f"{TRAINER}.grpo.numPromptsPerStep",
-            f"numPromptsPerStep x numGenerationsPerPrompt = {gbs} samples must split evenly over the "
-            f"{ranks} data-parallel policy ranks; change the batch or the policy pool size",
+            field,
+            f"{what} = {gbs} samples must split evenly over the {ranks} data-parallel policy ranks; "
+            "change the batch or the policy pool size",
         )
     elif (gbs // ranks) % micro:
         yield Finding(
             f"{TRAINER}.policy.trainMicroBatchSize",
-            f"must divide the per-rank batch ({gbs} samples / {ranks} ranks = {gbs // ranks}); got {micro}",
+            f"must divide the per-rank batch ({what} = {gbs} samples / {ranks} ranks = {gbs // ranks}); "
+            f"got {micro}",
+        )
+
+
+def _megatron_samples_unfiltered(job: AsyncGRPOJob) -> Iterator[Finding]:
+    trainer = job.spec.trainer
+    g = trainer.generation
+    if trainer.policy.backend == "megatron" and (g.top_p < 1 or g.top_k is not None):
+        yield Finding(
+            f"{TRAINER}.generation.topP" if g.top_p < 1 else f"{TRAINER}.generation.topK",
+            "top-p / top-k sampling needs the policy to score pi_old under the same filter for the "
+            "importance weight, which the megatron backend does not do; sample unfiltered (topP 1, topK "
+            "unset) or use policy.backend torch",
         )
 
 
@@ -688,8 +715,9 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _in_order_without_over_sampling,
     _buffer_capacity,
     _streaming_chunk,
-    _one_optimizer_step_per_rl_step,
+    _whole_mini_batches,
     _batch_divides,
+    _megatron_samples_unfiltered,
     _watchdog_outlasts_rollouts,
     _model_source,
     _sequence_fits,

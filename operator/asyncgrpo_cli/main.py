@@ -23,6 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "asyncgrpo_trainer.models.tiny_checkpoint",
         "write a small random Hugging Face checkpoint (tests, CPU examples)",
     ),
+    "plot": (
+        "asyncgrpo_trainer.plot",
+        "draw accuracy and reward against trained samples for runs (a PNG, from their TensorBoard files)",
+    ),
 }
 
 USAGE = (

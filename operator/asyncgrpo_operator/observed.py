@@ -224,10 +224,12 @@ class ProgressReading:
     max_steps: int = 0
     policy_version: int = 0
     reward_mean: float | None = None
+    accuracy: float | None = None
     mean_staleness: float | None = None
     tokens_per_second: float | None = None
     last_checkpoint_step: int | None = None
     validation_reward: float | None = None
+    validation_accuracy: float | None = None
     state: str = "starting"
     error: str | None = None
 
@@ -239,10 +241,12 @@ class ProgressReading:
             max_steps=max(_int_or_none(doc.get("maxSteps")) or 0, 0),
             policy_version=max(_int_or_none(doc.get("policyVersion")) or 0, 0),
             reward_mean=_rounded(_float_or_none(doc.get("rewardMean")), 4),
+            accuracy=_rounded(_float_or_none(doc.get("accuracy")), 4),
             mean_staleness=_rounded(_float_or_none(doc.get("meanStaleness")), 3),
             tokens_per_second=_rounded(_float_or_none(doc.get("tokensPerSecond")), 1),
             last_checkpoint_step=_int_or_none(doc.get("lastCheckpointStep")),
             validation_reward=_rounded(_float_or_none(doc.get("validationReward")), 4),
+            validation_accuracy=_rounded(_float_or_none(doc.get("validationAccuracy")), 4),
             state=str(doc.get("state") or "starting"),
             error=str(doc["error"]) if doc.get("error") else None,
         )

@@ -391,9 +391,13 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
     code = exit_.exit_code
     detail = f": {exit_.message.strip()}" if exit_.message.strip() else ""
     if code == 0:
-        step = draft.get("progress").step if draft.get("progress") is not None else None
-        at = f" at step {step}" if step is not None else ""
-        _finish(draft, SUCCEEDED, DRIVER_SUCCEEDED, f"the driver exited 0{at} (pod {exit_.pod_name})")
+        progress = draft.get("progress")
+        at = f" at step {progress.step}" if progress is not None else ""
+        accuracy = progress.validation_accuracy if progress is not None else None
+        held_out = f"; held-out accuracy {accuracy:.3f}" if accuracy is not None else ""
+        _finish(
+            draft, SUCCEEDED, DRIVER_SUCCEEDED, f"the driver exited 0{at} (pod {exit_.pod_name}){held_out}"
+        )
         _cleanup(job, draft, observed)
     elif exit_.whole_pod:
         cause = f" ({exit_.reason})" if exit_.reason else ""
@@ -636,9 +640,11 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
                 max_steps=reading.max_steps,
                 policy_version=reading.policy_version,
                 reward_mean=reading.reward_mean,
+                accuracy=reading.accuracy,
                 mean_staleness=reading.mean_staleness,
                 tokens_per_second=reading.tokens_per_second,
                 validation_reward=reading.validation_reward,
+                validation_accuracy=reading.validation_accuracy,
                 last_checkpoint_step=reading.last_checkpoint_step,
                 updated_at=read_at,
             ),

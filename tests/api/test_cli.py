@@ -46,7 +46,7 @@ def test_an_invalid_job_exits_1_and_prints_every_error_with_its_field(tmp_path: 
     result = run_cli("validate", write(tmp_path, "bad.yaml", bad))
     assert result.returncode == 1
     assert "error: spec.trainer.asyncRL.maxBufferedRollouts: must equal numPromptsPerStep" in result.stdout
-    assert "error: spec.trainer.policy.trainGlobalBatchSize: must equal" in result.stdout
+    assert "error: spec.trainer.policy.trainGlobalBatchSize: must divide" in result.stdout
     assert "is invalid (2 errors)" in result.stdout
 
 

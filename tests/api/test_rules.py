@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -41,10 +42,11 @@ REJECTED: list[tuple[str, dict[str, Any], str, str]] = [
         "must be at most numPromptsPerStep (8)",
     ),
     (
-        "5-global-batch-not-p-times-n",
+        "5-global-batch-not-a-divisor-of-p-times-n",
         job_with(policy={"trainGlobalBatchSize": 64}),
         "spec.trainer.policy.trainGlobalBatchSize",
-        "must equal numPromptsPerStep x numGenerationsPerPrompt = 8 x 4 = 32",
+        "must divide numPromptsPerStep x numGenerationsPerPrompt = 8 x 4 = 32 (each RL step is 32 / "
+        "trainGlobalBatchSize optimizer steps); got 64",
     ),
     (
         "6-over-sampled-capacity-too-small",
@@ -108,6 +110,8 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ),
     ("over-sampled-forceInOrder-unset", job_with(asyncRL={"maxStalenessVersions": 1, "overSampling": True})),
     ("explicit-global-batch", job_with(policy={"trainGlobalBatchSize": 32})),
+    ("ppo-mini-batches", job_with(policy={"trainGlobalBatchSize": 16})),
+    ("top-p-and-top-k", job_with(generation={"topP": 0.9, "topK": 5})),
 ]
 
 
@@ -155,7 +159,7 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
             "forceInOrder": True,
             "minGroupsForStreamingTrain": 99,
         },
-        policy={"trainGlobalBatchSize": 1},
+        policy={"trainGlobalBatchSize": 5},
     )
     paths = {e.path for e in validate_manifest(manifest).errors}
     assert {
@@ -275,6 +279,35 @@ def test_a_valid_gpu_layout_is_accepted(base_job: dict[str, Any]) -> None:
     )
     report = validate_manifest(base_job)
     assert report.ok, [str(e) for e in report.errors]
+
+
+MEGATRON_ON_GPUS = {
+    "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 1}},
+    "trainer": {"policy": {"backend": "megatron"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("trainer", "path", "text"),
+    [
+        (
+            {"policy": {"trainGlobalBatchSize": 16}},
+            "spec.trainer.policy.trainGlobalBatchSize",
+            "(PPO mini-batches) runs on the torch policy backend",
+        ),
+        ({"generation": {"topP": 0.9}}, "spec.trainer.generation.topP", "megatron backend does not"),
+        ({"generation": {"topK": 4}}, "spec.trainer.generation.topK", "megatron backend does not"),
+    ],
+    ids=["mini-batches", "top-p", "top-k"],
+)
+def test_the_megatron_backend_refuses_what_it_would_ignore(
+    base_job: dict[str, Any], trainer: dict[str, Any], path: str, text: str
+) -> None:
+    _merge(base_job["spec"], copy.deepcopy(MEGATRON_ON_GPUS))
+    assert validate_manifest(base_job).ok
+    _merge(base_job["spec"], {"trainer": trainer})
+    errors = validate_manifest(base_job).errors
+    assert any(e.path == path and text in e.message for e in errors), [str(e) for e in errors]
 
 
 def test_a_name_too_long_for_the_last_retry_cluster_is_rejected_with_the_room_left(

@@ -114,9 +114,11 @@ def test_the_crd_stays_well_under_the_client_side_apply_annotation_limit() -> No
     assert len(render_crd().encode()) < 262_144 // 2
 
 
-def test_the_crd_prints_phase_step_reward_staleness_restarts_age() -> None:
+def test_the_crd_prints_phase_step_reward_accuracy_staleness_restarts_age() -> None:
     default_columns = [c["name"] for c in PRINTER_COLUMNS if "priority" not in c]
-    assert default_columns == ["Phase", "Step", "Reward", "Staleness", "Restarts", "Age"]
+    assert default_columns == ["Phase", "Step", "Reward", "Accuracy", "Staleness", "Restarts", "Age"]
+    wide = [c["name"] for c in PRINTER_COLUMNS if c.get("priority") == 1]
+    assert wide[0] == "Val-Acc"
     version = build_crd()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
 

@@ -166,11 +166,14 @@ def run(job_file: Path, *, keep: bool) -> int:
 
         say(f"kubectl get agj {job} -n {ns} -o wide")
         print(installation.kubectl("get", "agj", job, "-n", ns, "-o", "wide").stdout.rstrip())
-        rewards = watch.rewards()
+        rewards, accuracies = watch.rewards(), watch.accuracies()
         progress = status.get("progress") or {}
+        held_out = progress.get("validationAccuracy")
         print(
             f"\n{job}: {status.get('phase')} ({status.get('reason')}) after {progress.get('step')} steps;"
             + (f" reward {rewards[0]:.2f} -> {rewards[-1]:.2f}" if rewards else "")
+            + (f", accuracy {accuracies[0]:.2f} -> {accuracies[-1]:.2f}" if accuracies else "")
+            + (f"; held-out accuracy {held_out:.2f} (greedy)" if held_out is not None else "")
             + f"; restarts {status.get('restarts', 0)}; {time.monotonic() - t0:.0f} s in all"
         )
         if driver:

@@ -364,6 +364,7 @@ class Row:
     phase: str
     step: int | None
     reward: float | None
+    accuracy: float | None
     staleness: float | None
     restarts: int
     age: str
@@ -392,6 +393,7 @@ def parse_table(text: str) -> tuple[str, list[Row]]:
                 phase=cells["PHASE"],
                 step=int(cells["STEP"]) if cells["STEP"] else None,
                 reward=float(cells["REWARD"]) if cells["REWARD"] else None,
+                accuracy=float(cells["ACCURACY"]) if cells["ACCURACY"] else None,
                 staleness=float(cells["STALENESS"]) if cells["STALENESS"] else None,
                 restarts=int(cells["RESTARTS"] or 0),
                 age=cells["AGE"],
@@ -424,10 +426,11 @@ class AgjWatch:
             return None
         row = rows[0]
         previous = self.rows[-1] if self.rows else None
-        if previous is None or (row.phase, row.step, row.reward, row.restarts) != (
+        if previous is None or (row.phase, row.step, row.reward, row.accuracy, row.restarts) != (
             previous.phase,
             previous.step,
             previous.reward,
+            previous.accuracy,
             previous.restarts,
         ):
             self.rows.append(row)
@@ -453,6 +456,9 @@ class AgjWatch:
 
     def rewards(self) -> list[float]:
         return [r.reward for r in self.rows if r.reward is not None]
+
+    def accuracies(self) -> list[float]:
+        return [r.accuracy for r in self.rows if r.accuracy is not None]
 
 
 def wait_with_watch(
@@ -561,7 +567,7 @@ def drive(
 
 
 def tiny_job(name: str, *, max_steps: int = 24, **trainer: Any) -> JSON:
-    """A job that trains the shipped arithmetic task in well under a minute on 2 busy cores.
+    """A job that trains the shipped digit-reversal task in well under a minute on 2 busy cores.
 
     Checkpoints go to a hostPath volume (a node's disk, which outlives the attempt's pods) every 4
     steps; the operator polls /progress every second.
@@ -580,9 +586,9 @@ def tiny_job(name: str, *, max_steps: int = 24, **trainer: Any) -> JSON:
             "maxBufferedRollouts": 16,
         },
         "policy": {"trainMicroBatchSize": 64, "learningRate": 2.0e-3},
-        "generation": {"maxNewTokens": 4, "temperature": 1.0},
+        "generation": {"maxNewTokens": 5, "temperature": 1.0},
         "data": {"maxPromptLength": 8, "numValidationPrompts": 8},
-        "env": {"name": "arithmetic"},
+        "env": {"name": "reverse"},
     }
     for key, value in trainer.items():
         spec_trainer[key] = {**spec_trainer.get(key, {}), **value}

@@ -187,6 +187,8 @@ def test_progress_is_copied_from_the_driver() -> None:
         "maxSteps": 100,
         "policyVersion": 7,
         "rewardMean": 0.5,
+        "accuracy": 0.25,
+        "validationAccuracy": 0.123456,
         "meanStaleness": 0.8,
         "state": "running",
     }
@@ -199,6 +201,7 @@ def test_progress_is_copied_from_the_driver() -> None:
         0.5,
         0.8,
     )
+    assert (progress.accuracy, progress.validation_accuracy) == (0.25, 0.1235)
     assert progress.updated_at == at(40)
     assert decision.progress_mark == ProgressMark("rc-uid-0", 7, at(40))
 
@@ -336,6 +339,16 @@ def test_driver_exit_zero_succeeds_and_deletes_the_cluster_by_default() -> None:
     assert [a.name for a in actions_of(decision, plan.DeleteRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
     assert decision.condition(plan.RUNNING).status == "False"  # type: ignore[union-attr]
     assert decision.condition(plan.PODS_READY) is None  # a finished job has no live sub-status
+
+
+def test_a_succeeded_job_states_its_final_held_out_accuracy() -> None:
+    rc = cluster(0, provisioned=True)
+    doc = {"step": 60, "maxSteps": 60, "validationAccuracy": 0.975, "state": "succeeded"}
+    last = step(job(), running().status, observe(50, rc, pods=healthy_pods(rc), progress=doc))
+    done = step(job(), last.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0))))
+    assert done.status.phase == "Succeeded"
+    assert done.status.progress is not None and done.status.progress.validation_accuracy == 0.975
+    assert (done.status.message or "").endswith("; held-out accuracy 0.975")
 
 
 def test_driver_training_error_fails_without_retry_and_keeps_the_cluster() -> None:

@@ -1,4 +1,4 @@
-"""Job manifests for the trainer tests: the shipped arithmetic task in each of the four modes."""
+"""Job manifests for the trainer tests: the shipped digit-reversal task in each of the four modes."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def manifest(
                 },
                 "asyncRL": copy.deepcopy(MODES[mode]),
                 "policy": {"trainMicroBatchSize": 64, "learningRate": 2e-3},
-                "generation": {"maxNewTokens": 4},
+                "generation": {"maxNewTokens": 5},
                 "data": {"maxPromptLength": 8, "numValidationPrompts": 10},
             },
         },

@@ -184,6 +184,8 @@ def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:
             step=3,
             max_steps=10,
             reward_mean=0.5,
+            accuracy=0.25,
+            validation_accuracy=0.875,
             state="failed",
             error="boom",
             counters={"groups_committed": 7},
@@ -199,6 +201,8 @@ def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:
             "tokensPerSecond",
             "lastCheckpointStep",
             "validationReward",
+            "accuracy",
+            "validationAccuracy",
             "state",
             "error",
         ):
@@ -206,6 +210,7 @@ def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:
         assert (doc["step"], doc["state"], doc["error"]) == (3, "failed", "boom")
         text = urllib.request.urlopen(f"{base}/metrics").read().decode()
         assert "asyncgrpo_step 3" in text and 'asyncgrpo_state{state="failed"} 1' in text
+        assert "asyncgrpo_accuracy 0.25" in text and "asyncgrpo_validation_accuracy 0.875" in text
         assert "asyncgrpo_groups_committed_total 7" in text
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"{base}/nope")

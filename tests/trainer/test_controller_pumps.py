@@ -19,6 +19,7 @@ import torch
 from asyncgrpo_trainer import checkpoint, controller, data, envs, sampler, weights
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.envs.base import Score
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 from asyncgrpo_trainer.rollout import RolloutFailedError, RolloutManager
@@ -91,8 +92,10 @@ class FakePolicy:
 
 
 class FakeRewards:
-    async def score(self, example: Any, responses: list[str], finished: list[bool]) -> list[float]:
-        return [float(i % 2) for i in range(len(responses))]
+    """Every second sample is correct and rewarded 0.9: reward mean 0.45, accuracy 0.5."""
+
+    async def score(self, example: Any, responses: list[str], finished: list[bool]) -> list[Score]:
+        return [Score(0.9 * (i % 2), i % 2 == 1) for i in range(len(responses))]
 
 
 def _controller(
@@ -114,7 +117,7 @@ def _controller(
         "streaming-oversampled": (1, True, False, 4 * P, P // 2),
     }[mode]
     s_, over, in_order, cap, min_groups = knobs
-    env = envs.build("arithmetic")
+    env = envs.build("reverse")
     tok = CharTokenizer(env.alphabet)
     pol = FakePolicy()
     rollout = RolloutManager(
@@ -190,6 +193,15 @@ def test_sync_mode_trains_only_fresh_data_and_resets_the_cache_after_every_refit
     assert gen.loads == [0, 1, 2, 3, 4, 5, 6]  # initial sync, then one version bump per step
     assert gen.resets == 7
     assert pol.steps == 6 and sum(len(c) for c in pol.chunks) == 6 * P * N
+
+
+def test_each_step_reports_the_fraction_of_exactly_correct_samples_next_to_the_reward(
+    tmp_path: Path,
+) -> None:
+    ctl, _ = _controller(tmp_path, "streaming-gated", FakeGeneration())
+    steps = _steps(asyncio.run(ctl.run()))
+    assert [r["accuracy"] for r in steps] == [0.5] * 6  # counted from Score.correct ...
+    assert [r["reward_mean"] for r in steps] == pytest.approx([0.45] * 6)  # ... not from the reward
 
 
 def test_the_checkpoint_holds_the_controllers_state_and_the_policy_writes_its_own_file(

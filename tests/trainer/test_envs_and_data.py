@@ -6,25 +6,44 @@ import pytest
 
 from asyncgrpo_trainer import data, envs
 from asyncgrpo_trainer.envs import math as math_env
-from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 
-def test_arithmetic_rewards_exact_answers_partial_numbers_and_nothing_else() -> None:
-    env = envs.build("arithmetic")
-    ex = Example("3+4=", "7")
-    assert env.score(ex, "7", finished=True) == 1.0
-    assert env.score(ex, "8", finished=True) == pytest.approx(0.1 + 0.4 * 0.9)
-    assert env.score(ex, "7", finished=False) == 0.0  # truncated
-    assert env.score(ex, "7+", finished=True) == 0.0
-    assert env.score(ex, "", finished=True) == 0.0
+def test_reverse_is_correct_only_for_the_whole_reversed_string_and_credits_positions() -> None:
+    env = envs.build("reverse")
+    ex = Example("1234=", "4321")
+    assert env.score(ex, "4321", finished=True) == Score(1.0, True)
+    assert env.score(ex, "4391", finished=True) == Score(0.75, False)
+    assert env.score(ex, "43210000", finished=True) == Score(0.5, False)  # padding never pays
+    assert env.score(ex, "43", finished=True) == Score(0.5, False)
+    assert env.score(ex, "4321", finished=False) == Score(0.0, False)  # truncated
+    assert env.score(ex, "", finished=True) == Score(0.0, False)
 
 
-def test_arithmetic_validation_pairs_are_held_out_of_training() -> None:
-    env = envs.build("arithmetic")
-    train = {e.prompt for e in env.builtin_examples(split="train", count=500, seed=0)}
-    val = {e.prompt for e in env.builtin_examples(split="validation", count=50, seed=0)}
-    assert train and val and not train & val
+def test_reverse_cannot_be_solved_by_a_constant_answer_or_by_copying_the_prompt() -> None:
+    """The issue-16 bar: held-out accuracy below 0.1 for any constant and for the prompt itself,
+    and no reward above chance (one digit in ten) for either."""
+    env = envs.build("reverse")
+    held_out = env.builtin_examples(split="validation", count=1000, seed=0)
+    assert len({e.prompt for e in held_out}) == 1000  # the whole held-out set, once each
+    policies = {f"constant {d * 4}": (lambda e, d=d: d * 4) for d in "0123456789"}
+    policies |= {"constant 1234": lambda e: "1234", "copy the prompt": lambda e: e.prompt.rstrip("=")}
+    for name, answer in policies.items():
+        scores = [env.score(e, answer(e), finished=True) for e in held_out]
+        accuracy = sum(s.correct for s in scores) / len(scores)
+        reward = sum(s.reward for s in scores) / len(scores)
+        assert accuracy < 0.1 and reward < 0.13, (name, accuracy, reward)
+    assert sum(env.score(e, e.answer, finished=True).correct for e in held_out) == 1000
+
+
+def test_reverse_validation_strings_are_held_out_of_training_whatever_the_seed() -> None:
+    env = envs.build("reverse")
+    val = {e.prompt for e in env.builtin_examples(split="validation", count=1000, seed=0)}
+    for seed in (0, 1):
+        train = {e.prompt for e in env.builtin_examples(split="train", count=9000, seed=seed)}
+        assert len(train) == 9000 and not train & val
+    assert val == {e.prompt for e in env.builtin_examples(split="validation", count=1000, seed=5)}
 
 
 @pytest.mark.parametrize(
@@ -39,7 +58,8 @@ def test_arithmetic_validation_pairs_are_held_out_of_training() -> None:
     ],
 )
 def test_math_checks_the_last_boxed_answer(response: str, answer: str, reward: float) -> None:
-    assert envs.build("math").score(Example("q", answer), response, finished=True) == reward
+    score = envs.build("math").score(Example("q", answer), response, finished=True)
+    assert score == Score(reward, correct=reward == 1.0)
 
 
 def test_nested_braces_in_boxed_are_balanced() -> None:
@@ -47,9 +67,9 @@ def test_nested_braces_in_boxed_are_balanced() -> None:
 
 
 def test_tokenizer_round_trips_and_rejects_unknown_characters() -> None:
-    tok = CharTokenizer("0123456789+=")
-    ids = tok.encode("12+3=")
-    assert ids[0] == tok.bos_id and tok.decode([*ids[1:], tok.eos_id, 5]) == "12+3="
+    tok = CharTokenizer("0123456789=")
+    ids = tok.encode("1234=")
+    assert ids[0] == tok.bos_id and tok.decode([*ids[1:], tok.eos_id, 5]) == "1234="
     with pytest.raises(ValueError, match="alphabet"):
         tok.encode("x")
 

@@ -190,9 +190,12 @@ def test_device_side_sums_equal_the_float_by_float_metrics() -> None:
         "lr",
         "train_tokens",
         "is_weight_mean",
+        "is_weight_max",
         "clip_fraction",
         "kl",
         "gen_kl_error",
+        "gen_logprob_error",
+        "entropy",
     }
     assert got["loss"] == sums["loss_sum"] / tokens
     assert got["train_tokens"] == tokens

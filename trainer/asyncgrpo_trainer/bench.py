@@ -5,7 +5,7 @@
 
 With --repeat R each mode runs R times and the run with the median wall time is reported (the
 machine this was written on is shared, and single runs vary by tens of percent). Each mode runs
-the shipped arithmetic task for the same number of steps (so the same number of trained samples)
+the shipped digit-reversal task for the same number of steps (so the same number of trained samples)
 in one embedded Ray cluster, after a warm-up run that pays the process start-up. With --ignore-eos
 every response is --max-new-tokens long (generation.ignoreEos): the GPU workload, since the task's
 own answers are a few tokens and would leave GPUs idle.
@@ -21,6 +21,13 @@ utilization is sampled with nvidia-smi while each mode runs, and the refit is re
 against the link bound (policy bytes in the engines' dtype / the broadcast bandwidth given by
 --link-bytes-per-s, measured by bench/gpu/refit.py). --out is rewritten after every mode. Run by
 tests/trainer/test_trainer_bench_tiny.py in its smallest form.
+
+Learning against the floor (--val-period K --floor): every mode validates every K steps on
+--validation-prompts held-out prompts, and the floor (`floor`: GRPO as a plain single-process torch
+loop with the same model, seed, task, P x N, learning rate and temperature) runs the same steps in
+the same process afterwards; the second table gives each one's samples/s (periodic validation
+included for all) against the floor's, and the steps to --target held-out greedy accuracy. With
+--keep DIR the runs' checkpoint paths (and the floor's curves) stay in DIR for `asyncgrpo plot`.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import ray
 import torch
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
-from asyncgrpo_trainer import driver, envs, specmap
+from asyncgrpo_trainer import driver, envs, floor, specmap, tracking
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 P, N = 8, 8
@@ -100,11 +107,14 @@ class Shape:
     heads: int = 4
     kv_heads: int = 2
     intermediate: int | None = None
-    max_new_tokens: int = 4
+    max_new_tokens: int = 5
     ignore_eos: bool = False
     max_prompt_length: int = 8
     micro_batch: int = 64
     learning_rate: float = 2e-3
+    temperature: float = 1.0
+    val_period: int = 0
+    validation_prompts: int = 0
     dtype: str = "float32"
     gpus: int = 0
     transport: str = "auto"
@@ -144,7 +154,8 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                     "numGenerationsPerPrompt": shape.generations,
                     "maxNumSteps": steps,
                     "seed": 1,
-                    "valAtEnd": False,
+                    "valPeriod": shape.val_period,
+                    "valAtEnd": shape.val_period > 0,
                 },
                 "asyncRL": modes(shape.prompts)[mode],
                 "loss": {"referencePolicyKlPenalty": kl},
@@ -153,9 +164,16 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                     "trainMicroBatchSize": shape.micro_batch,
                     "learningRate": shape.learning_rate,
                 },
-                "generation": {"maxNewTokens": shape.max_new_tokens, "ignoreEos": shape.ignore_eos},
+                "generation": {
+                    "maxNewTokens": shape.max_new_tokens,
+                    "ignoreEos": shape.ignore_eos,
+                    "temperature": shape.temperature,
+                },
                 "weightSync": {"transport": shape.transport},
-                "data": {"maxPromptLength": shape.max_prompt_length},
+                "data": {
+                    "maxPromptLength": shape.max_prompt_length,
+                    "numValidationPrompts": shape.validation_prompts,
+                },
             },
         },
     }
@@ -253,7 +271,69 @@ def measure(summary: dict[str, Any], shape: Shape) -> dict[str, Any]:
         "wasted_samples": generated - c.get("samples_trained", 0.0),
         "reward_first5": sum(r["reward_mean"] for r in steps[:5]) / len(steps[:5]),
         "reward_last10": sum(r["reward_mean"] for r in steps[-10:]) / len(steps[-10:]),
+        "validation_accuracy": {
+            r["step"]: r["validation_accuracy"] for r in summary["records"] if r.get("event") == "validation"
+        },
     }
+
+
+def steps_to(curve: dict[int, float], target: float) -> int | None:
+    """The first validated step whose held-out accuracy reached `target` (None: never)."""
+    return next((step for step, acc in sorted(curve.items()) if acc >= target), None)
+
+
+def run_floor(shape: Shape, steps: int, keep: str | None) -> dict[str, Any]:
+    """The floor on the benchmark's shape; its records also go to TensorBoard under keep/floor."""
+    t = AsyncGRPOJob.model_validate(job("sync", shape, steps=steps, kl=0.0, ckpt="/unused")).spec.trainer
+    model = specmap.tiny_recipe(t, CharTokenizer(envs.build(t.env.name).alphabet))
+    cfg = floor.FloorConfig(
+        prompts=shape.prompts,
+        generations=shape.generations,
+        max_new_tokens=shape.max_new_tokens,
+        learning_rate=shape.learning_rate,
+        temperature=shape.temperature,
+        seed=t.grpo.seed,
+    )
+    torch.set_num_threads(1)  # as each trainer worker
+    start = time.perf_counter()
+    out = floor.run(
+        model,
+        cfg,
+        steps=steps,
+        validate_every=shape.val_period,
+        num_validation=shape.validation_prompts or 200,
+    )
+    wall = time.perf_counter() - start
+    if keep:
+        curves = tracking.open_curves(f"{keep}/floor", job_name="floor", config={}, resumed_step=None)
+        for record in out["records"]:
+            curves.write(record)
+        curves.close()
+    curve = {r["step"]: r["validation_accuracy"] for r in out["records"] if "validation_accuracy" in r}
+    return {
+        "wall_s": wall,
+        "samples_per_s": steps * shape.samples_per_step / wall,
+        "validation_accuracy": curve,
+    }
+
+
+def learning_markdown(results: dict[str, dict[str, Any]], target: float) -> str:
+    """Samples/s against the floor's, and the steps to `target` held-out accuracy."""
+    base = results["floor"]["samples_per_s"]
+    lines = [
+        f"| run | samples/s (validation included) | vs floor | steps to held-out {target:g} "
+        "| final held-out |",
+        "|---|---|---|---|---|",
+    ]
+    for name, m in results.items():
+        curve = {int(k): v for k, v in m["validation_accuracy"].items()}
+        reached = steps_to(curve, target)
+        final = curve[max(curve)] if curve else float("nan")
+        lines.append(
+            f"| {name} | {m['samples_per_s']:.0f} | {m['samples_per_s'] / base:.2f}x | "
+            f"{reached if reached is not None else 'not reached'} | {final:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:
@@ -303,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kl", type=float, default=0.0, help="KL penalty (adds the reference log-prob phase)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=5)
     parser.add_argument(
         "--ignore-eos",
         action="store_true",
@@ -319,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generations", type=int, default=N, help="samples per prompt")
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--temperature", type=float, default=1.0, help="generation.temperature")
+    parser.add_argument("--val-period", type=int, default=0, help="grpo.valPeriod (0: no validation)")
+    parser.add_argument("--validation-prompts", type=int, default=200, help="held-out prompts per validation")
+    parser.add_argument("--floor", action="store_true", help="also run the floor (see the module docstring)")
+    parser.add_argument("--target", type=float, default=0.8, help="held-out accuracy for 'steps to'")
+    parser.add_argument("--keep", default=None, help="keep the runs' checkpoint paths (curves) in this dir")
     parser.add_argument("--dtype", default="float32", help="model dtype (float32, bfloat16)")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs per worker pool (policy, generation)")
     parser.add_argument("--transport", default="auto", help="weightSync.transport")
@@ -343,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         max_prompt_length=ns.max_prompt_length,
         micro_batch=ns.micro_batch,
         learning_rate=ns.learning_rate,
+        temperature=ns.temperature,
+        val_period=ns.val_period,
+        validation_prompts=ns.validation_prompts if ns.val_period else 0,
         dtype=ns.dtype,
         gpus=ns.gpus,
         transport=ns.transport,
@@ -363,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     own_ray = not ray.is_initialized()  # else run in the caller's cluster (the test suite's)
     if own_ray:
         ray.init(num_cpus=4, num_gpus=2 * ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = ns.keep or scratch
         # Pays process start-up (and on CUDA compilation and graph capture) once, untimed.
         driver.execute(job("sync", shape, steps=ns.warmup_steps, kl=ns.kl, ckpt=f"{tmp}/warm"))
         for mode in ["sync", *[m for m in ns.modes if m != "sync"]]:
@@ -382,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
             runs.sort(key=lambda m: m["wall_s"])
             results[mode] = {**runs[len(runs) // 2], "wall_runs": [round(m["wall_s"], 2) for m in runs]}
             write_out()
+        if ns.floor:
+            results["floor"] = run_floor(shape, ns.steps, ns.keep)
+            write_out()
     if own_ray:
         ray.shutdown()
     if ns.markdown:
@@ -389,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
             f"Measured {datetime.date.today()} with `python -m asyncgrpo_trainer.bench "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n"
         )
-        print(markdown(results))
+        modes = {k: v for k, v in results.items() if k != "floor"}
+        print(markdown(modes))
+        if "floor" in results:
+            print(f"\n{learning_markdown({'floor': results['floor'], **modes}, ns.target)}")
         if refit_bound is not None:
             moved_mb, bound_ms = refit_bound["policy_bytes"] / 1e6, refit_bound["bound_s"] * 1e3
             print(f"\nrefit bound: {moved_mb:.0f} MB / link = {bound_ms:.2f} ms")

@@ -28,6 +28,8 @@ class GroupRecord:
     response_ids: list[list[int]]
     generation_logprobs: list[list[float]]
     rewards: list[float]
+    correct: list[bool]
+    """Per sample: exactly the reference answer (`envs.base.Score.correct`); train accuracy."""
     finished: list[bool]
     first_version: int
     """Weight version of the generation worker when the first token was sampled."""

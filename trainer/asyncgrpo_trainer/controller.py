@@ -42,7 +42,7 @@ from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
-from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
@@ -83,6 +83,8 @@ class Settings:
     checkpoint_every: int
     checkpoint_keep: int
     seed: int
+    log_level: str = "INFO"
+    """spec.trainer.logLevel, for this actor's process (the driver sets its own)."""
     watchdog_interval_seconds: float = 1.0
 
 
@@ -97,6 +99,7 @@ class ResumeState:
     loader: dict[str, Any]
     counters: dict[str, float]
     validation_reward: float | None
+    validation_accuracy: float | None
 
 
 @dataclass
@@ -157,6 +160,7 @@ class SingleController:
         self.pending: collections.deque[tuple[Example, int | None]] = collections.deque()
         self.counters: dict[str, float] = collections.defaultdict(float)
         self.validation_reward: float | None = None
+        self.validation_accuracy: float | None = None
         self.last_checkpoint_step: int | None = None
         self.exported: str | None = None  # the final Hugging Face directory, once written
         self.records: list[dict[str, Any]] = []
@@ -183,6 +187,7 @@ class SingleController:
         self.a.loader.load_state_dict(r.loader)
         self.counters.update(r.counters)
         self.validation_reward = r.validation_reward
+        self.validation_accuracy = r.validation_accuracy
         self.last_checkpoint_step = r.step
         return len(self.buffer)
 
@@ -199,6 +204,10 @@ class SingleController:
         self.t_start = time.perf_counter()
         self.started_at = time.time()
         await self._refit_weights(self.version, reset=True)
+        if self.s.val_period and self.version == 0:
+            # The curves start at the untrained model (0 samples); before the pumps, so every
+            # answer comes from the initial weights.
+            await self._validate(0)
         self.permitted.set()
         self.state = "running"
         pumps = [
@@ -243,10 +252,12 @@ class SingleController:
                 "max_steps": self.s.max_steps,
                 "policy_version": self.gen_version,
                 "reward_mean": last.get("reward_mean"),
+                "accuracy": last.get("accuracy"),
                 "mean_staleness": last.get("mean_staleness"),
                 "tokens_per_second": recent_token_rate(recent[::-1]),
                 "last_checkpoint_step": self.last_checkpoint_step,
                 "validation_reward": self.validation_reward,
+                "validation_accuracy": self.validation_accuracy,
                 "gen_logprob_error": last.get("gen_logprob_error"),
                 "state": self.state,
                 "error": self.error,
@@ -275,6 +286,7 @@ class SingleController:
             "generation_idle_fraction": max(0.0, 1 - gen_busy / wall) if wall else 0.0,
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,
+            "validation_accuracy": self.validation_accuracy,
             "hf_checkpoint": self.exported,
             "records": self.records,
         }
@@ -378,11 +390,12 @@ class SingleController:
         generated_before = self.counters["tokens_generated"]
         step: dict[str, float] = collections.defaultdict(float)
         rewards: list[float] = []
+        correct: list[bool] = []
         staleness: list[int] = []
         taken = tokens = chunks = 0
         while taken < self.s.prompts_per_step:
             groups = await self._select_chunk(self.s.prompts_per_step - taken, step)
-            rows, group_rewards = self._rows(groups)
+            rows = self._rows(groups)
             if self.s.needs_reference_logprobs:
                 t0 = time.perf_counter()
                 refs = await self.a.policy.reference_logprobs([(r.prompt_ids, r.response_ids) for r in rows])
@@ -397,7 +410,10 @@ class SingleController:
             taken += len(groups)
             chunks += 1
             tokens += sum(len(r.response_ids) for r in rows)
-            rewards.extend(group_rewards)
+            for g in groups:
+                if g.record is not None:
+                    rewards.extend(g.record.rewards)
+                    correct.extend(g.record.correct)
             staleness.extend(self.version - g.start_version for g in groups)
         t0 = time.perf_counter()
         metrics = await self.a.policy.finish_step()
@@ -415,8 +431,10 @@ class SingleController:
         self.counters["groups_evicted"] += evicted
         return {
             "step": self.version,
+            "samples_trained": self.counters["samples_trained"],
             "trained_at_version": trained_at,
             "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(correct) / len(correct),
             "mean_staleness": sum(staleness) / len(staleness),
             "max_staleness": max(staleness),
             "chunks": chunks,
@@ -431,19 +449,18 @@ class SingleController:
             **metrics,
         }
 
-    def _rows(self, groups: list[Slot]) -> tuple[list[policy.TrainRow], list[float]]:
-        """Training rows and rewards of whole groups; advantages are exact per group."""
+    def _rows(self, groups: list[Slot]) -> list[policy.TrainRow]:
+        """Training rows of whole groups; advantages are exact per group."""
         records = [g.record for g in groups if g.record is not None]
         rewards = torch.tensor([r.rewards for r in records], dtype=torch.float32)
         adv = advantages.group_relative(
             rewards, leave_one_out=self.s.leave_one_out, normalize=self.s.normalize_rewards
         )
-        rows = [
+        return [
             policy.TrainRow(rec.prompt_ids, rec.response_ids[i], rec.generation_logprobs[i], float(adv[g, i]))
             for g, rec in enumerate(records)
             for i in range(len(rec.response_ids))
         ]
-        return rows, rewards.flatten().tolist()
 
     async def _refit(self) -> None:
         self.permitted.clear()
@@ -485,8 +502,9 @@ class SingleController:
         if not self.a.validation:
             return
         tok = self.a.tokenizer
+        samples = self.counters["samples_trained"]  # at `step`: later steps may finish meanwhile
 
-        async def one(i: int, example: Example) -> float:
+        async def one(i: int, example: Example) -> Score:
             out = await self.a.generation.generate(
                 tok.encode_prompt(example.prompt), 1, self.a.validation_params, i
             )
@@ -495,9 +513,18 @@ class SingleController:
 
         t0 = time.perf_counter()
         scores = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
-        self.validation_reward = sum(scores) / len(scores)
+        self.validation_reward = sum(s.reward for s in scores) / len(scores)
+        self.validation_accuracy = sum(s.correct for s in scores) / len(scores)
         self.totals.add("validation", time.perf_counter() - t0)
-        self._record({"event": "validation", "step": step, "validation_reward": self.validation_reward})
+        self._record(
+            {
+                "event": "validation",
+                "step": step,
+                "samples_trained": samples,
+                "validation_reward": self.validation_reward,
+                "validation_accuracy": self.validation_accuracy,
+            }
+        )
 
     async def _checkpoint(self, step: int) -> None:
         # Snapshot the controller synchronously (no await) so buffer, queue and loader agree.
@@ -509,6 +536,7 @@ class SingleController:
             "loader": self.a.loader.state_dict(),
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,
+            "validation_accuracy": self.validation_accuracy,
         }
         # The policy workers write their own files into the checkpoint's temporary directory (the
         # state never passes through this CPU-only process); state.pt and the rename come last.
@@ -549,7 +577,8 @@ class SingleControllerActor:
     """SingleController as a CPU-only Ray actor with one asyncio loop (async methods)."""
 
     def __init__(self, args: ControllerArgs) -> None:
-        logging.basicConfig(level=logging.INFO)
+        logging.basicConfig(level=args.settings.log_level)
+        logging.getLogger().setLevel(args.settings.log_level)
         self.c = SingleController(args)
 
     async def run(self) -> dict[str, Any]:

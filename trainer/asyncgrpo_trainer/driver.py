@@ -42,6 +42,7 @@ from asyncgrpo_trainer import (
     megatron_workers,
     progress,
     specmap,
+    tracking,
     weights,
     workers,
 )
@@ -284,14 +285,21 @@ def resume_state(path: str) -> tuple[controller.ResumeState, Path] | None:
         loader=payload["loader"],
         counters=payload["counters"],
         validation_reward=payload["validation_reward"],
+        validation_accuracy=payload["validation_accuracy"],
     )
     return state, checkpoint.step_dir(Path(path), step)
 
 
 def supervise(
-    actor: Any, server: progress.ProgressServer | None, *, stall_seconds: float, quiet: bool = False
+    actor: Any,
+    server: progress.ProgressServer | None,
+    *,
+    stall_seconds: float,
+    quiet: bool = False,
+    curves: tracking.Curves | None = None,
 ) -> dict[str, Any]:
-    """Wait for the controller, relaying its step records and progress; returns its summary."""
+    """Wait for the controller, relaying its step records (to the log and the curves) and
+    progress; returns its summary."""
     run_ref = actor.run.remote()
     since = 0
     bar: progress.ProgressBar | None = None
@@ -317,13 +325,21 @@ def supervise(
             for record in poll["records"]:
                 if not quiet:
                     progress.log_step(record)
+                if curves is not None:
+                    curves.write(record)
             if server is not None:
                 server.update(
                     **{k: v for k, v in prog.items() if k not in ("state", "error")},
                     state="running" if prog["state"] == "starting" else prog["state"],
                 )
             if bar is not None:
-                bar.show(prog["step"], prog["reward_mean"], prog["mean_staleness"])
+                bar.show(
+                    prog["step"],
+                    prog["reward_mean"],
+                    prog["accuracy"],
+                    prog["validation_accuracy"],
+                    prog["mean_staleness"],
+                )
         if ready:
             if bar is not None:
                 bar.close()
@@ -395,6 +411,7 @@ def execute(
     """Validate, build, restore, run the controller and tear down; the run summary, or raise."""
     job = parse_job(manifest)
     t = job.spec.trainer
+    logging.getLogger("asyncgrpo_trainer").setLevel(t.log_level)
     if server is not None:
         # A resumed attempt reports its checkpoint's step from the start, so the job's status (and
         # `kubectl get agj`) does not show step 0 while the workers start.
@@ -416,12 +433,21 @@ def execute(
             log.info("resuming from the checkpoint of step %d", resume[0].step)
         # The controller process starts while the workers finish starting.
         actor = controller.SingleControllerActor.remote(built.args)  # type: ignore[attr-defined]
+        curves = tracking.open_curves(
+            job.spec.checkpoint.path,
+            job_name=job.metadata.name or "asyncgrpo",
+            config=job.spec.trainer.model_dump(mode="json", by_alias=True),
+            resumed_step=None if resume is None else resume[0].step,
+        )
         try:
             ray.get(built.ready)
             if resume is not None:
                 asyncio.run(built.args.policy.load(str(resume[1])))
-            return supervise(actor, server, stall_seconds=t.async_rl.stall_timeout_seconds, quiet=quiet)
+            return supervise(
+                actor, server, stall_seconds=t.async_rl.stall_timeout_seconds, quiet=quiet, curves=curves
+            )
         finally:
+            curves.close()
             ray.kill(actor, no_restart=True)
     finally:
         _teardown(built)

@@ -44,11 +44,15 @@ class Progress:
     max_steps: int = 0
     policy_version: int = 0
     reward_mean: float | None = None
+    accuracy: float | None = None
+    """Fraction of the last step's samples that are exactly the reference answer."""
     mean_staleness: float | None = None
     tokens_per_second: float | None = None
     """Generated tokens per second over the latest steps (`recent_token_rate`)."""
     last_checkpoint_step: int | None = None
     validation_reward: float | None = None
+    validation_accuracy: float | None = None
+    """Fraction of the held-out prompts answered exactly, greedily, at the last validation."""
     gen_logprob_error: float | None = None
     """The latest step's mean exp|logp_engine - logp_policy| over its tokens (1 = the engine and the
     policy agree; staleness raises it in async modes)."""
@@ -74,10 +78,12 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_max_steps": p.max_steps,
         "asyncgrpo_policy_version": p.policy_version,
         "asyncgrpo_reward_mean": p.reward_mean,
+        "asyncgrpo_accuracy": p.accuracy,
         "asyncgrpo_mean_staleness": p.mean_staleness,
         "asyncgrpo_tokens_per_second": p.tokens_per_second,
         "asyncgrpo_last_checkpoint_step": p.last_checkpoint_step,
         "asyncgrpo_validation_reward": p.validation_reward,
+        "asyncgrpo_validation_accuracy": p.validation_accuracy,
         "asyncgrpo_gen_logprob_error": p.gen_logprob_error,
     }
     lines: list[str] = []
@@ -163,17 +169,27 @@ class ProgressBar:
         self.enabled = stream.isatty()
         self.start = time.monotonic()
 
-    def show(self, step: int, reward: float | None, staleness: float | None) -> None:
+    def show(
+        self,
+        step: int,
+        reward: float | None,
+        accuracy: float | None,
+        validation_accuracy: float | None,
+        staleness: float | None,
+    ) -> None:
         if not self.enabled:
             return
         width = 30
         done = int(width * step / max(self.total, 1))
         elapsed = time.monotonic() - self.start
-        r = "-" if reward is None else f"{reward:.3f}"
-        s = "-" if staleness is None else f"{staleness:.2f}"
+
+        def fmt(value: float | None, digits: int) -> str:
+            return "-" if value is None else f"{value:.{digits}f}"
+
         self.stream.write(
-            f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total} "
-            f"reward {r} staleness {s} {elapsed:.0f}s"
+            f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total} reward {fmt(reward, 3)} "
+            f"acc {fmt(accuracy, 3)} val-acc {fmt(validation_accuracy, 3)} "
+            f"staleness {fmt(staleness, 2)} {elapsed:.0f}s"
         )
         self.stream.flush()
 

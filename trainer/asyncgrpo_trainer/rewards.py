@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from asyncgrpo_trainer import envs
-from asyncgrpo_trainer.envs.base import Example
+from asyncgrpo_trainer.envs.base import Example, Score
 
 
 class RewardActor:
@@ -23,7 +23,7 @@ class RewardActor:
     def __init__(self, env_name: str) -> None:
         self.env = envs.build(env_name)
 
-    def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[float]:
+    def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[Score]:
         return [self.env.score(example, r, finished=f) for r, f in zip(responses, finished, strict=True)]
 
 
@@ -34,16 +34,16 @@ class RewardPool:
         self.actors, self.timeout = actors, timeout_seconds
         self._next = 0
 
-    async def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[float]:
+    async def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[Score]:
         actor = self.actors[self._next % len(self.actors)]
         self._next += 1
         ref = actor.score.remote(example, responses, finished)
         try:
-            scores: list[float] = await asyncio.wait_for(ref, self.timeout)
+            scores: list[Score] = await asyncio.wait_for(ref, self.timeout)
             return scores
         except TimeoutError:
             ray.cancel(ref)
-            return [0.0] * len(responses)
+            return [Score(0.0, False)] * len(responses)
 
 
 def build_reward_pool(env_name: str, num_workers: int, timeout_seconds: float) -> RewardPool:

@@ -61,12 +61,13 @@ class RolloutManager:
         prompt_ids = self.tokenizer.encode_prompt(example.prompt)
         out = await self.generation.generate(prompt_ids, self.n, self.params, seed)
         texts = [self.tokenizer.decode(r) for r in out.response_ids]
-        rewards = await self.rewards.score(example, texts, out.finished)
+        scores = await self.rewards.score(example, texts, out.finished)
         return GroupRecord(
             prompt_ids=prompt_ids,
             response_ids=out.response_ids,
             generation_logprobs=out.logprobs,
-            rewards=rewards,
+            rewards=[s.reward for s in scores],
+            correct=[s.correct for s in scores],
             finished=out.finished,
             first_version=out.first_version,
             last_version=out.last_version,

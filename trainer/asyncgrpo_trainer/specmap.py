@@ -44,6 +44,7 @@ def settings(job: AsyncGRPOJob) -> controller.Settings:
         checkpoint_every=job.spec.checkpoint.every_steps,
         checkpoint_keep=job.spec.checkpoint.keep_last,
         seed=t.grpo.seed,
+        log_level=t.log_level,
     )
 
 
@@ -79,9 +80,13 @@ def optim_config(t: TrainerSpec) -> policy.OptimConfig:
         warmup_steps=p.warmup_steps,
         micro_batch_size=p.train_micro_batch_size,
         logprob_batch_size=p.logprob_batch_size or p.train_micro_batch_size,
-        # The policy scores tokens under the same temperature the engine sampled them with, so
-        # pi_old / pi_gen is 1 when the weights are equal.
+        # The policy scores tokens under the same temperature (and for the importance weight the
+        # same top-k / top-p) the engine sampled them with, so pi_old / pi_gen is 1 when the
+        # weights are equal.
         temperature=t.generation.temperature,
+        top_p=t.generation.top_p,
+        top_k=t.generation.top_k,
+        minibatches=t.samples_per_step // t.train_global_batch_size,
     )
 
 

@@ -131,6 +131,11 @@ class Progress(ApiModel):
     max_steps: int = Field(default=0, ge=0, description="RL steps the job will run.")
     policy_version: int = Field(default=0, ge=0, description="Weight version of the generation workers.")
     reward_mean: float | None = Field(default=None, description="Mean reward of the last step's samples.")
+    accuracy: float | None = Field(
+        default=None,
+        description="Fraction of the last step's samples that are exactly the reference answer "
+        "(no partial credit, unlike a shaped reward).",
+    )
     mean_staleness: float | None = Field(
         default=None, description="Mean policy-version lag of the last step's samples."
     )
@@ -138,6 +143,11 @@ class Progress(ApiModel):
         default=None, description="Generated tokens per second over the last 10 steps."
     )
     validation_reward: float | None = Field(default=None, description="Mean reward of the last validation.")
+    validation_accuracy: float | None = Field(
+        default=None,
+        description="Fraction of the held-out prompts answered exactly (greedy) at the last validation; "
+        "once the job has Succeeded, its final accuracy when grpo.valAtEnd is on.",
+    )
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
     updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
 

@@ -74,7 +74,10 @@ class GRPOSpec(ApiModel):
     )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for data order, sampling and init.")
     val_period: int = Field(
-        default=0, ge=0, le=1_000_000, description="Validate every N steps; 0 validates only at the end."
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Validate every N steps, and once before the first; 0 validates only at the end.",
     )
     val_at_end: bool = Field(default=True, description="Validate once after the last step.")
 
@@ -195,8 +198,10 @@ class PolicySpec(ApiModel):
         default=None,
         ge=1,
         le=16_777_216,
-        description="Samples per optimizer step; must equal P x N (one RL step is one optimizer step). "
-        "Unset means P x N.",
+        description="Samples per optimizer step. P x N must be a multiple of it: an RL step then takes "
+        "P x N / this optimizer steps (PPO mini-batches, consecutive slices of the step's samples), all "
+        "with pi_old from before the first, so the ratio clip (loss.ratioClipMin/Max) and the dual "
+        "clip (ratioClipC) act from the second on. Unset means P x N: one optimizer step per RL step.",
     )
     train_micro_batch_size: int = Field(
         default=8, ge=1, le=65536, description="Samples per forward/backward pass (gradient accumulation)."
@@ -213,7 +218,11 @@ class PolicySpec(ApiModel):
         default=1.0, gt=0, le=1e6, description="Clip the global gradient norm; unset disables clipping."
     )
     warmup_steps: int = Field(
-        default=0, ge=0, le=1_000_000, description="Linear learning-rate warm-up steps."
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Linear learning-rate warm-up, in optimizer steps (P x N / trainGlobalBatchSize per RL "
+        "step).",
     )
     megatron: MegatronSpec = Field(
         default_factory=MegatronSpec, description="Parallel layout when backend is megatron."
@@ -230,8 +239,20 @@ class GenerationSpec(ApiModel):
     )
     max_new_tokens: int = Field(default=16, ge=1, le=1_048_576, description="Response length cap.")
     temperature: float = Field(default=1.0, ge=0, le=10, description="Sampling temperature; 0 is greedy.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int | None = Field(default=None, ge=1, le=1_000_000, description="Top-k sampling; unset off.")
+    top_p: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling mass. Below 1 the policy scores each training sample once more under "
+        "the same filter, so that the importance weight compares the engine's distribution with pi_old's.",
+    )
+    top_k: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Top-k sampling; unset off. Like topP, the importance weight then uses pi_old under the "
+        "same filter.",
+    )
     ignore_eos: bool = Field(
         default=False,
         description="Rollouts sample past the end-of-sequence token up to maxNewTokens (vLLM's "
@@ -308,10 +329,11 @@ class DataSpec(ApiModel):
 class EnvSpec(ApiModel):
     """The reward environment that scores responses."""
 
-    name: Literal["arithmetic", "math"] = Field(
-        default="arithmetic",
-        description="arithmetic: a shipped synthetic task a tiny model learns from scratch; "
-        "math: exact answer checking of \\boxed{} answers for real models.",
+    name: Literal["reverse", "math"] = Field(
+        default="reverse",
+        description="reverse: a shipped synthetic task (write a 4-digit string backwards) that a tiny "
+        "model learns from scratch, with held-out strings; math: exact answer checking of \\boxed{} "
+        "answers for real models.",
     )
     num_workers: int = Field(default=1, ge=1, le=1024, description="Reward worker actors.")
     timeout_seconds: float = Field(
@@ -334,7 +356,7 @@ class TrainerSpec(ApiModel):
     data: DataSpec = Field(default_factory=DataSpec, description="Training and validation prompts.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="The reward environment.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="Driver log level."
+        default="INFO", description="Log level of the driver and its controller actor."
     )
 
     @property

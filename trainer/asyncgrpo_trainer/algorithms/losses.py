@@ -2,18 +2,24 @@
 
 Inputs per token, shapes (B, T) with a 0/1 `mask` of response tokens:
 - `logprobs`: log pi_theta (the only input with a gradient);
-- `prev_logprobs`: log pi_old, the policy at the start of the step (the PPO ratio's denominator);
+- `prev_logprobs`: log pi_old, the policy at the start of the RL step (the PPO ratio's
+  denominator; with several optimizer steps per RL step, PPO mini-batches, it is the log-prob
+  before the first of them, so from the second mini-batch on the ratio moves and clipping acts);
 - `generation_logprobs`: log pi_gen as recorded by the generation worker when it sampled the token,
-  possibly several versions older than pi_old;
+  possibly several versions older than pi_old, under the sampler's temperature, top-k and top-p;
+- `importance_logprobs`: log pi_old under that same sampling filter (the engine's distribution of
+  pi_old's weights), so that the importance weight compares one distribution on both sides;
+  unset means `prev_logprobs` (right when the sampler does not filter);
 - `reference_logprobs`: log pi_ref, only when the KL penalty is on.
 
 loss_t = w_t * max(-A * r_t, -A * clip(r_t, 1 - eps_lo, 1 + eps_hi))  [dual clip: min with -c A, A<0]
          + beta * KL_t(pi_theta || pi_ref)
-with r_t = exp(logprobs - prev_logprobs) and w_t = min(exp(prev_logprobs - generation_logprobs), C),
-detached (nan/inf -> 0). The step's loss is the sum over all tokens divided once by the global
-number of response tokens (token-level loss) or the per-sequence means summed and divided by the
-number of sequences. The caller passes that global normalizer, so that streaming a step in chunks
-and splitting it over data-parallel ranks gives exactly the loss of one big batch.
+with r_t = exp(logprobs - prev_logprobs) and w_t = min(exp(importance_logprobs -
+generation_logprobs), C), detached (nan/inf -> 0). The step's loss is the sum over all tokens
+divided once by the global number of response tokens (token-level loss) or the per-sequence means
+summed and divided by the number of sequences. The caller passes that global normalizer, so that
+streaming a step in chunks and splitting it over data-parallel ranks gives exactly the loss of one
+big batch.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ def policy_loss_terms(
     mask: torch.Tensor,
     cfg: LossConfig,
     reference_logprobs: torch.Tensor | None = None,
+    importance_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Unnormalized loss: sum over tokens (token-level) or sum of per-sequence means, and metrics.
 
@@ -76,6 +83,7 @@ def policy_loss_terms(
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
     mask = mask.to(logprobs.dtype)
+    behaviour = prev_logprobs if importance_logprobs is None else importance_logprobs
     ratio = torch.exp(logprobs - prev_logprobs.detach())
     clipped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
     per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
@@ -83,9 +91,7 @@ def policy_loss_terms(
         dual = torch.minimum(per_token, -advantages * cfg.ratio_clip_c)
         per_token = torch.where(advantages < 0, dual, per_token)
     if cfg.use_importance_sampling_correction:
-        weights = importance_weights(
-            prev_logprobs, generation_logprobs, cfg.truncated_importance_sampling_ratio
-        )
+        weights = importance_weights(behaviour, generation_logprobs, cfg.truncated_importance_sampling_ratio)
     else:
         weights = torch.ones_like(per_token)
     per_token = weights * per_token
@@ -109,11 +115,15 @@ def policy_loss_terms(
             "is_weight_max": weighted.amax() if weighted.numel() else weighted.new_zeros(()),
             "clip_fraction_sum": (clip_hit * mask).sum(),
             "kl_sum": (kl * mask).sum(),
-            "gen_kl_sum": ((prev_logprobs - generation_logprobs) * mask).sum(),
+            # A token the filter of pi_old cuts has log-weight -inf (weight 0): left out here.
+            "gen_kl_sum": (torch.nan_to_num(behaviour - generation_logprobs, neginf=0.0) * mask).sum(),
             # NeMo-RL's token_mult_prob_error: exp|logp_pi_old - logp_engine|, 1 when they agree.
             "gen_logprob_error_sum": (
-                (prev_logprobs - generation_logprobs).abs().clamp(max=20.0).exp() * mask
+                torch.nan_to_num(behaviour - generation_logprobs, neginf=-20.0).abs().clamp(max=20.0).exp()
+                * mask
             ).sum(),
+            # -log pi of the sampled tokens: a Monte Carlo estimate of the per-token entropy.
+            "entropy_sum": (-logprobs.detach() * mask).sum(),
             "ratio_mean": (ratio * mask).sum() / n,
         }
     return total, metrics

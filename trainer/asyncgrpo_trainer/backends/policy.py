@@ -1,11 +1,24 @@
 """The policy side: the interface every trainer backend implements, and the torch backend.
 
-One RL step is one optimizer step, possibly fed in several chunks (streaming): `train_chunk`
-runs forward/backward on its rows and accumulates *unnormalized* gradient sums; `finish_step`
-all-reduces gradients and the token (or sequence) count over the data-parallel group once, scales
-by 1/count, clips, and steps the optimizer. So chunking and sharding give exactly the gradient of
-one big batch, and grad_norm is the norm of that global gradient before clipping (the reference
-system read the gradient before its reduce had finished and reported about half of it).
+One RL step is one optimizer step by default, possibly fed in several chunks (streaming):
+`train_chunk` runs forward/backward on its rows and accumulates *unnormalized* gradient sums;
+`finish_step` all-reduces gradients and the token (or sequence) count over the data-parallel group
+once, scales by 1/count, clips, and steps the optimizer. So chunking and sharding give exactly the
+gradient of one big batch, and grad_norm is the norm of that global gradient before clipping (the
+reference system read the gradient before its reduce had finished and reported about half of it).
+
+PPO mini-batches (`OptimConfig.minibatches` k > 1, policy.trainGlobalBatchSize = P x N / k): each
+chunk is only scored as it arrives, under the weights of the step's start (pi_old, no gradient),
+and kept; `finish_step` then splits this rank's rows, in arrival order, into k parts and runs k
+optimizer steps, each exactly the single-step procedure above on its part. From the second part
+on, the ratio pi_theta / pi_old moves away from 1, so the clip range and the dual clip act and
+`clip_fraction` counts the tokens they cut. The step's metrics are token-weighted over the k
+parts (loss and grad_norm: their mean; is_weight_max: their max; `optimizer_steps`: k).
+
+When the sampler filters (generation.topP < 1 or topK), each chunk is also scored under that
+filter (`sampling.token_logprobs` with the sampler's `Filter`, an extra forward without gradient),
+and the importance weight compares that with the engine's filtered log-probs: one distribution on
+both sides, so the weight is 1 when the weights are equal.
 
 On CUDA the worker trains with `cuda_train.Recipe.for_device`: fp32 master parameters with the
 forward under autocast to the model's dtype, compiled decoder blocks and output head, fused AdamW;
@@ -13,8 +26,9 @@ on CPU the plain eager recipe in the model's dtype. Both run the same step below
 differs. `weights()` are in the model's dtype (what the generation engines hold), the checkpoint
 (`save`, straight from the worker to the checkpoint directory, CPU tensors) keeps the master weights.
 
-prev_logprobs (pi_old) are the detached log-probs of the same forward pass: the weights do not
-change within a step, so a separate "old policy" pass would compute the same numbers. Reference
+With one optimizer step, prev_logprobs (pi_old) are the detached log-probs of the same forward
+pass: the weights do not change within the step, so a separate "old policy" pass would compute the
+same numbers. Reference
 log-probs come from a frozen copy of the initial weights, built only when the KL penalty is on.
 Megatron-core plugs in behind `PolicyWorker` with the same four calls.
 
@@ -29,6 +43,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -40,6 +55,7 @@ import torch.distributed as dist
 
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
 from asyncgrpo_trainer.models import hf
 from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
@@ -57,6 +73,11 @@ class TrainRow:
     generation_logprobs: list[float]
     advantage: float
     reference_logprobs: list[float] | None = None
+    prev_logprobs: list[float] | None = None
+    """log pi_old from before the step's first optimizer step, where the training forward cannot
+    give it (PPO mini-batches); unset: the training forward's own, detached."""
+    importance_logprobs: list[float] | None = None
+    """log pi_old under the sampler's top-k / top-p filter (only when it filters)."""
 
 
 @dataclass(frozen=True)
@@ -65,9 +86,19 @@ class OptimConfig:
     weight_decay: float
     max_grad_norm: float | None
     warmup_steps: int
+    """Optimizer steps of linear learning-rate warm-up (k per RL step with PPO mini-batches)."""
     micro_batch_size: int
     logprob_batch_size: int
     temperature: float
+    minibatches: int = 1
+    """Optimizer steps per RL step: P x N / policy.trainGlobalBatchSize (PPO mini-batches)."""
+    top_p: float = 1.0
+    top_k: int | None = None
+
+    @property
+    def sampler(self) -> sampling.Filter:
+        """The distribution the engine samples from (generation.temperature, topP, topK)."""
+        return sampling.Filter(self.temperature, self.top_p, self.top_k)
 
 
 class PolicyWorker(abc.ABC):
@@ -141,6 +172,7 @@ class TorchPolicyWorker(PolicyWorker):
             self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
         )
         self.steps_taken = 0
+        self._held: list[TrainRow] = []  # PPO mini-batches: the step's rows, with pi_old
         self._reset_step()
         self.busy_seconds = 0.0
 
@@ -164,14 +196,55 @@ class TorchPolicyWorker(PolicyWorker):
         return out
 
     def train_chunk(self, rows: list[TrainRow]) -> dict[str, float]:
-        """Queue forward/backward of the rows; no metrics until `finish_step`, since reading
-        them here would make the host wait for the device queue to drain."""
+        """Queue forward/backward of the rows (with PPO mini-batches: score them under pi_old and
+        keep them for `finish_step`); no metrics until `finish_step`, since reading them here
+        would make the host wait for the device queue to drain."""
         t0 = time.perf_counter()
+        rows = self._with_old_logprobs(rows)
+        if self.optim_cfg.minibatches > 1:
+            self._held.extend(rows)
+        else:
+            self._train_rows(rows)
+        self.busy_seconds += time.perf_counter() - t0
+        return {}
+
+    def _train_rows(self, rows: list[TrainRow]) -> None:
         size = self.optim_cfg.micro_batch_size
         for i in range(0, len(rows), size):
             self._train_micro(rows[i : i + size])
-        self.busy_seconds += time.perf_counter() - t0
-        return {}
+
+    def _with_old_logprobs(self, rows: list[TrainRow]) -> list[TrainRow]:
+        """`rows` with the log-probs under the current weights (the step's pi_old) that the
+        training forward cannot supply: before any update of a mini-batched step, and under the
+        sampler's filter; unchanged when neither applies."""
+        sampler = self.optim_cfg.sampler
+        prev, filtered = self.optim_cfg.minibatches > 1, sampler.filters
+        if not rows or not (prev or filtered):
+            return rows
+        size = self.optim_cfg.logprob_batch_size
+        out: list[TrainRow] = []
+        for i in range(0, len(rows), size):
+            part = rows[i : i + size]
+            pairs = [(r.prompt_ids, r.response_ids) for r in part]
+            old = imp = None
+            with torch.no_grad():
+                if prev:
+                    old = self.logprobs(self.model, pairs, self.device, batch=size)[0].cpu()
+                if filtered:
+                    with self.recipe.forward_context(self.device):
+                        imp = sampling.token_logprobs(
+                            self.model, pairs, pad_id=self.build.pad_id, params=sampler, device=self.device
+                        )[0].cpu()
+            for j, r in enumerate(part):
+                n = len(r.response_ids)
+                out.append(
+                    dataclasses.replace(
+                        r,
+                        prev_logprobs=None if old is None else old[j, :n].tolist(),
+                        importance_logprobs=None if imp is None else imp[j, :n].tolist(),
+                    )
+                )
+        return out
 
     def _train_micro(self, rows: list[TrainRow]) -> None:
         pairs = [(r.prompt_ids, r.response_ids) for r in rows]
@@ -180,16 +253,29 @@ class TorchPolicyWorker(PolicyWorker):
 
     def finish_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
+        k = self.optim_cfg.minibatches
+        if k == 1:
+            out = self._optimizer_step().metrics()
+        else:
+            held, self._held = self._held, []
+            steps = []
+            for part in split_evenly(held, k):  # the same k on every rank: the reduces pair up
+                self._train_rows(part)
+                steps.append(self._optimizer_step())
+            out = OptimizerStep.combine(steps)
+        self.busy_seconds += time.perf_counter() - t0
+        return out
+
+    def _optimizer_step(self) -> OptimizerStep:
+        """Reduce, clip and step on what `_train_micro` accumulated since the last one."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         totals = self._step.reduce(params, dist.group.WORLD if self.world_size > 1 else None)
         max_norm = self.optim_cfg.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
         lr = optimizer_step(self.optimizer, self.optim_cfg, self.steps_taken)
         self.steps_taken += 1
-        out = totals.metrics(grad_norm=float(grad_norm), lr=lr)
         self._reset_step()
-        self.busy_seconds += time.perf_counter() - t0
-        return out
+        return OptimizerStep(totals, float(grad_norm), lr)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """CPU copies in the model's dtype: what the generation engines hold."""
@@ -227,6 +313,7 @@ class TorchPolicyWorker(PolicyWorker):
         self.steps_taken = int(state["steps_taken"])
         if self.reference is not None and state.get("reference") is not None:
             self.reference.load_state_dict(state["reference"])
+        self._held = []
         self._reset_step()
 
     def busy(self) -> float:
@@ -250,22 +337,31 @@ class StepAccumulator:
     def __init__(self, loss: losses.LossConfig, device: torch.device) -> None:
         self.loss_cfg, self.device = loss, device
         self._sums: dict[str, torch.Tensor] = {}
+        self._maxes: dict[str, torch.Tensor] = {}
 
     def backward(self, rows: list[TrainRow], logprobs: torch.Tensor, mask: torch.Tensor) -> None:
         """`logprobs` and `mask` are (B, R) for `rows` in order; rows past len(rows) (a compiled
-        micro-batch's padding) are fully masked and add nothing."""
+        micro-batch's padding) are fully masked and add nothing. A row's `prev_logprobs` and
+        `importance_logprobs`, when set, are pi_old for the ratio and for the importance weight."""
         ref = None
         if self.loss_cfg.reference_policy_kl_penalty > 0:
             ref = _padded([r.reference_logprobs or [] for r in rows], mask)
+        prev = logprobs.detach()
+        if rows and rows[0].prev_logprobs is not None:
+            prev = _padded([r.prev_logprobs or [] for r in rows], mask)
+        imp = None
+        if rows and rows[0].importance_logprobs is not None:
+            imp = _padded([r.importance_logprobs or [] for r in rows], mask)
         # advantages: (B,), 0 for padding rows.
         total, metrics = losses.policy_loss_terms(
             logprobs=logprobs,
-            prev_logprobs=logprobs.detach(),
+            prev_logprobs=prev,
             generation_logprobs=_padded([r.generation_logprobs for r in rows], mask),
             advantages=_padded([[r.advantage] for r in rows], mask[:, :1]).squeeze(1),
             mask=mask,
             cfg=self.loss_cfg,
             reference_logprobs=ref,
+            importance_logprobs=imp,
         )
         total.backward()  # type: ignore[no-untyped-call]
         # Device-side float64 running sums: the same additions the host used to do on floats.
@@ -274,6 +370,9 @@ class StepAccumulator:
         for key in _SUMMED:
             value = metrics[key].double()
             self._sums[key] = self._sums[key] + value if key in self._sums else value
+        for key in _MAXED:
+            value = metrics[key].double()
+            self._maxes[key] = torch.maximum(self._maxes[key], value) if key in self._maxes else value
 
     def reduce(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None) -> StepTotals:
         """Sum the gradients of `params` and the counters over `group` (None: this rank is the only
@@ -286,6 +385,7 @@ class StepAccumulator:
         grads = [p.grad for p in params if p.grad is not None]
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         stats = torch.stack([self._sums.get(k, zero) for k in _SUMMED])
+        peaks = torch.stack([self._maxes.get(k, zero) for k in _MAXED])  # the metrics are >= 0
         if group is not None:
             # One reduce per step for the gradients and one for the counters; the backward passes
             # ran without any communication.
@@ -296,19 +396,24 @@ class StepAccumulator:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
             dist.all_reduce(stats, group=group)
-        sums = dict(zip(_SUMMED, stats.tolist(), strict=True))  # the step's one read of the counters
+            dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=group)
+        # The step's one read of the counters.
+        sums = dict(zip(_SUMMED, stats.tolist(), strict=True))
+        maxes = dict(zip(_MAXED, peaks.tolist(), strict=True))
         count = max(sums["tokens" if self.loss_cfg.token_level_loss else "sequences"], 1.0)
         for g in grads:
             g.div_(count)
-        return StepTotals(sums, count)
+        return StepTotals(sums, count, maxes)
 
 
 @dataclass(frozen=True)
 class StepTotals:
-    """A step's global sums (`_SUMMED`) and the count its loss and gradient are divided by."""
+    """A step's global sums (`_SUMMED`), maxima (`_MAXED`) and the count its loss and gradient
+    are divided by."""
 
     sums: dict[str, float]
     count: float
+    maxes: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def metrics(self, *, grad_norm: float, lr: float) -> dict[str, float]:
         """What `finish_step` reports: per-token means of the token metrics."""
@@ -319,11 +424,48 @@ class StepTotals:
             "lr": lr,
             "train_tokens": self.sums["tokens"],
             "is_weight_mean": self.sums["is_weight_sum"] / tokens,
+            "is_weight_max": self.maxes.get("is_weight_max", 0.0),
             "clip_fraction": self.sums["clip_fraction_sum"] / tokens,
             "kl": self.sums["kl_sum"] / tokens,
             "gen_kl_error": self.sums["gen_kl_sum"] / tokens,
+            "entropy": self.sums["entropy_sum"] / tokens,
             "gen_logprob_error": self.sums["gen_logprob_error_sum"] / tokens,
         }
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """One optimizer step's totals, gradient norm (before clipping) and learning rate."""
+
+    totals: StepTotals
+    grad_norm: float
+    lr: float
+
+    def metrics(self) -> dict[str, float]:
+        return self.totals.metrics(grad_norm=self.grad_norm, lr=self.lr)
+
+    @staticmethod
+    def combine(steps: list[OptimizerStep]) -> dict[str, float]:
+        """An RL step's metrics over its mini-batch steps: token metrics over all their tokens,
+        loss and grad_norm averaged over the steps, the last learning rate, the largest weight."""
+        sums = {k: sum(s.totals.sums[k] for s in steps) for k in _SUMMED}
+        maxes = {k: max(s.totals.maxes.get(k, 0.0) for s in steps) for k in _MAXED}
+        out = StepTotals(sums, 1.0, maxes).metrics(grad_norm=0.0, lr=steps[-1].lr)
+        out["loss"] = sum(s.metrics()["loss"] for s in steps) / len(steps)
+        out["grad_norm"] = sum(s.grad_norm for s in steps) / len(steps)
+        out["optimizer_steps"] = float(len(steps))
+        return out
+
+
+def split_evenly(rows: list[TrainRow], parts: int) -> list[list[TrainRow]]:
+    """`rows` in order, cut into `parts` consecutive parts whose sizes differ by at most one."""
+    size, extra = divmod(len(rows), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(rows[start:end])
+        start = end
+    return out
 
 
 def hf_export(build: ModelBuild, weights: dict[str, torch.Tensor]) -> hf.Export | None:
@@ -352,9 +494,12 @@ _SUMMED = (
     "clip_fraction_sum",
     "kl_sum",
     "gen_kl_sum",
+    "entropy_sum",
     "gen_logprob_error_sum",
 )
 """The per-step sums `StepAccumulator.reduce` reduces over the data-parallel group."""
+_MAXED = ("is_weight_max",)
+"""The per-step maxima it reduces (with MAX) over the group."""
 
 
 def _padded(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,11 @@
 Both backends use these: the generation worker samples with `sample_group`, the policy worker
 scores training rows with `token_logprobs`. Keeping them together keeps the two sides' notion of
 "log-prob of a token" identical (same temperature scaling, same masking), which is what makes the
-importance weights pi_old / pi_gen equal 1 when the weights are equal.
+importance weights pi_old / pi_gen equal 1 when the weights are equal. When the sampler filters
+(top-k, top-p), the policy scores the rows once more under the same filter
+(`token_logprobs(..., params=Filter(...))`): the engine recorded log-probs of the filtered,
+renormalized distribution, and comparing them with the unfiltered one would bias every weight
+below 1.
 """
 
 from __future__ import annotations
@@ -28,6 +32,21 @@ class SamplingParams:
     top_k: int | None = None
     ignore_eos: bool = False
     """Keep sampling past end-of-sequence up to max_new_tokens (responses then never finish)."""
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A sampled distribution without the decoding budget: what the policy needs to score tokens
+    the way the engine sampled them."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+
+    @property
+    def filters(self) -> bool:
+        """Whether top-k or top-p cut the distribution (else it is the plain temperature softmax)."""
+        return self.top_p < 1.0 or self.top_k is not None
 
 
 class Distribution(Protocol):
@@ -125,17 +144,20 @@ def token_logprobs(
     rows: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     pad_id: int,
-    temperature: float,
     device: torch.device,
+    temperature: float = 1.0,
+    params: Distribution | None = None,
     grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (B, R) of each row's response tokens given its prompt, and the response mask (B, R).
 
     rows are (prompt_ids, response_ids); R is the longest response. Rows are right-padded, which a
-    causal model never attends to from earlier positions, so no attention mask is needed.
+    causal model never attends to from earlier positions, so no attention mask is needed. `params`
+    (a sampler's temperature, top-k, top-p) replaces `temperature` with the filtered distribution.
     """
+    dist = params if params is not None else Filter(temperature)
     with torch.set_grad_enabled(grad):
-        return _token_logprobs(forward, rows, pad_id=pad_id, temperature=temperature, device=device)
+        return _token_logprobs(forward, rows, pad_id=pad_id, params=dist, device=device)
 
 
 def _token_logprobs(
@@ -143,7 +165,7 @@ def _token_logprobs(
     rows: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     pad_id: int,
-    temperature: float,
+    params: Distribution,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     full = [list(p) + list(r) for p, r in rows]
@@ -154,8 +176,7 @@ def _token_logprobs(
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
     ids = ids.to(device)
     logits, _ = forward(ids, None)
-    temp = temperature if temperature > 0 else 1.0
-    logp_all = F.log_softmax(logits.float() / temp, dim=-1)
+    logp_all = filtered_logprobs(logits, params)
     # Gather index positions: token at position t is predicted by logits at t-1.
     index = torch.zeros((len(rows), r_max), dtype=torch.long)
     mask = torch.zeros((len(rows), r_max))
@@ -167,5 +188,6 @@ def _token_logprobs(
     index, mask = index.to(device), mask.to(device)
     targets = torch.gather(ids, 1, (index + 1).clamp(max=length - 1))
     pos_logp = torch.gather(logp_all, 1, index.unsqueeze(-1).expand(-1, -1, logp_all.shape[-1]))
-    out = pos_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
-    return out, mask
+    out = pos_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    # where, not a product: a filtered distribution gives -inf to tokens it cut, padding included.
+    return torch.where(mask > 0, out, torch.zeros_like(out)), mask

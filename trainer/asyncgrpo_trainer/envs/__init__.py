@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from asyncgrpo_trainer.envs import arithmetic, math
-from asyncgrpo_trainer.envs.base import Environment, Example
+from asyncgrpo_trainer.envs import math, reverse
+from asyncgrpo_trainer.envs.base import Environment, Example, Score
 
 REGISTRY: dict[str, type[Environment]] = {
-    "arithmetic": arithmetic.ArithmeticEnvironment,
     "math": math.MathEnvironment,
+    "reverse": reverse.ReverseEnvironment,
 }
 
 
@@ -19,4 +19,4 @@ def build(name: str) -> Environment:
         raise ValueError(f"unknown environment {name!r}; known: {sorted(REGISTRY)}") from None
 
 
-__all__ = ["REGISTRY", "Environment", "Example", "build"]
+__all__ = ["REGISTRY", "Environment", "Example", "Score", "build"]

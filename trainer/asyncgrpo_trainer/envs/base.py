@@ -1,8 +1,14 @@
-"""What an environment is: prompts with reference answers, and a reward for a response.
+"""What an environment is: prompts with reference answers, and a score for a response.
 
 Scoring is a pure function of (example, response, finished) so it can run anywhere: in the reward
 worker actors, in tests, and in validation. `finished` is false when generation hit maxNewTokens
 before the end-of-sequence token; environments score such truncated responses as wrong.
+
+A score has two parts, because they answer different questions. `reward` is what the policy is
+trained on and may be shaped. `correct` says whether the response is exactly the reference
+answer (by the task's own notion of equality, e.g. math-verify's), with no partial credit: the
+accuracy that the step log, /progress, the job's status and the curves report. A constant answer
+can collect shaped reward, but it cannot be correct on many prompts.
 """
 
 from __future__ import annotations
@@ -19,6 +25,16 @@ class Example:
     answer: str
 
 
+@dataclass(frozen=True)
+class Score:
+    """How one response did: the reward to train on and whether it is the reference answer."""
+
+    reward: float
+    """In [0, 1]."""
+    correct: bool
+    """The response is exactly the reference answer (and finished): what accuracy counts."""
+
+
 class Environment(abc.ABC):
     """A reward environment; subclasses ship a built-in prompt set so a job needs no data files."""
 
@@ -31,5 +47,5 @@ class Environment(abc.ABC):
         """`count` examples of `split` ("train" or "validation"); the splits never overlap."""
 
     @abc.abstractmethod
-    def score(self, example: Example, response: str, *, finished: bool) -> float:
-        """Reward in [0, 1] of `response` to `example`."""
+    def score(self, example: Example, response: str, *, finished: bool) -> Score:
+        """The reward of `response` to `example` and whether it is the reference answer."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from asyncgrpo_trainer.envs.base import Environment, Example
+from asyncgrpo_trainer.envs.base import Environment, Example, Score
 from asyncgrpo_trainer.models.tokenizer import PRINTABLE
 
 INSTRUCTION = " Put the final answer in \\boxed{}."
@@ -89,6 +89,7 @@ class MathEnvironment(Environment):
                 out.append(Example(f"What is {a} minus {b}?{INSTRUCTION}", str(a - b)))
         return out
 
-    def score(self, example: Example, response: str, *, finished: bool) -> float:
+    def score(self, example: Example, response: str, *, finished: bool) -> Score:
         boxed = last_boxed(response)
-        return 1.0 if boxed is not None and answers_match(boxed, example.answer) else 0.0
+        correct = boxed is not None and answers_match(boxed, example.answer)
+        return Score(1.0 if correct else 0.0, correct)
