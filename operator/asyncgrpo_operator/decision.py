@@ -232,6 +232,7 @@ class Draft:
                 "ray_cluster_name",
                 "dashboard_url",
                 "progress",
+                "outputs",
             )
         }
 

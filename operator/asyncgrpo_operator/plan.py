@@ -32,8 +32,9 @@ import signal
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from asyncgrpo_api import exitcodes
+from asyncgrpo_api import exitcodes, outputs
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
+from asyncgrpo_api.v1alpha1.job import Outputs
 from asyncgrpo_operator import manifests, naming
 from asyncgrpo_operator.decision import (
     BACKOFF_LIMIT_EXCEEDED,
@@ -94,6 +95,7 @@ def plan(
         _suspend(draft, observed)
     else:
         _run(_Ctx(job, observed, owner), draft)
+        draft.set_field("outputs", _outputs(job, draft.attempt))  # the attempt this pass ends on
     return draft.decision()
 
 
@@ -341,6 +343,24 @@ def _create_cluster(job: AsyncGRPOJob, draft: Draft, owner: Owner | None) -> Non
     draft.set(RUNNING, False, "ClusterCreating", "the driver starts once the pods are ready")
     if job.spec.startup_deadline_seconds is not None:
         draft.requeue(job.spec.startup_deadline_seconds)
+
+
+def _outputs(job: AsyncGRPOJob, attempt: int) -> Outputs:
+    """Where the attempt's driver writes its log, step records and curves (asyncgrpo_api.outputs)."""
+    path = job.spec.checkpoint.path
+    volume = job.spec.storage.checkpoints
+    if volume is not None and volume.pvc is not None:
+        where = f"PersistentVolumeClaim {volume.pvc.claim_name} at {volume.mount_path}"
+    elif volume is not None and volume.host_path is not None:
+        where = f"hostPath {volume.host_path.path} at {volume.mount_path} on the head pod's node"
+    else:
+        where = "emptyDir of the head pod: deleted with it (mount a PVC at checkpoint.path to keep them)"
+    return Outputs(
+        volume=where,
+        driver_log=outputs.driver_log(path, attempt),
+        steps=outputs.steps_file(path),
+        tensorboard=outputs.tensorboard_dir(path),
+    )
 
 
 def _dashboard_url(job: AsyncGRPOJob, cluster: str) -> str:

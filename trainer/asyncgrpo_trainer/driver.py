@@ -31,8 +31,9 @@ from typing import Any
 import ray
 import yaml
 
-from asyncgrpo_api import exitcodes, rules
+from asyncgrpo_api import exitcodes, outputs, rules
 from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.runtime import CheckpointSpec
 from asyncgrpo_trainer import (
     checkpoint,
     cluster,
@@ -41,6 +42,7 @@ from asyncgrpo_trainer import (
     envs,
     megatron_workers,
     progress,
+    runlog,
     specmap,
     tracking,
     weights,
@@ -535,4 +537,28 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    return run_job(manifest, progress_port=ns.progress_port, ray_address=ns.ray_address)
+    stop_tee = _log_to_checkpoint_volume(manifest)
+    try:
+        return run_job(manifest, progress_port=ns.progress_port, ray_address=ns.ray_address)
+    finally:
+        if stop_tee is not None:
+            stop_tee()
+
+
+def _log_to_checkpoint_volume(manifest: dict[str, Any]) -> Callable[[], None] | None:
+    """Copy the driver's output into <checkpoint.path>/logs/driver-attempt-<N>.log, so it outlives
+    the pod; a path that cannot be written costs that copy (a warning), not the run."""
+    spec = manifest.get("spec", manifest)
+    checkpoint = spec.get("checkpoint") if isinstance(spec, dict) else None
+    path = checkpoint.get("path") if isinstance(checkpoint, dict) else None
+    attempt = os.environ.get(tracking.ATTEMPT_ENV, "")
+    target = Path(
+        outputs.driver_log(str(path or CheckpointSpec().path), int(attempt) if attempt.isdigit() else None)
+    )
+    try:
+        stop = runlog.tee_output(target)
+    except OSError as exc:
+        log.warning("the driver's log is not copied to %s: %s", target, exc)
+        return None
+    log.info("the driver's log is copied to %s", target)
+    return stop

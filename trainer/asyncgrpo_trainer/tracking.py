@@ -22,10 +22,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from asyncgrpo_api import outputs
+from asyncgrpo_trainer import runlog
+
 log = logging.getLogger(__name__)
 
-TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_DIR = outputs.TENSORBOARD_DIR
 """Under checkpoint.path."""
+ATTEMPT_ENV = "ASYNCGRPO_ATTEMPT"
+"""Set by the operator on the driver container: which attempt of the job this driver is."""
 WANDB_RUN_ID_FILE = "wandb-run-id"
 """In TENSORBOARD_DIR: the W&B run of this checkpoint path, reused by every attempt."""
 
@@ -112,12 +117,16 @@ class WandbSink:
 
 
 class Curves:
-    """Every sink the driver writes to; see the module docstring."""
+    """Every sink the driver writes to; see the module docstring. `steps` keeps every record whole
+    (JSON lines, asyncgrpo_trainer.runlog), beside the scalars the sinks get."""
 
-    def __init__(self, sinks: list[Sink]) -> None:
+    def __init__(self, sinks: list[Sink], steps: runlog.StepsFile | None = None) -> None:
         self.sinks = sinks
+        self.steps = steps
 
     def write(self, record: Mapping[str, Any]) -> None:
+        if self.steps is not None:
+            self.steps.write(record)
         step = record.get("step")
         values = scalars(record)
         if not isinstance(step, int) or not values:
@@ -126,7 +135,8 @@ class Curves:
             sink.log(step, values)
 
     def close(self) -> None:
-        for sink in self.sinks:
+        closers: list[Any] = [*self.sinks, *([self.steps] if self.steps is not None else [])]
+        for sink in closers:
             try:
                 sink.close()
             except Exception:  # closing a curve sink must not fail a finished run
@@ -141,10 +151,21 @@ def open_curves(
     resumed_step: int | None,
     environ: Mapping[str, str] = os.environ,
 ) -> Curves:
-    """TensorBoard under the checkpoint path, plus W&B when WANDB_API_KEY is set."""
-    directory = Path(checkpoint_path) / TENSORBOARD_DIR
+    """TensorBoard and the step records' JSON lines under the checkpoint path, plus W&B when
+    WANDB_API_KEY is set."""
+    directory = Path(outputs.tensorboard_dir(checkpoint_path))
     purge = None if resumed_step is None else resumed_step + 1
     sinks: list[Sink] = []
+    attempt = environ.get(ATTEMPT_ENV)
+    try:
+        steps = runlog.StepsFile(
+            Path(outputs.steps_file(checkpoint_path)),
+            resumed_step=resumed_step,
+            attempt=int(attempt) if attempt and attempt.isdigit() else None,
+        )
+    except OSError as exc:
+        log.warning("no step records file: cannot write %s: %s", outputs.steps_file(checkpoint_path), exc)
+        steps = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         sinks.append(TensorBoardSink(directory, purge_step=purge))
@@ -152,7 +173,7 @@ def open_curves(
         # Curves are not worth failing a run for; an unusable checkpoint path fails the first
         # checkpoint anyway, with the error that names it.
         log.warning("no TensorBoard curves: cannot write %s: %s", directory, exc)
-        return Curves(sinks)
+        return Curves(sinks, steps)
     if environ.get("WANDB_API_KEY"):
         try:
             import wandb  # noqa: PLC0415 (optional: only with WANDB_API_KEY)
@@ -165,7 +186,7 @@ def open_curves(
         else:
             run_id = _wandb_run_id(directory, job_name)
             sinks.append(WandbSink(wandb, run_id=run_id, name=job_name, config=config, directory=directory))
-    return Curves(sinks)
+    return Curves(sinks, steps)
 
 
 def _wandb_run_id(directory: Path, job_name: str) -> str:

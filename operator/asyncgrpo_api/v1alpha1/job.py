@@ -152,6 +152,17 @@ class Progress(ApiModel):
     updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
 
 
+class Outputs(ApiModel):
+    """Where the driver leaves what outlives the pods (under checkpoint.path; `asyncgrpo logs`)."""
+
+    volume: ShortText = Field(description="The volume that holds them, and whether it outlives the pods.")
+    driver_log: ShortText = Field(description="The current attempt's driver log (stdout and stderr).")
+    steps: ShortText = Field(description="One JSON line per step and validation record, every attempt.")
+    tensorboard: ShortText = Field(
+        description="TensorBoard event files (tensorboard --logdir, asyncgrpo plot)."
+    )
+
+
 class AsyncGRPOJobStatus(ApiModel):
     """The observed state, written only by the operator."""
 
@@ -179,6 +190,9 @@ class AsyncGRPOJobStatus(ApiModel):
         default=None, description="Detail of the current phase."
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
+    outputs: Outputs | None = Field(
+        default=None, description="Where the driver's log, step records and curves are written."
+    )
 
 
 LabelValueText = Annotated[
