@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -108,6 +108,15 @@ class Api:
 
     # --- jobs ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def current_namespace() -> str:
+        """The kubeconfig context's namespace, else "default" (what kubectl uses without -n)."""
+        try:
+            _, context = config.list_kube_config_contexts()
+        except (ConfigException, OSError, TypeError):
+            return "default"
+        return str((context or {}).get("context", {}).get("namespace") or "default")
+
     async def get_job(self, namespace: str, name: str) -> Obj | None:
         return await self.get_or_none(_job_path(namespace, name))
 
@@ -154,6 +163,31 @@ class Api:
             if err.status == 404:
                 return []
             raise
+
+    async def stream_pod_log(
+        self, namespace: str, pod: str, container: str, *, follow: bool
+    ) -> AsyncIterator[bytes]:
+        """A container's log as it arrives (kubectl logs [-f]); no timeout while following."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
+        query = [("container", container), ("follow", "true" if follow else "false")]
+        try:
+            response = await self._client.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": "*/*"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=None if follow else REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            raise ApiError(int(exc.status or 0), _message(exc)) from exc
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+        finally:
+            response.release()
 
     async def get_configmap(self, namespace: str, name: str) -> Obj | None:
         return await self.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")

@@ -12,8 +12,12 @@ are marked `slow` as well as `cluster`; CI runs them.
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,6 +102,18 @@ def running(api: Api, ns: str, job: str, progress: ProgressServer) -> JSON:
     return wait_phase(api, ns, job, "Running", timeout=120)
 
 
+def asyncgrpo_logs(kubeconfig: Path, ns: str, job: str) -> str:
+    """`asyncgrpo logs JOB -n NS`, as a user runs it (never while a head pod exists: kwok's fake
+    nodes serve no container logs, and the API server would dial their made-up addresses)."""
+    cli = Path(sys.executable).with_name("asyncgrpo")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    proc = subprocess.run(
+        [str(cli), "logs", job, "-n", ns], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def finish(api: Api, ns: str, job: str) -> JSON:
     """End the job's driver with exit code 0 and wait for Succeeded."""
     cluster = get_job(api, ns, job)["status"]["rayClusterName"]
@@ -116,6 +132,7 @@ def progress() -> Iterator[ProgressServer]:
 @pytest.mark.usefixtures("operator")
 def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
     kube_api: Api,
+    kubeconfig: Path,
     namespace: str,
     queue: str,
     progress: ProgressServer,
@@ -131,9 +148,18 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
     assert second["spec"]["suspend"] is True
     assert second["metadata"]["labels"][kueue.QUEUE_LABEL] == LOCAL_QUEUE
     assert not pods(kube_api, namespace, f"ray.io/cluster={second['metadata']['name']}")
+    assert "second is Queued: Pending; its driver has not started yet" in asyncgrpo_logs(
+        kubeconfig, namespace, "second"
+    )
 
     done = finish(kube_api, namespace, "first")
     assert done["restarts"] == 0
+    first_cluster = done["rayClusterName"]
+    wait_until(
+        lambda: not pods(kube_api, namespace, f"ray.io/cluster={first_cluster}") or None, "first's pods gone"
+    )
+    shown = asyncgrpo_logs(kubeconfig, namespace, "first")
+    assert "/checkpoints/logs/driver-attempt-0.log" in shown and "emptyDir" in shown, shown
     status = running(kube_api, namespace, "second", progress)
     queued = next(c for c in status["conditions"] if c["type"] == "Queued")
     assert queued["status"] == "False" and queued["reason"] == "Admitted"
