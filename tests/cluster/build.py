@@ -255,8 +255,57 @@ def _log(msg: str) -> None:
     print(f"[ctrlplane build] {msg}", file=sys.stderr, flush=True)
 
 
-def build_target(t: Target, bin_dir: Path) -> float:
-    """Run one `go build` into `bin_dir`; return its wall time in seconds."""
+COLD_BUILD_SECONDS: dict[str, float] = {
+    "kubernetes": 603.0,
+    "etcd": 42.0,
+    "kwok": 256.0,
+    "kuberay": 304.0,
+    "helm": 201.0,
+    "kueue": 330.0,
+}
+"""Seconds of each cold `go build` on a 2-core machine: the five default ones as recorded in
+build-times.jsonl by the first build on this project's machine (2026-12-01, 23.4 min in all,
+module downloads included); Kueue's from its CPU time (389 s user+sys, docs/benchmarks.md). Only
+the progress output's estimate of what is left uses them; this machine's own records win."""
+PROGRESS_EVERY_SECONDS = 30.0
+
+
+def estimates() -> dict[str, float]:
+    """Expected seconds per component: this machine's latest recorded build of each (any cache
+    folder), else COLD_BUILD_SECONDS. An estimate: a warm Go build cache is much faster."""
+    out = dict(COLD_BUILD_SECONDS)
+    records = sorted(cache_root().glob("*/build-times.jsonl")) if cache_root().exists() else []
+    for path in records:
+        for line in path.read_text().splitlines():
+            try:
+                seconds = json.loads(line).get("seconds", {})
+            except ValueError:
+                continue
+            out.update({k: float(v) for k, v in seconds.items() if isinstance(v, int | float)})
+    return out
+
+
+@dataclass
+class Progress:
+    """What is left of a build, for the progress lines: the targets still to build, in order."""
+
+    pending: list[str]
+    expected: dict[str, float]
+    done: int = 0
+
+    def left_after(self, component: str, elapsed: float) -> tuple[float, float]:
+        """(seconds left for this component, seconds left for the whole build)."""
+        mine = max(self.expected.get(component, 60.0) - elapsed, 0.0)
+        later = sum(self.expected.get(c, 60.0) for c in self.pending[self.pending.index(component) + 1 :])
+        return mine, mine + later
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def build_target(t: Target, bin_dir: Path, progress: Progress | None = None) -> float:
+    """Run one `go build` into `bin_dir`, printing what is left every 30 s; return its wall time."""
     comp = components()[t.component]
     cmd = ["go", "build", "-trimpath"]
     if t.tags:
@@ -267,13 +316,39 @@ def build_target(t: Target, bin_dir: Path) -> float:
     else:
         cmd += ["-o", str(bin_dir) + "/"]
     cmd += list(t.packages)
-    _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}) ...")
+    where = ""
+    if progress is not None:
+        mine, total = progress.left_after(t.component, 0.0)
+        step = f"{progress.done + 1} of {progress.done + len(progress.pending)}"
+        where = f" [{step}; about {_minutes(mine)}, {_minutes(total)} left in all]"
+    _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}){where} ...")
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=comp.gomod_dir, env=_go_env(), check=False)
+    proc = subprocess.Popen(cmd, cwd=comp.gomod_dir, env=_go_env())
+    while True:
+        try:
+            code = proc.wait(timeout=PROGRESS_EVERY_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - start
+            if progress is None:
+                _log(f"{t.component}: {_minutes(elapsed)} so far")
+                continue
+            mine, total = progress.left_after(t.component, elapsed)
+            left = (
+                f"about {_minutes(mine)} left for it, {_minutes(total)} for the whole build"
+                if mine > 0
+                else f"past its estimate; then about {_minutes(total)} for the rest"
+            )
+            _log(
+                f"{t.component}: {_minutes(elapsed)} so far; {left} (estimates from a cold build on 2 cores)"
+            )
     elapsed = time.monotonic() - start
-    if proc.returncode != 0:
-        raise BuildError(f"go build of {t.component} failed (exit {proc.returncode}): {' '.join(cmd)}")
+    if code != 0:
+        raise BuildError(f"go build of {t.component} failed (exit {code}): {' '.join(cmd)}")
     _log(f"built {', '.join(t.binaries)} in {elapsed:.0f} s")
+    if progress is not None:
+        progress.pending.remove(t.component)
+        progress.done += 1
     return elapsed
 
 
@@ -336,9 +411,10 @@ def build(force: bool = False) -> Layout:
     with _lock(out.root / ".lock"):
         out.bin.mkdir(parents=True, exist_ok=True)
         times: dict[str, float] = {}
-        for t in targets():
-            if force or not all(out.binary(b).is_file() for b in t.binaries):
-                times[t.component] = round(build_target(t, out.bin), 1)
+        todo = [t for t in targets() if force or not all(out.binary(b).is_file() for b in t.binaries)]
+        progress = Progress([t.component for t in todo], estimates())
+        for t in todo:
+            times[t.component] = round(build_target(t, out.bin, progress), 1)
         if force or not any(out.kuberay_crds.glob("*.json")):
             copy_kuberay_crds(out)
         if times:
@@ -364,7 +440,7 @@ def build_optional(name: str, force: bool = False) -> OptionalLayout:
         times: dict[str, float] = {}
         target = optional_targets()[name]
         if force or not all(out.binary(b).is_file() for b in target.binaries):
-            times[name] = round(build_target(target, out.bin), 1)
+            times[name] = round(build_target(target, out.bin, Progress([name], estimates())), 1)
         if name == "kueue" and (force or not out.complete()):
             copy_kueue_files(out)
         if times:

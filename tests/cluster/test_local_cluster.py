@@ -11,7 +11,17 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from tests.cluster import kueue, pki
-from tests.cluster.build import build_hash, check_pins, helm_ldflags, k8s_ldflags, optional_layout
+from tests.cluster.build import (
+    COLD_BUILD_SECONDS,
+    Progress,
+    build_hash,
+    check_pins,
+    helm_ldflags,
+    k8s_ldflags,
+    optional_layout,
+    optional_targets,
+    targets,
+)
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
 from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
@@ -131,3 +141,11 @@ def test_port_in_use_detects_a_listener() -> None:
 
 def test_ci_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(Path(__file__).with_name("ci.sh"))], check=True)
+
+
+def test_build_progress_says_what_is_left_for_the_part_and_the_whole() -> None:
+    progress = Progress(["kubernetes", "etcd", "kwok"], {"kubernetes": 600.0, "etcd": 40.0, "kwok": 250.0})
+    assert progress.left_after("kubernetes", 100.0) == (500.0, 790.0)
+    assert progress.left_after("kubernetes", 900.0) == (0.0, 290.0)  # past its estimate: the rest
+    assert progress.left_after("kwok", 50.0) == (200.0, 200.0)
+    assert set(COLD_BUILD_SECONDS) == {t.component for t in targets()} | set(optional_targets())
