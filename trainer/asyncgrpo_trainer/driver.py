@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -245,7 +246,7 @@ def build(job: AsyncGRPOJob) -> Built:
             seed=t.grpo.seed,
         )
         args = controller.ControllerArgs(
-            settings=specmap.settings(job),
+            settings=dataclasses.replace(specmap.settings(job), attempt=runlog.attempt_from_env()),
             policy=policy_group,
             generation=generation_group,
             rewards=rewards,
@@ -549,12 +550,9 @@ def _log_to_checkpoint_volume(manifest: dict[str, Any]) -> Callable[[], None] | 
     """Copy the driver's output into <checkpoint.path>/logs/driver-attempt-<N>.log, so it outlives
     the pod; a path that cannot be written costs that copy (a warning), not the run."""
     spec = manifest.get("spec", manifest)
-    checkpoint = spec.get("checkpoint") if isinstance(spec, dict) else None
-    path = checkpoint.get("path") if isinstance(checkpoint, dict) else None
-    attempt = os.environ.get(tracking.ATTEMPT_ENV, "")
-    target = Path(
-        outputs.driver_log(str(path or CheckpointSpec().path), int(attempt) if attempt.isdigit() else None)
-    )
+    ckpt = spec.get("checkpoint") if isinstance(spec, dict) else None
+    path = ckpt.get("path") if isinstance(ckpt, dict) else None
+    target = Path(outputs.driver_log(str(path or CheckpointSpec().path), runlog.attempt_from_env()))
     try:
         stop = runlog.tee_output(target)
     except OSError as exc:

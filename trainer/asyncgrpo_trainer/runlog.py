@@ -8,9 +8,11 @@ gone:
   logging, the step lines, tracebacks, and what child processes that inherit them write) into the
   attempt's log file, while the container log still gets it unchanged. It works on the file
   descriptors, so output written by C code or by `print` is copied too.
-- `StepsFile` appends one JSON line per step and validation record. A resumed attempt first drops
-  the lines of the steps after its checkpoint, which it trains again, as the TensorBoard writer
-  purges them, so each step appears once.
+- `StepsFile` appends one JSON line per step, validation and checkpoint record. The controller
+  writes it as it records them, so a step's line is on the volume before that step's checkpoint
+  (the driver relays records a poll later, and a driver killed in between would lose the line of
+  the step it resumes after). A resumed attempt first drops the lines of the steps after its
+  checkpoint, which it trains again, so each step appears once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+ATTEMPT_ENV = "ASYNCGRPO_ATTEMPT"
+"""Set by the operator on the driver container: which attempt of the job this driver is."""
 _CHUNK = 65536
 
 
@@ -80,6 +84,11 @@ def _pump(read_end: int, original: int, sink: Any, lock: threading.Lock) -> None
             broken = True
             os.write(original, f"asyncgrpo: the driver log file stopped: {exc}\n".encode())
     os.close(read_end)
+
+
+def attempt_from_env() -> int | None:
+    value = os.environ.get(ATTEMPT_ENV, "")
+    return int(value) if value.isdigit() else None
 
 
 class StepsFile:

@@ -23,14 +23,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from asyncgrpo_api import outputs
-from asyncgrpo_trainer import runlog
 
 log = logging.getLogger(__name__)
 
 TENSORBOARD_DIR = outputs.TENSORBOARD_DIR
 """Under checkpoint.path."""
-ATTEMPT_ENV = "ASYNCGRPO_ATTEMPT"
-"""Set by the operator on the driver container: which attempt of the job this driver is."""
 WANDB_RUN_ID_FILE = "wandb-run-id"
 """In TENSORBOARD_DIR: the W&B run of this checkpoint path, reused by every attempt."""
 
@@ -117,16 +114,12 @@ class WandbSink:
 
 
 class Curves:
-    """Every sink the driver writes to; see the module docstring. `steps` keeps every record whole
-    (JSON lines, asyncgrpo_trainer.runlog), beside the scalars the sinks get."""
+    """Every sink the driver writes to; see the module docstring."""
 
-    def __init__(self, sinks: list[Sink], steps: runlog.StepsFile | None = None) -> None:
+    def __init__(self, sinks: list[Sink]) -> None:
         self.sinks = sinks
-        self.steps = steps
 
     def write(self, record: Mapping[str, Any]) -> None:
-        if self.steps is not None:
-            self.steps.write(record)
         step = record.get("step")
         values = scalars(record)
         if not isinstance(step, int) or not values:
@@ -135,8 +128,7 @@ class Curves:
             sink.log(step, values)
 
     def close(self) -> None:
-        closers: list[Any] = [*self.sinks, *([self.steps] if self.steps is not None else [])]
-        for sink in closers:
+        for sink in self.sinks:
             try:
                 sink.close()
             except Exception:  # closing a curve sink must not fail a finished run
@@ -151,21 +143,10 @@ def open_curves(
     resumed_step: int | None,
     environ: Mapping[str, str] = os.environ,
 ) -> Curves:
-    """TensorBoard and the step records' JSON lines under the checkpoint path, plus W&B when
-    WANDB_API_KEY is set."""
+    """TensorBoard under the checkpoint path, plus W&B when WANDB_API_KEY is set."""
     directory = Path(outputs.tensorboard_dir(checkpoint_path))
     purge = None if resumed_step is None else resumed_step + 1
     sinks: list[Sink] = []
-    attempt = environ.get(ATTEMPT_ENV)
-    try:
-        steps = runlog.StepsFile(
-            Path(outputs.steps_file(checkpoint_path)),
-            resumed_step=resumed_step,
-            attempt=int(attempt) if attempt and attempt.isdigit() else None,
-        )
-    except OSError as exc:
-        log.warning("no step records file: cannot write %s: %s", outputs.steps_file(checkpoint_path), exc)
-        steps = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         sinks.append(TensorBoardSink(directory, purge_step=purge))
@@ -173,7 +154,7 @@ def open_curves(
         # Curves are not worth failing a run for; an unusable checkpoint path fails the first
         # checkpoint anyway, with the error that names it.
         log.warning("no TensorBoard curves: cannot write %s: %s", directory, exc)
-        return Curves(sinks, steps)
+        return Curves(sinks)
     if environ.get("WANDB_API_KEY"):
         try:
             import wandb  # noqa: PLC0415 (optional: only with WANDB_API_KEY)
@@ -186,7 +167,7 @@ def open_curves(
         else:
             run_id = _wandb_run_id(directory, job_name)
             sinks.append(WandbSink(wandb, run_id=run_id, name=job_name, config=config, directory=directory))
-    return Curves(sinks, steps)
+    return Curves(sinks)
 
 
 def _wandb_run_id(directory: Path, job_name: str) -> str:
