@@ -17,8 +17,8 @@ What it does, printing each step:
 
 With --kueue the job is queued by Kueue (built from Go modules the first time it is asked for, a
 few minutes, never by the plain demo): a LocalQueue `demo` on the control plane's gpu-pool
-ClusterQueue, and the job labelled kueue.x-k8s.io/queue-name: demo, so `kubectl get agj` shows it
-Queued until Kueue admits it.
+ClusterQueue, and the job labelled kueue.x-k8s.io/queue-name: demo; it is Queued until Kueue admits
+it (at once, with nothing else in the queue).
 
 Without Kubernetes, the same trainer runs with `asyncgrpo run docs/examples/async-exact.yaml`.
 """
