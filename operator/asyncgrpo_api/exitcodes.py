@@ -19,7 +19,9 @@ INVALID_MODEL: Final = 3
 config.json, a tokenizer without an end-of-sequence token): never retried."""
 
 INVALID_DATA: Final = 4
-"""The data files are unusable (a missing file, no usable row): never retried."""
+"""The data files or the reward function the spec names are unusable (a missing or unreadable file,
+no usable row, an env.function that cannot be imported), found by the driver before any worker
+starts: never retried (the same files would fail again)."""
 
 RAY_HEAD_UNAVAILABLE: Final = 200
 """The Ray head next to the driver never came up: an infrastructure failure, retried."""

@@ -24,7 +24,7 @@ from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
-from asyncgrpo_api.v1alpha1.trainer import MegatronSpec, TinyModelSpec, TrainerSpec
+from asyncgrpo_api.v1alpha1.trainer import DataSpec, MegatronSpec, TinyModelSpec, TrainerSpec
 
 TRAINER = "spec.trainer"
 ASYNC_RL = f"{TRAINER}.asyncRL"
@@ -396,6 +396,59 @@ def _sequence_fits(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
+# --- data and rewards ----------------------------------------------------------------------------
+
+REWARD_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+"""env.function: a dotted module path, a colon, a function name (what importlib can resolve)."""
+
+BUILTIN_PROMPT_SETS = frozenset({"reverse", "math"})
+"""Environments that ship prompts, so that a job without data.trainPath has something to train on."""
+
+
+def _data_and_env(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """What the spec alone shows about data and rewards; what only the files show (a missing file,
+    a row without the key, a function that cannot be imported) fails the driver with InvalidData."""
+    data, env = job.spec.trainer.data, job.spec.trainer.env
+    if env.name not in BUILTIN_PROMPT_SETS and data.train_path is None:
+        yield Finding(
+            f"{TRAINER}.data.trainPath",
+            f"is required with env.name {env.name}, which has no built-in prompt set: point it at a "
+            f"JSONL, JSON or Parquet file (or a save_to_disk directory) on a volume",
+        )
+    if data.prompt_key == data.answer_key:
+        yield Finding(
+            f"{TRAINER}.data.answerKey",
+            f"must differ from promptKey (both {data.prompt_key!r}): the prompt would be its own answer",
+        )
+    if env.function is not None and not REWARD_FUNCTION.fullmatch(env.function):
+        yield Finding(
+            f"{TRAINER}.env.function",
+            f'must be "package.module:function" (a module importable in the trainer image, a colon, a '
+            f"function name); got {env.function!r}",
+        )
+
+
+def _warn_unread_data_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
+    data = job.spec.trainer.data
+    if data.validation_path is not None and data.num_validation_prompts == 0:
+        yield Finding(
+            f"{TRAINER}.data.validationPath",
+            "is not read while data.numValidationPrompts is 0; set validation prompts or remove it",
+        )
+    if data.train_path is None and data.validation_path is None:
+        defaults = DataSpec()
+        for field, value, default in (
+            ("promptKey", data.prompt_key, defaults.prompt_key),
+            ("answerKey", data.answer_key, defaults.answer_key),
+        ):
+            if value != default:
+                yield Finding(
+                    f"{TRAINER}.data.{field}",
+                    "is ignored without data.trainPath or data.validationPath (the built-in prompts are "
+                    "used); set a data file or remove it",
+                )
+
+
 # --- GPU layout ----------------------------------------------------------------------------------
 
 
@@ -721,6 +774,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _watchdog_outlasts_rollouts,
     _model_source,
     _sequence_fits,
+    _data_and_env,
     _gpu_layout,
     _gpus_not_in_resources,
     _scheduler_queue,
@@ -728,6 +782,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _unique_env_names,
 )
 _WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
+    _warn_unread_data_settings,
     _warn_force_in_order_in_sync_mode,
     _inflight_within_buffer,
     _warn_stale_data_without_correction,

@@ -229,6 +229,8 @@ class ProgressReading:
     tokens_per_second: float | None = None
     last_checkpoint_step: int | None = None
     validation_reward: float | None = None
+    reward_failures: int = 0
+    data_warning: str | None = None
     validation_accuracy: float | None = None
     state: str = "starting"
     error: str | None = None
@@ -246,6 +248,8 @@ class ProgressReading:
             tokens_per_second=_rounded(_float_or_none(doc.get("tokensPerSecond")), 1),
             last_checkpoint_step=_int_or_none(doc.get("lastCheckpointStep")),
             validation_reward=_rounded(_float_or_none(doc.get("validationReward")), 4),
+            reward_failures=max(_int_or_none(doc.get("rewardFailures")) or 0, 0),
+            data_warning=str(doc["dataWarning"]) if doc.get("dataWarning") else None,
             validation_accuracy=_rounded(_float_or_none(doc.get("validationAccuracy")), 4),
             state=str(doc.get("state") or "starting"),
             error=str(doc["error"]) if doc.get("error") else None,

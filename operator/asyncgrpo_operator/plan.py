@@ -12,7 +12,9 @@ The rules, in the order they are applied:
 3. An active job has exactly one RayCluster, named after its attempt; clusters of other attempts
    are deleted. activeDeadlineSeconds (from status.startTime) and startupDeadlineSeconds (from the
    attempt's start, until the driver runs) fail it with DeadlineExceeded, never retried.
-4. The driver's exit decides an attempt: 0 succeeds; 1-128 is a training error (never retried);
+4. The driver's exit decides an attempt: 0 succeeds; 3 and 4 are InvalidModel and InvalidData (the
+   model files, or the data files or reward function, are unusable) and any other code 1-128 a
+   training error, none of them retried;
    a signal (exit > 128) or a lost head pod or RayCluster is an infrastructure failure, retried
    with a fresh RayCluster while status.restarts < backoffLimit, then BackoffLimitExceeded.
 5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
@@ -401,7 +403,7 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
 
 _INPUT_ERRORS = {
     exitcodes.INVALID_MODEL: (INVALID_MODEL, "the model files cannot be used"),
-    exitcodes.INVALID_DATA: (INVALID_DATA, "the data files cannot be used"),
+    exitcodes.INVALID_DATA: (INVALID_DATA, "the data files or the reward function cannot be used"),
 }
 """Driver exit codes for inputs only the files could show to be wrong: failed, never retried."""
 
@@ -547,6 +549,8 @@ def _progressing(
         note = ""
         if state == "failed" and observed.progress is not None:
             note = f"; it reports a failure and should exit soon: {observed.progress.error or 'no detail'}"
+        elif observed.progress is not None and observed.progress.data_warning:
+            note = f"; data: {observed.progress.data_warning}"
         draft.set(RUNNING, True, "DriverRunning", f"the driver is running in pod {head.name}{note}")
         if draft.is_true(RESTARTING):
             draft.set(RESTARTING, False, "Restarted", f"attempt {draft.attempt} is running")
@@ -664,6 +668,7 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
                 mean_staleness=reading.mean_staleness,
                 tokens_per_second=reading.tokens_per_second,
                 validation_reward=reading.validation_reward,
+                reward_failures=reading.reward_failures,
                 validation_accuracy=reading.validation_accuracy,
                 last_checkpoint_step=reading.last_checkpoint_step,
                 updated_at=read_at,

@@ -484,3 +484,57 @@ def test_types_are_checked_strictly_as_the_api_server_does(
 def test_an_integer_is_accepted_for_a_number_field(base_job: dict[str, Any]) -> None:
     _merge(base_job["spec"], {"trainer": {"policy": {"learningRate": 1}, "generation": {"temperature": 1}}})
     assert validate_manifest(base_job).ok
+
+
+@pytest.mark.parametrize(
+    ("trainer", "path", "text"),
+    [
+        ({"env": {"name": "gsm8k"}}, "spec.trainer.data.trainPath", "is required with env.name gsm8k"),
+        (
+            {"data": {"promptKey": "text", "answerKey": "text"}},
+            "spec.trainer.data.answerKey",
+            "must differ from promptKey (both 'text')",
+        ),
+        (
+            {"env": {"function": "my_rewards.score"}},
+            "spec.trainer.env.function",
+            'must be "package.module:function"',
+        ),
+        ({"env": {"function": "my rewards:score"}}, "spec.trainer.env.function", "got 'my rewards:score'"),
+        ({"data": {"promptKey": ""}}, "spec.trainer.data.promptKey", "at least 1 character"),
+    ],
+    ids=["gsm8k-without-data", "same-keys", "function-without-colon", "function-not-a-path", "empty-key"],
+)
+def test_what_the_spec_shows_about_data_and_rewards_is_refused_at_admission(
+    trainer: dict[str, Any], path: str, text: str
+) -> None:
+    errors = validate_manifest(job_with(**trainer)).errors
+    assert any(e.path == path and text in e.message for e in errors), [str(e) for e in errors]
+
+
+def test_a_gsm8k_job_with_a_data_file_keys_and_a_reward_function_is_accepted() -> None:
+    report = validate_manifest(
+        job_with(
+            data={"trainPath": "/data/gsm8k/train.parquet", "promptKey": "question", "answerKey": "answer"},
+            env={"name": "gsm8k", "function": "my_team.rewards.v2:score"},
+        )
+    )
+    assert report.ok, [str(e) for e in report.errors]
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        (
+            {"validationPath": "/data/val.jsonl", "numValidationPrompts": 0},
+            "spec.trainer.data.validationPath",
+        ),
+        ({"promptKey": "question"}, "spec.trainer.data.promptKey"),
+        ({"answerKey": "solution"}, "spec.trainer.data.answerKey"),
+    ],
+)
+def test_data_settings_that_no_file_reads_are_accepted_with_a_warning(
+    data: dict[str, Any], path: str
+) -> None:
+    report = validate_manifest(job_with(data=data))
+    assert report.ok and [w.path for w in report.warnings if "data" in w.path] == [path]

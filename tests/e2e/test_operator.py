@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from asyncgrpo_api import exitcodes
 from asyncgrpo_api.rules import validate_manifest
 from tests.cluster import faults
 from tests.cluster.cluster import LocalCluster
@@ -464,6 +465,21 @@ def test_training_error_fails_at_once_and_is_not_retried(
 
     failed = wait_phase(kube_api, namespace, "buggy", "Failed", "TrainingError")
     assert "loss is nan" in failed["message"] and failed["restarts"] == 0
+
+
+def test_unusable_data_fails_at_once_with_invalid_data_and_is_not_retried(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    create_job(kube_api, namespace, job_manifest("no-data", driver_progress.url))
+    run_until_running(kube_api, namespace, "no-data", driver_progress)
+    error = "InvalidDataError: data.trainPath /data/train.jsonl: no usable row of 3"
+    end_driver(kube_api, namespace, head_pod(kube_api, namespace, "no-data-0"), exitcodes.INVALID_DATA, error)
+
+    failed = wait_phase(kube_api, namespace, "no-data", "Failed", "InvalidData")
+    assert "data.trainPath /data/train.jsonl: no usable row of 3" in failed["message"]
+    assert failed["restarts"] == 0
+    time.sleep(3)
+    assert live_rayclusters(kube_api, namespace, "no-data") == ["no-data-0"]  # no new attempt
 
 
 def test_suspend_deletes_the_cluster_and_resume_recreates_it(

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from asyncgrpo_api import exitcodes
 from tests.chart.helm import NO_HELM, find_helm
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.samples import wait_until
@@ -172,18 +173,19 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
     print(f"scenario 2: {time.monotonic() - started:.0f} s; steps {watch.steps()}")
 
 
-def test_a_training_error_fails_the_job_with_the_error_and_is_not_retried(
+def test_a_job_whose_data_file_is_missing_fails_with_invalid_data_naming_it_and_is_not_retried(
     chart: Installation, kubelet: DriverKubelet
 ) -> None:
     ns, name = chart.jobs_ns, "whole-path-error"
     started = time.monotonic()
     manifest = tiny_job(name, data={"trainPath": "/checkpoints/prompts/missing.jsonl"})
     _, runs = run_job(chart, kubelet, manifest)
-    assert [code for _, code in runs] == [1]
+    assert [code for _, code in runs] == [exitcodes.INVALID_DATA]
     status = wait_terminal(chart.api, ns, name)
-    assert (status["phase"], status["reason"], status["restarts"]) == ("Failed", "TrainingError", 0)
-    assert "missing.jsonl" in status["message"], status["message"]
-    assert "training failed" in status["message"], status["message"]
+    assert (status["phase"], status["reason"], status["restarts"]) == ("Failed", "InvalidData", 0)
+    # (the harness mounts the pod's /checkpoints volume from a host directory: whole_path.py)
+    assert "InvalidDataError: data.trainPath: " in status["message"], status["message"]
+    assert "prompts/missing.jsonl does not exist" in status["message"], status["message"]
     time.sleep(3)
     assert live_rayclusters(chart.api, ns, name) == [f"{name}-0"]  # onFailure: KeepCluster, no retry
     print(f"scenario 3: {time.monotonic() - started:.0f} s; message {status['message'][:200]!r}")

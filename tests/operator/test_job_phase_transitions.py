@@ -363,6 +363,38 @@ def test_driver_training_error_fails_without_retry_and_keeps_the_cluster() -> No
     assert decision.actions == ()  # onFailure: KeepCluster, no new attempt
 
 
+def test_a_driver_that_found_the_data_unusable_fails_with_invalid_data_and_is_not_retried() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    message = (
+        "asyncgrpo: training failed: InvalidDataError: data.trainPath /data/train.jsonl: no usable row of 3: "
+        "the first bad row is line 1: has no 'prompt'"
+    )
+    pods = healthy_pods(rc, driver=terminated(exitcodes.INVALID_DATA, message))
+    decision = step(job(), before.status, observe(60, rc, pods=pods))
+
+    assert (decision.status.phase, decision.status.reason) == ("Failed", "InvalidData")
+    assert "data.trainPath /data/train.jsonl: no usable row of 3" in (decision.status.message or "")
+    assert "not retried" in (decision.status.message or "")
+    assert (decision.status.restarts, decision.status.attempt) == (0, 0)
+    assert actions_of(decision, plan.CreateRayCluster) == []
+    assert [e.type for e in decision.events if e.reason == "InvalidData"] == ["Warning"]
+
+
+def test_reward_failures_and_skipped_data_rows_reach_the_status() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    warning = (
+        "data.trainPath /data/t.jsonl: 2 bad row(s) skipped (first: line 7: 'answer' is null); "
+        "98 of 100 rows used"
+    )
+    doc = {"step": 3, "state": "running", "rewardFailures": 2, "dataWarning": warning}
+    decision = step(job(), before.status, observe(40, rc, pods=healthy_pods(rc), progress=doc))
+    assert decision.status.progress is not None and decision.status.progress.reward_failures == 2
+    assert decision.status.phase == "Running"
+    assert (decision.status.message or "").endswith(f"; data: {warning}")
+
+
 def test_driver_killed_by_a_signal_restarts_with_a_fresh_cluster() -> None:
     before = running()
     rc = cluster(0, provisioned=True)

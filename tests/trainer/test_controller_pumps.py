@@ -23,6 +23,7 @@ from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.envs.base import Score
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
+from asyncgrpo_trainer.rewards import RewardFailedError
 from asyncgrpo_trainer.rollout import RolloutFailedError, RolloutManager
 
 P, N = 4, 2
@@ -110,20 +111,23 @@ def _controller(
     stall: float = 60.0,
     attempts: int = 2,
     timeout: float | None = None,
+    prompts: int = P,
+    rewards: Any = None,
 ) -> tuple[controller.SingleController, FakePolicy]:
     knobs = {
-        "sync": (0, False, True, P, P),
-        "async-in-order": (1, False, True, 2 * P, P),
-        "streaming-gated": (1, False, False, 2 * P, P // 2),
-        "streaming-oversampled": (1, True, False, 4 * P, P // 2),
+        "sync": (0, False, True, prompts, prompts),
+        "async-in-order": (1, False, True, 2 * prompts, prompts),
+        "streaming-gated": (1, False, False, 2 * prompts, prompts // 2),
+        "streaming-oversampled": (1, True, False, 4 * prompts, prompts // 2),
     }[mode]
     s_, over, in_order, cap, min_groups = knobs
     env = envs.build("reverse")
     tok = CharTokenizer(env.alphabet)
     pol = FakePolicy()
+    rewards = rewards or FakeRewards()
     rollout = RolloutManager(
         gen,
-        FakeRewards(),
+        rewards,
         tok,
         sampling.SamplingParams(2),
         num_generations=N,  # type: ignore[arg-type]
@@ -133,7 +137,7 @@ def _controller(
     )
     settings = controller.Settings(
         mode=mode,
-        prompts_per_step=P,
+        prompts_per_step=prompts,
         generations_per_prompt=N,
         max_steps=steps,
         min_groups_for_streaming_train=min_groups,
@@ -157,10 +161,10 @@ def _controller(
         settings=settings,
         policy=pol,
         generation=gen,
-        rewards=FakeRewards(),
+        rewards=rewards,
         rollout=rollout,  # type: ignore[arg-type]
         weights=weights.ObjectStoreSynchronizer(pol, gen, 10.0),  # type: ignore[arg-type]
-        loader=data.PromptLoader(env.builtin_examples(split="train", count=64, seed=0), P, 0),
+        loader=data.PromptLoader(env.builtin_examples(split="train", count=64, seed=0), prompts, 0),
         validation=[],
         buffer=ReplayBuffer(),
         sampler=sampler.for_spec(max_staleness_versions=s_, over_sampling=over, force_in_order=in_order),
@@ -290,3 +294,71 @@ def test_the_watchdog_fails_a_run_that_makes_no_progress(tmp_path: Path) -> None
     ctl, _ = _controller(tmp_path, "sync", gen, stall=0.2)
     with pytest.raises(controller.StallError, match="no rollout committed"):
         asyncio.run(ctl.run())
+
+
+class FailingRewards(FakeRewards):
+    """Scoring the prompts in `bad` fails as the reward pool fails after its retry."""
+
+    def __init__(self, bad: set[str]) -> None:
+        self.bad = bad
+        self.failures = 0
+
+    async def score(self, example: Any, responses: list[str], finished: list[bool]) -> list[Score]:
+        if example.prompt in self.bad:
+            self.failures += 1
+            raise RewardFailedError("scoring failed 2 times; last: RuntimeError: the reward service is down")
+        return await super().score(example, responses, finished)
+
+
+def _first_prompts(count: int) -> list[str]:
+    return [
+        e.prompt
+        for e in data.PromptLoader(
+            envs.build("reverse").builtin_examples(split="train", count=64, seed=0), count, 0
+        ).next_batch()
+    ]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async-in-order", "streaming-gated", "streaming-oversampled"])
+def test_a_group_whose_scoring_fails_is_dropped_replaced_and_never_trained_on(
+    tmp_path: Path, mode: str
+) -> None:
+    prompts, steps = 10, 3
+    bad = _first_prompts(prompts)[3]
+    failing = FailingRewards({bad})
+    ctl, pol = _controller(tmp_path, mode, FakeGeneration(), steps=steps, prompts=prompts, rewards=failing)
+    summary = asyncio.run(ctl.run())
+    bad_ids = ctl.a.tokenizer.encode_prompt(bad)
+    trained = [row for chunk in pol.chunks for row in chunk]
+    assert all(row.prompt_ids != bad_ids for row in trained)  # never trained on, as 0 or otherwise
+    assert len(trained) == steps * prompts * N  # every step still trained on P groups: a replacement
+    # once in the gated modes; over-sampling runs through the prompts again and meets it twice or so
+    assert failing.failures >= 1 and summary["counters"]["reward_failures"] == failing.failures
+    assert ctl.poll(0)["progress"]["reward_failures"] == failing.failures
+    if mode != "streaming-oversampled":
+        assert [r["reward_failures"] for r in _steps(summary)] == [1, 0, 0]
+
+
+def test_more_than_a_tenth_of_a_steps_groups_failing_stops_the_run_with_that_reason(tmp_path: Path) -> None:
+    bad = set(_first_prompts(10)[:2])
+    ctl, pol = _controller(tmp_path, "sync", FakeGeneration(), prompts=10, rewards=FailingRewards(bad))
+    with pytest.raises(controller.RewardFailuresError) as err:
+        asyncio.run(asyncio.wait_for(ctl.run(), 120))
+    assert str(err.value) == (
+        "step 1: 2 prompt groups failed scoring (more than 10% of numPromptsPerStep 10); scoring failed 2 "
+        "times; last: RuntimeError: the reward service is down"
+    )
+    assert pol.chunks == [] and ctl.state == "failed"
+
+
+def test_a_pump_cancelled_while_the_pulse_it_waits_on_fires_is_cancelled() -> None:
+    async def fire_and_cancel() -> None:
+        pulse = controller.Pulse()
+        waiter = asyncio.create_task(pulse.wait(10))
+        await asyncio.sleep(0)
+        pulse.fire()  # a dropped group's replacement ...
+        waiter.cancel()  # ... and the failure it causes stop the run in the same loop iteration
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+
+    asyncio.run(fire_and_cancel())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from asyncgrpo_trainer import data, envs
-from asyncgrpo_trainer.envs import math as math_env
 from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
@@ -44,26 +43,6 @@ def test_reverse_validation_strings_are_held_out_of_training_whatever_the_seed()
         train = {e.prompt for e in env.builtin_examples(split="train", count=9000, seed=seed)}
         assert len(train) == 9000 and not train & val
     assert val == {e.prompt for e in env.builtin_examples(split="validation", count=1000, seed=5)}
-
-
-@pytest.mark.parametrize(
-    ("response", "answer", "reward"),
-    [
-        ("so \\boxed{42}.", "42", 1.0),
-        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "0.5", 1.0),
-        ("\\boxed{1,000}", "1000", 1.0),
-        ("\\boxed{41}", "42", 0.0),
-        ("42", "42", 0.0),
-        ("\\boxed{4", "4", 0.0),
-    ],
-)
-def test_math_checks_the_last_boxed_answer(response: str, answer: str, reward: float) -> None:
-    score = envs.build("math").score(Example("q", answer), response, finished=True)
-    assert score == Score(reward, correct=reward == 1.0)
-
-
-def test_nested_braces_in_boxed_are_balanced() -> None:
-    assert math_env.last_boxed("\\boxed{\\frac{a}{b}} x") == "\\frac{a}{b}"
 
 
 def test_tokenizer_round_trips_and_rejects_unknown_characters() -> None:

@@ -156,7 +156,7 @@ def candidates(annotation: Any, current: Any) -> list[Any]:
             base = [current * 2, current / 2, current + 0.5, *base]
         return [v for v in base if v != current]
     if annotation is str:
-        return ["/data/walk.jsonl", "walk"]
+        return ["/data/walk.jsonl", "walk", "walk_rewards:score"]
     return []
 
 
@@ -205,6 +205,11 @@ class Stub:
     name: str
 
 
+class StubRewards(Stub):
+    def ready(self) -> list[Any]:
+        return []
+
+
 def plain(value: Any) -> Any:
     """A comparable value: dataclasses, models and objects by their fields."""
     if isinstance(value, Stub):
@@ -248,8 +253,9 @@ def derived(manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
         m.setattr(workers, "start_policy_group", rec.stub("policy", (Stub("policy"), [])))
         m.setattr(megatron_workers, "start_megatron_policy_group", rec.stub("megatron", (Stub("policy"), [])))
         m.setattr(workers, "start_generation_group", rec.stub("generation", (Stub("generation"), [])))
-        m.setattr(reward_workers, "build_reward_pool", rec.stub("rewards", Stub("rewards")))
-        m.setattr(data, "load_examples", rec.stub("data", ([Example("1234=", "4321")], [])))
+        m.setattr(reward_workers, "RewardPool", rec.stub("rewards", StubRewards("rewards")))
+        m.setattr(reward_workers, "load_function", rec.stub("function", None))
+        m.setattr(data, "load_prompts", rec.stub("data", data.Prompts([Example("1234=", "4321")], [], [])))
         m.setattr(driver, "RolloutManager", rec.stub("rollout", Stub("rollout")))
         m.setattr(weights, "build", rec.stub("weights", Stub("weights")))
         m.setattr(recipe, "pretrained_build", rec.stub("pretrained", (tiny, CharTokenizer("0123456789="))))

@@ -119,6 +119,11 @@ class Shape:
     gpus: int = 0
     transport: str = "auto"
     policy_backend: str = "torch"
+    model_path: str | None = None
+    """A Hugging Face checkpoint (model.source pretrained) instead of the tiny model."""
+    generation_backend: str = "torch"
+    colocated: bool = False
+    """Generation on the policy's GPU (one pool) instead of a pool of its own."""
 
     @property
     def samples_per_step(self) -> int:
@@ -135,6 +140,10 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
     if shape.intermediate is not None:
         tiny["intermediateSize"] = shape.intermediate
     pool = {"replicas": 1, "gpusPerReplica": shape.gpus}
+    generation_pool = {"replicas": 0, "gpusPerReplica": 0} if shape.colocated else pool
+    model: dict[str, Any] = (
+        {"source": "pretrained", "path": shape.model_path} if shape.model_path else {"tiny": tiny}
+    )
     return {
         "apiVersion": "asyncgrpo.dev/v1alpha1",
         "kind": "AsyncGRPOJob",
@@ -142,10 +151,10 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
         "spec": {
             "image": "asyncgrpo/trainer:bench",
             "checkpoint": {"path": ckpt, "everySteps": 1_000_000},
-            "cluster": {"policyWorkers": pool, "generationWorkers": pool},
+            "cluster": {"policyWorkers": pool, "generationWorkers": generation_pool},
             "trainer": {
                 "model": {
-                    "tiny": tiny,
+                    **model,
                     "maxSequenceLength": shape.max_prompt_length + shape.max_new_tokens,
                     "dtype": shape.dtype,
                 },
@@ -165,9 +174,13 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                     "learningRate": shape.learning_rate,
                 },
                 "generation": {
+                    "backend": shape.generation_backend,
+                    "colocated": shape.colocated,
                     "maxNewTokens": shape.max_new_tokens,
                     "ignoreEos": shape.ignore_eos,
                     "temperature": shape.temperature,
+                    # colocated: leave the GPU's other half to the policy
+                    "gpuMemoryUtilization": 0.4 if shape.colocated else 0.8,
                 },
                 "weightSync": {"transport": shape.transport},
                 "data": {
@@ -370,11 +383,9 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
 
 def policy_bytes(manifest: dict[str, Any]) -> int:
     """Bytes of the job's policy weights in the engines' dtype (what one refit moves)."""
-    t = AsyncGRPOJob.model_validate(manifest).spec.trainer
-    recipe = specmap.tiny_recipe(t, CharTokenizer(envs.build(t.env.name).alphabet))
-    with torch.device("meta"):
-        model = recipe.instantiate()
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    job = AsyncGRPOJob.model_validate(manifest)
+    recipe, _ = driver.model_of(job, envs.build(job.spec.trainer.env.name))
+    return sum(p.numel() * recipe.torch_dtype.itemsize for p in recipe.skeleton().parameters())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", help="model dtype (float32, bfloat16)")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs per worker pool (policy, generation)")
     parser.add_argument("--transport", default="auto", help="weightSync.transport")
+    parser.add_argument(
+        "--model-path", default=None, help="a Hugging Face checkpoint instead of the tiny model"
+    )
+    parser.add_argument("--generation-backend", default="torch", help="generation.backend (torch, vllm)")
+    parser.add_argument("--colocated", action="store_true", help="generation on the policy's GPU")
     parser.add_argument("--policy-backend", default="torch", help="policy.backend (torch, megatron)")
     parser.add_argument("--link-bytes-per-s", type=float, default=None, help="for the refit bound")
     parser.add_argument("--modes", nargs="*", default=list(MODES))
@@ -436,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         gpus=ns.gpus,
         transport=ns.transport,
         policy_backend=ns.policy_backend,
+        model_path=ns.model_path,
+        generation_backend=ns.generation_backend,
+        colocated=ns.colocated,
     )
     refit_bound = None
     if ns.link_bytes_per_s:
@@ -451,11 +470,13 @@ def main(argv: list[str] | None = None) -> int:
 
     own_ray = not ray.is_initialized()  # else run in the caller's cluster (the test suite's)
     if own_ray:
-        ray.init(num_cpus=4, num_gpus=2 * ns.gpus, include_dashboard=False, logging_level=logging.WARNING)
+        gpus = ns.gpus if ns.colocated else 2 * ns.gpus
+        ray.init(num_cpus=4, num_gpus=gpus, include_dashboard=False, logging_level=logging.WARNING)
     with tempfile.TemporaryDirectory() as scratch:
         tmp = ns.keep or scratch
         # Pays process start-up (and on CUDA compilation and graph capture) once, untimed.
-        driver.execute(job("sync", shape, steps=ns.warmup_steps, kl=ns.kl, ckpt=f"{tmp}/warm"))
+        if ns.warmup_steps:  # 0: no warm-up run (a vLLM engine start costs minutes each run)
+            driver.execute(job("sync", shape, steps=ns.warmup_steps, kl=ns.kl, ckpt=f"{tmp}/warm"))
         for mode in ["sync", *[m for m in ns.modes if m != "sync"]]:
             runs = []
             for r in range(ns.repeat):

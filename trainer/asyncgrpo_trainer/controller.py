@@ -8,6 +8,8 @@ it (one batch per trainer version when overSampling is false), then dispatches e
 it holds a capacity permit (maxBufferedRollouts: in flight plus waiting to be trained), an
 in-flight permit (maxInflightPrompts) and the refit gate is open. Each group is a task that
 reserves a buffer slot, runs the rollout manager (deadline + retries) and commits the whole group.
+A group whose scoring failed twice is dropped (`_drop`): never trained on, counted in
+rewardFailures, and replaced by the loader's next prompt for the same step.
 
 Train pump: one loop iteration is one RL step and one optimizer step. It evicts groups that can
 no longer be trained on, selects whole groups (at least minGroupsForStreamingTrain per chunk) and
@@ -48,7 +50,7 @@ from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
-from asyncgrpo_trainer.rewards import RewardPool
+from asyncgrpo_trainer.rewards import RewardFailedError, RewardPool
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
 from asyncgrpo_trainer.weights import WeightSynchronizer
@@ -60,6 +62,14 @@ MAX_RECORDS = 20_000
 
 class StallError(RuntimeError):
     """Neither pump made progress for stallTimeoutSeconds."""
+
+
+class RewardFailuresError(RuntimeError):
+    """More than MAX_FAILED_GROUP_FRACTION of a step's groups were dropped for failed scoring."""
+
+
+MAX_FAILED_GROUP_FRACTION = 0.1
+"""Dropped groups (scoring failed twice) one step may see, as a fraction of numPromptsPerStep."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +147,12 @@ class Pulse:
 
     async def wait(self, timeout: float) -> None:
         event = self._event
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns normally when the waiting
+        # task is cancelled in the same loop iteration as a fire, so a pump polling in a loop
+        # swallowed the controller's shutdown and the run never ended.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
 
 @dataclass
@@ -163,8 +177,10 @@ class SingleController:
         self.batch_index = 0  # next dispatch batch
         self.pending: collections.deque[tuple[Example, int | None]] = collections.deque()
         self.counters: dict[str, float] = collections.defaultdict(float)
+        self.counters["reward_failures"] = 0.0  # on /metrics from the start, as a counter should be
         self.validation_reward: float | None = None
         self.validation_accuracy: float | None = None
+        self.step_reward_failures = 0  # groups dropped while the current step is assembled
         self.last_checkpoint_step: int | None = None
         self.exported: str | None = None  # the final Hugging Face directory, once written
         self.records: list[dict[str, Any]] = []
@@ -222,8 +238,8 @@ class SingleController:
         ]
         waiting: set[asyncio.Future[None]] = {*pumps, self.failure}
         try:
-            # The rollout pump may finish first (gated modes stop after the last step's batch);
-            # the run ends when the train pump does, or at the first failure anywhere.
+            # The run ends when the train pump does (the rollout pump waits for replacements of
+            # dropped groups until then), or at the first failure anywhere.
             while pumps[1] in waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -263,6 +279,7 @@ class SingleController:
                 "last_checkpoint_step": self.last_checkpoint_step,
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
+                "reward_failures": int(self.counters["reward_failures"]),
                 "gen_logprob_error": last.get("gen_logprob_error"),
                 "state": self.state,
                 "error": self.error,
@@ -328,10 +345,11 @@ class SingleController:
     async def _rollout_pump(self) -> None:
         while True:
             if not self.pending:
-                if self._dispatch_done():
-                    return
-                while not self.sampler.may_dispatch(self.batch_index, self.version):
+                if self._dispatch_done() or not self.sampler.may_dispatch(self.batch_index, self.version):
+                    # Wait for the trainer to open the gate, or for the replacement of a dropped
+                    # group to join `pending` (even after the last batch is out).
                     await self.changed.wait(0.5)
+                    continue
                 target = self.sampler.target_step(self.batch_index)
                 self.pending.extend((ex, target) for ex in self.a.loader.next_batch())
                 self.batch_index += 1
@@ -368,6 +386,8 @@ class SingleController:
         except asyncio.CancelledError:
             self.counters["groups_aborted"] += 1
             raise
+        except RewardFailedError as exc:
+            self._drop(slot, exc)
         except Exception as exc:
             if not self.failure.done():
                 self.failure.set_exception(exc)
@@ -377,6 +397,26 @@ class SingleController:
                 self.capacity.release()
             self.inflight.pop(gid, None)
             self.inflight_sem.release()
+
+    def _drop(self, slot: Slot, exc: RewardFailedError) -> None:
+        """A group whose scoring failed twice: never trained on, counted, and replaced by the next
+        prompt (with the same target step), so that every step still trains on P groups. More than
+        MAX_FAILED_GROUP_FRACTION of P in one step fails the run: a scorer that fails that often is
+        broken, and training around it would quietly skew the data."""
+        self.counters["reward_failures"] += 1
+        self.step_reward_failures += 1
+        log.warning("group %d dropped: %s", slot.group_id, exc)
+        self.pending.appendleft((self.a.loader.next_example(), slot.target_step))
+        self.changed.fire()
+        limit = MAX_FAILED_GROUP_FRACTION * self.s.prompts_per_step
+        if self.step_reward_failures > limit and not self.failure.done():
+            self.failure.set_exception(
+                RewardFailuresError(
+                    f"step {self.version + 1}: {self.step_reward_failures} prompt groups failed scoring "
+                    f"(more than {MAX_FAILED_GROUP_FRACTION:.0%} of numPromptsPerStep "
+                    f"{self.s.prompts_per_step}); {exc}"
+                )
+            )
 
     # --- train side -----------------------------------------------------------------------------
 
@@ -441,6 +481,7 @@ class SingleController:
         step["training"] += time.perf_counter() - t0
         trained_at = self.version
         self.version += 1  # no await between the bump and closing the gate in _refit
+        reward_failures, self.step_reward_failures = self.step_reward_failures, 0
         t0 = time.perf_counter()
         await self._refit()
         step["refit"] += time.perf_counter() - t0
@@ -465,6 +506,7 @@ class SingleController:
             "trained_tokens_per_second": tokens / wall,
             "step_seconds": wall,
             "evicted_groups": evicted,
+            "reward_failures": reward_failures,
             "refit_transport": self.a.weights.transport,
             **{k: round(v, 6) for k, v in step.items()},
             **metrics,
@@ -525,15 +567,23 @@ class SingleController:
         tok = self.a.tokenizer
         samples = self.counters["samples_trained"]  # at `step`: later steps may finish meanwhile
 
-        async def one(i: int, example: Example) -> Score:
+        async def one(i: int, example: Example) -> Score | None:
             out = await self.a.generation.generate(
                 tok.encode_prompt(example.prompt), 1, self.a.validation_params, i
             )
             texts = [tok.decode(r) for r in out.response_ids]
-            return (await self.a.rewards.score(example, texts, out.finished))[0]
+            try:
+                return (await self.a.rewards.score(example, texts, out.finished))[0]
+            except RewardFailedError as exc:  # left out of the averages, as a dropped group is
+                self.counters["validation_reward_failures"] += 1
+                log.warning("validation prompt %d not scored: %s", i, exc)
+                return None
 
         t0 = time.perf_counter()
-        scores = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
+        scored = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
+        scores = [s for s in scored if s is not None]
+        if not scores:
+            return
         self.validation_reward = sum(s.reward for s in scores) / len(scores)
         self.validation_accuracy = sum(s.correct for s in scores) / len(scores)
         self.totals.add("validation", time.perf_counter() - t0)

@@ -1,17 +1,20 @@
 """The driver: parse the job, build everything, run the controller, report, exit with a code.
 
 Setup order (nothing heavy is built inside the controller actor, which only receives built
-objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> Ray -> tokenizer and
-model recipe -> placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in
-parallel) and reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
+objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> tokenizer and model
+recipe, the data files and the reward function's import (`read_inputs`, no Ray needed) -> Ray ->
+placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in parallel) and
+reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
 weight synchronizer (its transport per `weights.transport_of`) ->
 restore the latest checkpoint if there is one -> SingleControllerActor.
 
-Exit codes are the operator's contract: 0 when training finished; 1 for a training error (an
-exception in a pump, an invalid spec); the error is the last line on stderr and the `error` of
-/progress, which keeps answering with the final state for ASYNCGRPO_EXIT_GRACE_SECONDS (5 s)
-before the process exits. A driver killed by a signal is an infrastructure failure the operator
-retries; the retry resumes from the newest checkpoint.
+Exit codes are the operator's contract (asyncgrpo_api.exitcodes, `exit_code`): 0 when training
+finished; 3 when the model files are unusable (InvalidModelError); 4 when the data files or the
+reward function the spec names are (InvalidDataError); both are found before any worker starts.
+1 for any other training error (an exception in a pump, an invalid spec). The error is the last
+line on stderr and the `error` of /progress, which keeps answering with the final state for
+ASYNCGRPO_EXIT_GRACE_SECONDS (5 s) before the process exits. A driver killed by a signal is an
+infrastructure failure the operator retries; the retry resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from asyncgrpo_trainer import rewards as reward_workers
 from asyncgrpo_trainer.backends import vllm_engine
 from asyncgrpo_trainer.backends.generation import EngineLostError
 from asyncgrpo_trainer.buffer import ReplayBuffer
+from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.config import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
@@ -95,6 +99,29 @@ class Built:
     pools: tuple[cluster.Pool, cluster.Pool]
     ready: list[Any]
     """Refs that resolve when every worker is up; the workers start in parallel."""
+    data_warning: str | None = None
+    """The rows of the data that were skipped (`data.Prompts.summary`), reported once."""
+
+
+def load_prompts(job: AsyncGRPOJob, env: envs.Environment, tokenizer: Tokenizer) -> data.Prompts:
+    """The job's prompts (InvalidDataError when its data is unusable); skipped rows are logged once."""
+    d = job.spec.trainer.data
+    prompts = data.load_prompts(
+        env,
+        tokenizer,
+        train_path=d.train_path,
+        validation_path=d.validation_path,
+        prompt_key=d.prompt_key,
+        answer_key=d.answer_key,
+        num_validation=d.num_validation_prompts,
+        max_prompt_length=d.max_prompt_length,
+        seed=job.spec.trainer.grpo.seed,
+    )
+    warning = prompts.summary(d.max_prompt_length)
+    if warning is not None:
+        log.warning("data: %s", warning)
+    log.info("data: %d training and %d validation prompts", len(prompts.train), len(prompts.validation))
+    return prompts
 
 
 def check_supported(job: AsyncGRPOJob) -> None:
@@ -199,12 +226,34 @@ def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
     return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
 
 
-def build(job: AsyncGRPOJob) -> Built:
-    """Every object the controller needs, built here in the driver (see the module docstring)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What the job's files give: the model recipe, its tokenizer and the prompts."""
+
+    model: ModelBuild
+    tokenizer: Tokenizer
+    prompts: data.Prompts
+
+
+def read_inputs(job: AsyncGRPOJob) -> Inputs:
+    """The model, tokenizer and data files, and a check that env.function imports: all that only the
+    files can show to be wrong (InvalidModelError, InvalidDataError). No Ray is needed, so `execute`
+    calls it before Ray starts and such a job fails in seconds, whatever the state of the cluster."""
     check_supported(job)
-    t, cl = job.spec.trainer, job.spec.cluster
+    t = job.spec.trainer
     env = envs.build(t.env.name)
     model, tokenizer = model_of(job, env)
+    prompts = load_prompts(job, env, tokenizer)
+    if t.env.function is not None:
+        reward_workers.load_function(t.env.function)
+    return Inputs(model, tokenizer, prompts)
+
+
+def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
+    """Every object the controller needs, built here in the driver (see the module docstring)."""
+    inputs = inputs if inputs is not None else read_inputs(job)
+    model, tokenizer, prompts = inputs.model, inputs.tokenizer, inputs.prompts
+    t, cl = job.spec.trainer, job.spec.cluster
     backend = POLICY_BACKENDS[t.policy.backend]
     policy_ranks = rules.policy_data_parallel_size(job) * backend.ranks_per_replica(job)
     gen_ranks, gen_gpus = generation_layout(job, policy_ranks)
@@ -225,15 +274,8 @@ def build(job: AsyncGRPOJob) -> Built:
             max_prefix_age=t.async_rl.max_staleness_versions,
             vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
-        rewards = reward_workers.build_reward_pool(t.env.name, t.env.num_workers, t.env.timeout_seconds)
-        train, val = data.load_examples(
-            env,
-            tokenizer,
-            train_path=t.data.train_path,
-            validation_path=t.data.validation_path,
-            num_validation=t.data.num_validation_prompts,
-            max_prompt_length=t.data.max_prompt_length,
-            seed=t.grpo.seed,
+        rewards = reward_workers.RewardPool(
+            t.env.name, t.env.function, t.env.num_workers, t.env.timeout_seconds
         )
         rollout = RolloutManager(
             generation_group,
@@ -259,15 +301,22 @@ def build(job: AsyncGRPOJob) -> Built:
                 colocated=t.generation.colocated,
                 backend=t.policy.backend,
             ),
-            loader=data.PromptLoader(train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle),
-            validation=val,
+            loader=data.PromptLoader(
+                prompts.train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle
+            ),
+            validation=prompts.validation,
             buffer=ReplayBuffer(),
             sampler=specmap.sampler_of(t),
             tokenizer=tokenizer,
             validation_params=specmap.sampling_params(t, greedy=True),
             model=model,
         )
-        return Built(args, pools, [*policy_ready, *generation_ready])
+        return Built(
+            args,
+            pools,
+            [*policy_ready, *generation_ready, *rewards.ready()],
+            prompts.summary(t.data.max_prompt_length),
+        )
     except BaseException:
         cluster.release(*pools)  # the workers started so far die with this driver
         raise
@@ -384,6 +433,8 @@ def exit_code(exc: BaseException) -> int:
         return exitcodes.RAY_WORKER_LOST
     if isinstance(_cause(exc), InvalidModelError):
         return exitcodes.INVALID_MODEL
+    if isinstance(_cause(exc), InvalidDataError):
+        return exitcodes.INVALID_DATA
     return exitcodes.TRAINING_ERROR
 
 
@@ -426,9 +477,13 @@ def execute(
             policy_version=resumed_at or 0,
             last_checkpoint_step=resumed_at,
         )
-    if not ray.is_initialized():  # after validation: an invalid spec fails without a cluster
+    # The spec, then the files: an invalid spec, model or data set fails without a cluster.
+    inputs = read_inputs(job)
+    if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
-    built = build(job)
+    built = build(job, inputs)
+    if server is not None:
+        server.update(data_warning=built.data_warning)
     try:
         resume = resume_state(job.spec.checkpoint.path)
         if resume is not None:

@@ -51,6 +51,10 @@ class Progress:
     """Generated tokens per second over the latest steps (`recent_token_rate`)."""
     last_checkpoint_step: int | None = None
     validation_reward: float | None = None
+    reward_failures: int = 0
+    """Prompt groups dropped because scoring them failed twice (never trained on)."""
+    data_warning: str | None = None
+    """The data rows skipped at start (bad rows, prompts over maxPromptLength), in one line."""
     validation_accuracy: float | None = None
     """Fraction of the held-out prompts answered exactly, greedily, at the last validation."""
     gen_logprob_error: float | None = None

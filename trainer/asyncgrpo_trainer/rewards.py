@@ -1,52 +1,159 @@
-"""Reward workers: Ray actors that score responses with an environment, and the pool in front.
+"""Reward workers: Ray actors that score responses, and the pool in front of them.
+
+A reward actor scores with the environment (`env.name`); with `env.function` set, the reward is
+the user's function instead, called as function(prompt, response, reference_answer) -> float,
+while the environment still says whether a response is correct (the accuracy every run reports).
+
+One scoring call is one prompt group's N responses. The pool gives each call to an idle actor, so
+its deadline (env.timeoutSeconds) measures the scoring and not a queue. A call that raises is
+retried once; a call past the deadline has its actor killed (a Python function stuck in a loop
+cannot be interrupted from outside its process) and replaced, and is retried once. A second
+failure raises `RewardFailedError`: the controller drops the group, counts it (rewardFailures)
+and never trains on it. A failure is never turned into reward 0, which would bias every
+group-relative baseline it touches.
 
 Kept apart from the torch workers so that a reward actor's process imports no torch (scoring is
-string work; importing torch would add seconds to every job start for nothing). A scoring call
-past env.timeoutSeconds scores 0, as the API documents; a generation failure, by contrast, is
-never turned into a reward (see rollout.py).
+string work; importing torch would add seconds to every job start for nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+import importlib
+import logging
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any, cast
 
 import ray
 
 from asyncgrpo_trainer import envs
+from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.envs.base import Example, Score
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 2
+"""A scoring call and one retry."""
+
+RewardFunction = Callable[[str, str, str], float]
+
+
+class RewardFailedError(RuntimeError):
+    """Scoring a group failed twice (timed out or raised); the group is dropped."""
+
+
+def load_function(spec: str) -> RewardFunction:
+    """The function named by env.function ("package.module:function"), or InvalidDataError saying
+    why it cannot be used. The driver calls it before any worker starts, so that a function that is
+    not in the trainer image fails the job in seconds with InvalidData."""
+    module_name, _, name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import runs arbitrary code: any error means "cannot be used"
+        raise InvalidDataError(
+            f"env.function: cannot import {module_name!r} ({type(exc).__name__}: {exc}); install the "
+            f"module in the trainer image or put it on its PYTHONPATH"
+        ) from exc
+    function = getattr(module, name, None)
+    if not callable(function):
+        found = "is not callable" if function is not None else "does not exist"
+        raise InvalidDataError(f"env.function: {spec}: {module_name}.{name} {found}")
+    return cast(RewardFunction, function)
+
+
+def as_reward(value: object, spec: str) -> float:
+    """A user function's return value as a reward; TypeError/ValueError (a failed call) otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{spec} returned {type(value).__name__} {value!r}; it must return a float")
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"{spec} returned {reward}; it must return a finite float")
+    return reward
 
 
 class RewardActor:
-    """Scores responses with an environment (one per env worker)."""
+    """Scores responses with the environment and, when set, the user's function (module docstring)."""
 
-    def __init__(self, env_name: str) -> None:
+    def __init__(self, env_name: str, function: str | None) -> None:
         self.env = envs.build(env_name)
+        self.spec = function
+        self.function = load_function(function) if function is not None else None
+        # A throwaway scoring imports what the environment loads on first use (math-verify takes
+        # seconds), here at start and not inside the first call's deadline.
+        self.env.score(Example("1", "1"), "1", finished=True)
 
     def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[Score]:
-        return [self.env.score(example, r, finished=f) for r, f in zip(responses, finished, strict=True)]
+        scores = [self.env.score(example, r, finished=f) for r, f in zip(responses, finished, strict=True)]
+        if self.function is None or self.spec is None:
+            return scores
+        return [
+            Score(as_reward(self.function(example.prompt, r, example.answer), self.spec), s.correct)
+            for r, s in zip(responses, scores, strict=True)
+        ]
+
+
+def start_actor(env_name: str, function: str | None) -> Any:
+    """A new reward actor (no CPU reserved: scoring is short and bursty)."""
+    return ray.remote(num_cpus=0)(RewardActor).remote(env_name, function)
 
 
 class RewardPool:
-    """Round-robin over the reward actors, with a per-call deadline (a timeout scores 0)."""
+    """The reward actors behind one `score` call with a deadline and one retry (module docstring)."""
 
-    def __init__(self, actors: list[Any], timeout_seconds: float) -> None:
-        self.actors, self.timeout = actors, timeout_seconds
-        self._next = 0
+    def __init__(self, env_name: str, function: str | None, num_workers: int, timeout_seconds: float) -> None:
+        self.env_name, self.function, self.timeout = env_name, function, timeout_seconds
+        self.actors = [start_actor(env_name, function) for _ in range(num_workers)]
+        self._idle: asyncio.Queue[Any] | None = None
+
+    def _queue(self) -> asyncio.Queue[Any]:
+        # Made on first use, on the event loop of the process that scores (the controller actor):
+        # the pool itself is built in the driver and travels there pickled.
+        if self._idle is None:
+            self._idle = asyncio.Queue()
+            for actor in self.actors:
+                self._idle.put_nowait(actor)
+        return self._idle
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_idle": None}
 
     async def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[Score]:
-        actor = self.actors[self._next % len(self.actors)]
-        self._next += 1
-        ref = actor.score.remote(example, responses, finished)
-        try:
-            scores: list[Score] = await asyncio.wait_for(ref, self.timeout)
-            return scores
-        except TimeoutError:
-            ray.cancel(ref)
-            return [Score(0.0, False)] * len(responses)
+        """The scores of one group; RewardFailedError after two failed calls."""
+        idle = self._queue()
+        errors: list[str] = []
+        for _ in range(ATTEMPTS):
+            actor = await idle.get()
+            ref = actor.score.remote(example, responses, finished)
+            try:
+                scores: list[Score] = await asyncio.wait_for(ref, self.timeout)
+                return scores
+            except TimeoutError:
+                errors.append(f"timed out after {self.timeout:g}s (env.timeoutSeconds)")
+                actor = await self._replace(actor)
+            except ray.exceptions.RayTaskError as exc:  # the environment or the function raised
+                cause = exc.cause if exc.cause is not None else exc
+                errors.append(f"{type(cause).__name__}: {cause}")
+            except ray.exceptions.RayError as exc:  # the actor died (its process, its node)
+                errors.append(f"the reward worker failed: {type(exc).__name__}: {exc}")
+                actor = await self._replace(actor)
+            finally:
+                idle.put_nowait(actor)
+            log.warning("scoring a group failed (attempt %d of %d): %s", len(errors), ATTEMPTS, errors[-1])
+        raise RewardFailedError(f"scoring failed {ATTEMPTS} times; last: {errors[-1]}")
 
+    async def _replace(self, actor: Any) -> Any:
+        """A started actor in place of `actor`, which is killed. Its start is awaited here, so that
+        it does not count against the next call's deadline."""
+        ray.kill(actor, no_restart=True)
+        fresh = start_actor(self.env_name, self.function)
+        self.actors = [fresh if a is actor else a for a in self.actors]
+        with contextlib.suppress(ray.exceptions.RayError):  # one that cannot start fails its next call
+            await fresh.__ray_ready__.remote()
+        return fresh
 
-def build_reward_pool(env_name: str, num_workers: int, timeout_seconds: float) -> RewardPool:
-    cls = ray.remote(num_cpus=0)(RewardActor)
-    actors = [cls.remote(env_name) for _ in range(num_workers)]
-    return RewardPool(actors, timeout_seconds)
+    def ready(self) -> list[Any]:
+        """Refs that resolve when every reward actor has started."""
+        return [a.__ray_ready__.remote() for a in self.actors]

@@ -1,11 +1,14 @@
 """The rollout manager: one prompt group from prompt to scored samples, with deadlines and retries.
 
 `run_group` generates N samples of a prompt on a generation engine, decodes them, scores them with
-the reward pool, and returns a GroupRecord. Each attempt has a deadline
+the reward pool, and returns a GroupRecord. Each generation attempt has a deadline
 (asyncRL.rolloutTimeoutSeconds); a failed or timed-out attempt is retried from the current weights
 up to asyncRL.maxRolloutAttempts times, and after that `RolloutFailedError` is raised so the run fails
-loudly. A failure is never turned into zero-reward samples: that would bias every group-relative
-baseline it touches (the reference system's silent failure mode).
+loudly. Scoring has its own deadline and one retry in the reward pool; when both calls fail,
+`rewards.RewardFailedError` reaches the controller, which drops the group (it does not generate
+it again: the samples were fine, their scorer was not). A failure is never turned into zero-reward
+samples: that would bias every group-relative baseline it touches (the reference system's silent
+failure mode).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncgrpo_trainer.backends import sampling
+from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import GroupRecord
 from asyncgrpo_trainer.envs.base import Example
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
@@ -57,11 +60,19 @@ class RolloutManager:
         self.timeout, self.max_attempts, self.seed = timeout_seconds, max_attempts, seed
         self.stats = RolloutStats()
 
-    async def _attempt(self, example: Example, seed: int) -> GroupRecord:
+    async def _generate(
+        self, example: Example, seed: int
+    ) -> tuple[list[int], generation.Generated, list[str]]:
         prompt_ids = self.tokenizer.encode_prompt(example.prompt)
         out = await self.generation.generate(prompt_ids, self.n, self.params, seed)
-        texts = [self.tokenizer.decode(r) for r in out.response_ids]
-        scores = await self.rewards.score(example, texts, out.finished)
+        return prompt_ids, out, [self.tokenizer.decode(r) for r in out.response_ids]
+
+    async def run_group(
+        self, example: Example, group_id: int, on_attempt: Callable[[int], None]
+    ) -> GroupRecord:
+        """Generate and score one group; `on_attempt(i)` runs before attempt i (re-stamps the slot)."""
+        prompt_ids, out, texts = await self._generate_with_retries(example, group_id, on_attempt)
+        scores = await self.rewards.score(example, texts, out.finished)  # RewardFailedError: dropped
         return GroupRecord(
             prompt_ids=prompt_ids,
             response_ids=out.response_ids,
@@ -73,10 +84,9 @@ class RolloutManager:
             last_version=out.last_version,
         )
 
-    async def run_group(
+    async def _generate_with_retries(
         self, example: Example, group_id: int, on_attempt: Callable[[int], None]
-    ) -> GroupRecord:
-        """Generate and score one group; `on_attempt(i)` runs before attempt i (re-stamps the slot)."""
+    ) -> tuple[list[int], generation.Generated, list[str]]:
         last_error: BaseException | None = None
         for attempt in range(self.max_attempts):
             on_attempt(attempt)
@@ -84,15 +94,15 @@ class RolloutManager:
             seed = (self.seed * 1_000_003 + group_id * 101 + attempt) % (2**63)
             try:
                 if self.timeout is None:
-                    return await self._attempt(example, seed)
-                return await asyncio.wait_for(self._attempt(example, seed), self.timeout)
+                    return await self._generate(example, seed)
+                return await asyncio.wait_for(self._generate(example, seed), self.timeout)
             except TimeoutError as exc:
                 self.stats.timeouts += 1
                 last_error = exc
                 log.warning("group %d attempt %d timed out after %ss", group_id, attempt + 1, self.timeout)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # an engine or reward worker error: retry, then fail loudly
+            except Exception as exc:  # an engine error: retry, then fail loudly
                 self.stats.errors += 1
                 last_error = exc
                 log.warning("group %d attempt %d failed: %r", group_id, attempt + 1, exc)

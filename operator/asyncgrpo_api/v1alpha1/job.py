@@ -148,6 +148,12 @@ class Progress(ApiModel):
         description="Fraction of the held-out prompts answered exactly (greedy) at the last validation; "
         "once the job has Succeeded, its final accuracy when grpo.valAtEnd is on.",
     )
+    reward_failures: int = Field(
+        default=0,
+        ge=0,
+        description="Prompt groups dropped because scoring them failed twice (env.timeoutSeconds or an "
+        "error); never trained on.",
+    )
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
     updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
 

@@ -7,11 +7,16 @@ them identically.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from asyncgrpo_api.v1alpha1.base import AbsolutePath, ApiModel
+
+DataKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+"""A column of a data file (a key of a JSON row)."""
+RewardFunction = Annotated[str, StringConstraints(min_length=3, max_length=512)]
+"""\"package.module:function\"; its shape is checked by asyncgrpo_api.rules (with a message that says how)."""
 
 
 class TinyModelSpec(ApiModel):
@@ -135,7 +140,8 @@ class AsyncRLSpec(ApiModel):
         default=None,
         gt=0,
         le=86_400,
-        description="Deadline of one prompt group's generation and reward; a group past it is retried.",
+        description="Deadline of one prompt group's generation; a group past it is retried. Scoring has its "
+        "own deadline, env.timeoutSeconds.",
     )
     max_rollout_attempts: int = Field(
         default=3, ge=1, le=100, description="Attempts per prompt group before the run fails."
@@ -297,14 +303,30 @@ class WeightSyncSpec(ApiModel):
 
 
 class DataSpec(ApiModel):
-    """Prompts: the environment's built-in set, or JSONL files on a volume."""
+    """Prompts and reference answers: the environment's built-in set, or data files on a volume.
+
+    How files are read, which rows are skipped and how the reference answer is taken from a row:
+    docs/guides/models.md#datasets.
+    """
 
     train_path: AbsolutePath | None = Field(
         default=None,
-        description="JSONL file of {prompt, answer} rows; unset uses the environment's built-in set.",
+        description="Training rows: a JSON Lines (.jsonl) or JSON (.json) file, a Parquet file (.parquet), "
+        "or a directory written by the datasets library's save_to_disk; unset uses the environment's "
+        "built-in set.",
     )
     validation_path: AbsolutePath | None = Field(
-        default=None, description="JSONL file of held-out {prompt, answer} rows."
+        default=None,
+        description="Held-out rows, in the formats of trainPath; unset holds out numValidationPrompts rows "
+        "of trainPath (never trained on), or uses the built-in validation set without trainPath.",
+    )
+    prompt_key: DataKey = Field(
+        default="prompt", description="Column (key) of a row holding the prompt text, e.g. question."
+    )
+    answer_key: DataKey = Field(
+        default="answer",
+        description="Column (key) of a row holding the reference answer, e.g. solution; the environment "
+        "takes the answer from it (gsm8k: the number after ####; math: the last \\boxed{}).",
     )
     num_validation_prompts: int = Field(
         default=32, ge=0, le=1_000_000, description="Held-out prompts scored at each validation."
@@ -327,17 +349,30 @@ class DataSpec(ApiModel):
 
 
 class EnvSpec(ApiModel):
-    """The reward environment that scores responses."""
+    """The reward environment: what a row's reference answer is, and how a response is scored."""
 
-    name: Literal["reverse", "math"] = Field(
+    name: Literal["reverse", "math", "gsm8k"] = Field(
         default="reverse",
         description="reverse: a shipped synthetic task (write a 4-digit string backwards) that a tiny "
-        "model learns from scratch, with held-out strings; math: exact answer checking of \\boxed{} "
-        "answers for real models.",
+        "model learns from scratch, with held-out strings; math: answer equivalence by math-verify "
+        "(\\boxed{}, fractions, LaTeX, numbers); gsm8k: the final number of the response against the "
+        "number after #### (needs data.trainPath).",
+    )
+    function: RewardFunction | None = Field(
+        default=None,
+        description='A reward function of your own, "package.module:function", importable in the trainer '
+        "image: called as function(prompt, response, reference_answer) -> float in the reward workers. "
+        "It replaces the environment's reward; the environment still reads the data and measures "
+        "accuracy.",
     )
     num_workers: int = Field(default=1, ge=1, le=1024, description="Reward worker actors.")
     timeout_seconds: float = Field(
-        default=10, gt=0, le=3600, description="Deadline of one scoring call; a timeout scores 0."
+        default=10,
+        gt=0,
+        le=3600,
+        description="Deadline of scoring one prompt group's responses in a reward worker. A call past it, "
+        "or one that raises, is retried once; then the group is dropped (status.progress.rewardFailures), "
+        "never trained on, and replaced by the next prompt.",
     )
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from asyncgrpo_trainer.envs import math, reverse
+from asyncgrpo_trainer.envs import gsm8k, math, reverse
 from asyncgrpo_trainer.envs.base import Environment, Example, Score
 
 REGISTRY: dict[str, type[Environment]] = {
     "math": math.MathEnvironment,
     "reverse": reverse.ReverseEnvironment,
+    "gsm8k": gsm8k.Gsm8kEnvironment,
 }
 
 

@@ -46,6 +46,11 @@ class Environment(abc.ABC):
     def builtin_examples(self, *, split: str, count: int, seed: int) -> list[Example]:
         """`count` examples of `split` ("train" or "validation"); the splits never overlap."""
 
+    def reference(self, answer: str) -> str:
+        """The reference answer in the answer text of a data file's row (e.g. the number after ####
+        of a GSM8K solution); ValueError, saying what was expected, when it holds none (a bad row)."""
+        return answer.strip()
+
     @abc.abstractmethod
     def score(self, example: Example, response: str, *, finished: bool) -> Score:
         """The reward of `response` to `example` and whether it is the reference answer."""

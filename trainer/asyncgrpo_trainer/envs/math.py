@@ -1,16 +1,27 @@
-"""Math answer checking for real models: the last \\boxed{...} of a response against the answer.
+"""Math answers for real models, checked by math-verify: \\boxed{}, fractions, LaTeX and numbers.
 
-Answers compare equal after light normalisation (spaces, surrounding $, a trailing period, \\left /
-\\right, thousands separators) or, when both parse as numbers (including simple fractions a/b),
-numerically. The reward is 1.0 or 0.0; no partial credit, as in the usual math-verify setups.
-The built-in prompt set is generated word problems so that a job with env math runs without a
-dataset volume; real runs point data.trainPath at a JSONL file.
+The reference answer of a data row is the content of the last \\boxed{} of its answer text (a
+MATH solution), or the whole text when it has none (a column that holds only the answer). A
+response is correct when math-verify finds it equivalent to the reference: it extracts the
+response's answer (a \\boxed{} first, else the last LaTeX or plain expression) and compares
+numbers, fractions and expressions symbolically (so 0.5, 1/2, \\frac{2}{4} are all equal). The
+reward is 1.0 or 0.0, and a response cut at maxNewTokens is wrong. The built-in prompt set is
+generated word problems so that a job with env math runs without a dataset volume; real runs point
+data.trainPath at a file.
+
+math-verify guards each parse and comparison with a SIGALRM deadline (MATH_VERIFY_SECONDS; an
+expression sympy cannot settle in time counts as not equal), which works only on a process's main
+thread: the reward actors score there. Elsewhere (a thread of a test or a tool) the deadline is
+off, and the reward pool's env.timeoutSeconds is the bound.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
-from fractions import Fraction
+import threading
+from typing import Any
 
 from asyncgrpo_trainer.envs.base import Environment, Example, Score
 from asyncgrpo_trainer.models.tokenizer import PRINTABLE
@@ -35,35 +46,37 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def normalize(answer: str) -> str:
-    """A canonical spelling of an answer for string comparison."""
-    out = answer.strip().strip("$").strip()
-    for token in ("\\left", "\\right", "\\!", "\\,", " "):
-        out = out.replace(token, "")
-    out = out.rstrip(".")
-    if out.replace(",", "").lstrip("-").isdigit():
-        out = out.replace(",", "")
-    return out
+MATH_VERIFY_SECONDS = 5
+"""math-verify's own deadline per parse and per comparison (its default)."""
 
 
-def as_number(answer: str) -> Fraction | None:
-    """The value of a plain number, decimal or a/b fraction (also \\frac{a}{b}); None otherwise."""
-    text = normalize(answer)
-    if text.startswith("\\frac{") and text.endswith("}") and "}{" in text:
-        num, den = text[len("\\frac{") : -1].split("}{", 1)
-        text = f"{num}/{den}"
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
+def _deadline() -> int | None:
+    return MATH_VERIFY_SECONDS if threading.current_thread() is threading.main_thread() else None
 
 
-def answers_match(predicted: str, reference: str) -> bool:
-    """Whether two answers are the same, textually or numerically."""
-    if normalize(predicted) == normalize(reference):
-        return True
-    a, b = as_number(predicted), as_number(reference)
-    return a is not None and b is not None and a == b
+@functools.cache
+def _math_verify() -> Any:
+    """math-verify, imported on first use: sympy and its LaTeX parser take seconds to import, which
+    only the processes that score math pay (not the driver, the controller or the torch workers)."""
+    import math_verify  # noqa: PLC0415
+
+    # Its warning that a disabled deadline is the caller's job (off the main thread): it is, here.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    return math_verify
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_reference(reference: str) -> list[Any]:
+    # A reference is an answer, not prose: parsed as LaTeX in math mode ("\\frac{1}{2}", "5\\sqrt{2}").
+    parsed: list[Any] = _math_verify().parse(f"${reference}$", parsing_timeout=_deadline())
+    return parsed
+
+
+def answers_match(response: str, reference: str) -> bool:
+    """Whether math-verify finds the answer of `response` equivalent to `reference`."""
+    mv = _math_verify()
+    predicted = mv.parse(response, parsing_timeout=_deadline())
+    return bool(mv.verify(_parsed_reference(reference), predicted, timeout_seconds=_deadline()))
 
 
 class MathEnvironment(Environment):
@@ -89,7 +102,14 @@ class MathEnvironment(Environment):
                 out.append(Example(f"What is {a} minus {b}?{INSTRUCTION}", str(a - b)))
         return out
 
+    def reference(self, answer: str) -> str:
+        boxed = last_boxed(answer)
+        if boxed is not None and boxed.strip():
+            return boxed.strip()
+        if "\\boxed" in answer:
+            raise ValueError("has a \\boxed{} that is empty or not closed")
+        return answer.strip()
+
     def score(self, example: Example, response: str, *, finished: bool) -> Score:
-        boxed = last_boxed(response)
-        correct = boxed is not None and answers_match(boxed, example.answer)
+        correct = finished and answers_match(response, example.answer)
         return Score(1.0 if correct else 0.0, correct)

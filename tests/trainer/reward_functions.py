@@ -1,0 +1,39 @@
+"""Reward functions as users write them, for env.function in the tests
+(`tests.trainer.reward_functions:NAME`, importable in the Ray workers, which run in the repository)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def exact(prompt: str, response: str, reference: str) -> float:
+    """1 for exactly the reference, 0.25 for any other digits, else 0."""
+    if response.strip() == reference:
+        return 1.0
+    return 0.25 if response.strip().isdigit() else 0.0
+
+
+def logs_then_raises(prompt: str, response: str, reference: str) -> float:
+    """Appends a line to the file named by the prompt (so a test counts the calls), then fails."""
+    with Path(prompt).open("a") as f:
+        f.write(f"{response}\n")
+    raise RuntimeError("the reward service is down")
+
+
+def hangs_on_hang(prompt: str, response: str, reference: str) -> float:
+    """Never returns for the response "hang" (a stuck function); 1.0 otherwise."""
+    if response == "hang":
+        time.sleep(3600)
+    return 1.0
+
+
+def returns_text(prompt: str, response: str, reference: str) -> str:
+    return "1.0"
+
+
+def always_raises(prompt: str, response: str, reference: str) -> float:
+    raise ValueError("no reward for you")
+
+
+NOT_A_FUNCTION = 3

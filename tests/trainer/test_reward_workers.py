@@ -1,0 +1,99 @@
+"""The reward workers as real Ray actors: a user's reward function by import path, the deadline and
+the one retry, and a failure that ends as RewardFailedError (the group is dropped), never as 0."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from asyncgrpo_trainer import rewards
+from asyncgrpo_trainer.datafiles import InvalidDataError
+from asyncgrpo_trainer.envs.base import Example, Score
+
+pytestmark = pytest.mark.trainer
+FUNCTIONS = "tests.trainer.reward_functions"
+
+
+def _pool(function: str, workers: int, timeout_seconds: float) -> rewards.RewardPool:
+    """A started pool: the driver waits for its workers too (`RewardPool.ready`), so that a deadline
+    never covers a worker's start."""
+    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:{function}", workers, timeout_seconds)
+    ray.get(pool.ready(), timeout=300)
+    return pool
+
+
+def _score(pool: rewards.RewardPool, example: Example, responses: list[str]) -> list[Score]:
+    return asyncio.run(pool.score(example, responses, [True] * len(responses)))
+
+
+def test_a_user_function_gives_the_reward_and_the_environment_the_accuracy(ray_address: str) -> None:
+    pool = _pool("exact", 1, timeout_seconds=30)
+    scores = _score(pool, Example("1234=", "4321"), ["4321", "4329", "x"])
+    # reverse alone would give 1.0, 0.75, 0.0; the function's rewards replace those
+    assert scores == [Score(1.0, True), Score(0.25, False), Score(0.0, False)]
+
+
+def test_a_reward_function_that_raises_is_called_twice_then_the_group_fails(
+    ray_address: str, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.log"
+    pool = _pool("logs_then_raises", 2, timeout_seconds=30)
+    with pytest.raises(rewards.RewardFailedError, match="RuntimeError: the reward service is down"):
+        _score(pool, Example(str(calls), "4321"), ["4321", "4329"])
+    assert calls.read_text().splitlines() == ["4321", "4321"]  # the call and one retry, each failing at once
+
+
+@pytest.mark.parametrize(
+    ("function", "error"),
+    [
+        ("returns_text", "TypeError: .*returned str '1.0'; it must return a float"),
+        ("always_raises", "ValueError"),
+    ],
+)
+def test_a_reward_that_is_not_a_float_or_an_error_is_a_failure_not_a_zero(
+    ray_address: str, function: str, error: str
+) -> None:
+    pool = _pool(function, 1, timeout_seconds=30)
+    with pytest.raises(rewards.RewardFailedError, match=error):
+        _score(pool, Example("1234=", "4321"), ["4321"])
+
+
+def test_a_stuck_function_is_cut_at_the_deadline_its_worker_replaced_and_the_pool_keeps_scoring(
+    ray_address: str,
+) -> None:
+    pool = _pool("hangs_on_hang", 1, timeout_seconds=5)
+    first = pool.actors[0]
+    assert _score(pool, Example("1234=", "4321"), ["4321"]) == [Score(1.0, True)]  # the worker is up
+
+    async def stuck_then_fine() -> list[Score]:
+        with pytest.raises(
+            rewards.RewardFailedError, match=re.escape("timed out after 5s (env.timeoutSeconds)")
+        ):
+            await pool.score(Example("1234=", "4321"), ["hang"], [True])
+        return await pool.score(Example("1234=", "4321"), ["4321"], [True])
+
+    t0 = time.monotonic()
+    assert asyncio.run(stuck_then_fine()) == [Score(1.0, True)]
+    assert time.monotonic() - t0 < 60  # two deadlines and two fresh workers, not an hour
+    assert pool.actors[0] is not first
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(first.score.remote(Example("1234=", "4321"), ["4321"], [True]), timeout=30)  # killed
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_xyz:f", "env.function: cannot import 'no_such_module_xyz' (ModuleNotFoundError"),
+        (f"{FUNCTIONS}:missing", f"env.function: {FUNCTIONS}:missing: {FUNCTIONS}.missing does not exist"),
+        (f"{FUNCTIONS}:NOT_A_FUNCTION", "NOT_A_FUNCTION is not callable"),
+    ],
+)
+def test_a_reward_function_that_cannot_be_used_is_invalid_data(spec: str, message: str) -> None:
+    with pytest.raises(InvalidDataError) as err:
+        rewards.load_function(spec)
+    assert message in str(err.value)
