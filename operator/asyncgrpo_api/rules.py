@@ -22,7 +22,8 @@ from pydantic import BaseModel, ValidationError
 
 from asyncgrpo_api import quantity
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
-from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
+from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
 from asyncgrpo_api.v1alpha1.trainer import DataSpec, MegatronSpec, TinyModelSpec, TrainerSpec
 
@@ -147,6 +148,10 @@ def _schema_findings(exc: ValidationError) -> Iterator[Finding]:
             yield Finding(path, _unknown_field_message(loc))
         elif error["type"] == "missing":
             yield Finding(path, "is required")
+        elif error["type"] == podtemplate.ERROR_TYPE:
+            for problem in (error.get("ctx") or {}).get("problems", []):
+                field, _, why = str(problem).partition(": ")
+                yield Finding(f"{path}.{field}", why)
         else:
             got = error.get("input")
             shown = "" if isinstance(got, dict | list) else f"; got {got!r}"
@@ -601,6 +606,7 @@ def _gpus_not_in_resources(job: AsyncGRPOJob) -> Iterator[Finding]:
 
 
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 GENERATED_SUFFIX_LENGTH = 5
 """Characters the API server appends to metadata.generateName."""
 MAX_ANNOTATIONS_BYTES = 262_144
@@ -644,11 +650,66 @@ def _annotations_fit(job: AsyncGRPOJob) -> Iterator[Finding]:
 
 def _scheduler_queue(job: AsyncGRPOJob) -> Iterator[Finding]:
     scheduler = job.spec.scheduler
-    if scheduler.name in {"kueue", "kai"} and scheduler.queue_name is None:
+    label = job.metadata.labels.get(KUEUE_QUEUE_LABEL)
+    label_path = f"metadata.labels.{KUEUE_QUEUE_LABEL}"
+    if label is not None and not DNS_1123_LABEL.fullmatch(label):
+        yield Finding(label_path, f"{label!r} is not a LocalQueue name (a DNS label)")
+    if label and scheduler.name in {"kai", "volcano"}:
+        yield Finding(
+            label_path,
+            f"queues the job in Kueue, but spec.scheduler.name is {scheduler.name}: choose one (remove the "
+            "label, or set scheduler.name kueue)",
+        )
+    elif label and scheduler.queue_name is not None and scheduler.queue_name != label:
+        yield Finding(
+            "spec.scheduler.queueName",
+            f"is {scheduler.queue_name!r} but the job's {KUEUE_QUEUE_LABEL} label is {label!r}; they "
+            "name the same Kueue LocalQueue, so they must agree (or set only one)",
+        )
+    elif scheduler.name in {"kueue", "kai"} and scheduler.queue_name is None and not label:
         yield Finding(
             "spec.scheduler.queueName",
             f"is required when scheduler.name is {scheduler.name}: name the queue the job is submitted to",
         )
+
+
+def _pod_template_overrides(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """What a pool's podTemplate may not set given the rest of the job (its shape is checked by
+    the model): the job's own environment variables and storage mount paths, and a priority class
+    other than spec.scheduler.priorityClassName."""
+    job_env = {var.name for var in job.spec.env} | {ref.env for s in job.spec.secrets for ref in s.keys}
+    storage = job.spec.storage
+    mounts = {v.mount_path.rstrip("/") for v in (storage.checkpoints, storage.models, storage.data) if v}
+    pools = (
+        ("head", job.spec.cluster.head),
+        ("policyWorkers", job.spec.cluster.policy_workers),
+        ("generationWorkers", job.spec.cluster.generation_workers),
+    )
+    priority = job.spec.scheduler.priority_class_name
+    for pool_name, pool in pools:
+        spec = (pool.pod_template or {}).get("spec") or {}
+        path = f"spec.cluster.{pool_name}.podTemplate.spec"
+        wanted = spec.get("priorityClassName")
+        if priority is not None and wanted is not None and wanted != priority:
+            yield Finding(
+                f"{path}.priorityClassName",
+                f"is {wanted!r} but spec.scheduler.priorityClassName is {priority!r}; set one of them",
+            )
+        for field in ("initContainers", "containers"):
+            for container in spec.get(field) or []:
+                name = container.get("name")
+                for k, var in enumerate(container.get("env") or []):
+                    if var.get("name") in job_env:
+                        yield Finding(
+                            f"{path}.{field}[{name}].env[{k}].name",
+                            f"{var.get('name')} is already set by spec.env or spec.secrets; set it once",
+                        )
+                for k, mount in enumerate(container.get("volumeMounts") or []):
+                    if str(mount.get("mountPath", "")).rstrip("/") in mounts:
+                        yield Finding(
+                            f"{path}.{field}[{name}].volumeMounts[{k}].mountPath",
+                            f"{mount.get('mountPath')} is where spec.storage mounts a volume; use another",
+                        )
 
 
 def _unique_env_names(job: AsyncGRPOJob) -> Iterator[Finding]:
@@ -715,7 +776,8 @@ def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
         yield Finding(f"{TRAINER}.policy.megatron", "is ignored unless policy.backend is megatron; remove it")
     if job.spec.scheduler.name == "default" and job.spec.scheduler.queue_name is not None:
         yield Finding(
-            "spec.scheduler.queueName", "is ignored with scheduler.name default; set name kueue or kai"
+            "spec.scheduler.queueName",
+            "is ignored with scheduler.name default; set name kueue, kai or volcano",
         )
     if trainer.grpo.val_period and trainer.data.num_validation_prompts == 0:
         yield Finding(
@@ -742,6 +804,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _gpus_not_in_resources,
     _requests_within_limits,
     _scheduler_queue,
+    _pod_template_overrides,
     _unique_env_names,
 )
 _WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (

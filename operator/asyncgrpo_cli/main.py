@@ -14,6 +14,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("asyncgrpo_api.validate_cli", "check job files against the admission rules, offline"),
     "crd": ("asyncgrpo_api.crdgen", "write (or --check) the generated CustomResourceDefinition"),
     "render": ("asyncgrpo_operator.render", "print the objects the operator would create for a job"),
+    "logs": (
+        "asyncgrpo_operator.driverlog",
+        "stream a job's driver log (-f to follow), or say where its log files are once the pod is gone",
+    ),
     "run": ("asyncgrpo_trainer.local_run", "run a job on this machine with an embedded Ray (no Kubernetes)"),
     "export": (
         "asyncgrpo_trainer.export",

@@ -19,6 +19,8 @@ from asyncgrpo_operator.observed import ProgressMark
 # --- condition types and reasons ------------------------------------------------------------------
 
 SUSPENDED = "Suspended"
+QUEUED = "Queued"
+"""True while Kueue holds the attempt's RayCluster suspended (waiting for quota, or preempted)."""
 PODS_SCHEDULED = "PodsScheduled"
 PODS_READY = "PodsReady"
 RUNNING = "Running"
@@ -33,6 +35,7 @@ SPEC_VALID = "SpecValid"
 CONDITION_ORDER = (
     SUSPENDED,
     SPEC_VALID,
+    QUEUED,
     PODS_SCHEDULED,
     PODS_READY,
     RUNNING,
@@ -187,6 +190,8 @@ def derive_phase(conditions: list[Condition]) -> tuple[Phase, str, str]:
     for type_, phase in terminal:
         if (cond := true(type_)) is not None:
             return phase, cond.reason, cond.message
+    if (queued := true(QUEUED)) is not None:
+        return "Queued", queued.reason, queued.message
     if (running := true(RUNNING)) is not None:
         stalled = true(STALLED)
         shown = stalled or running
@@ -251,6 +256,7 @@ class Draft:
                 "head_pod",
                 "driver_logs",
                 "progress",
+                "outputs",
             )
         }
 

@@ -13,7 +13,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -134,6 +134,15 @@ class Api:
 
     # --- jobs ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def current_namespace() -> str:
+        """The kubeconfig context's namespace, else "default" (what kubectl uses without -n)."""
+        try:
+            _, context = config.list_kube_config_contexts()
+        except (ConfigException, OSError, TypeError):
+            return "default"
+        return str((context or {}).get("context", {}).get("namespace") or "default")
+
     async def get_job(self, namespace: str, name: str) -> Obj | None:
         return await self.get_or_none(_job_path(namespace, name))
 
@@ -170,6 +179,42 @@ class Api:
         return await self.list_items(
             f"/api/v1/namespaces/{namespace}/pods", f"{naming.JOB_NAME_LABEL}={job_name}"
         )
+
+    async def list_workloads(self, namespace: str, cluster_uid: str) -> list[Obj]:
+        """Kueue's Workloads of one RayCluster; empty when Kueue's API is not served (not installed)."""
+        path = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads"
+        try:
+            return await self.list_items(path, f"kueue.x-k8s.io/job-uid={cluster_uid}")
+        except ApiError as err:
+            if err.status == 404:
+                return []
+            raise
+
+    async def stream_pod_log(
+        self, namespace: str, pod: str, container: str, *, follow: bool
+    ) -> AsyncIterator[bytes]:
+        """A container's log as it arrives (kubectl logs [-f]); no timeout while following."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
+        query = [("container", container), ("follow", "true" if follow else "false")]
+        try:
+            response = await self._client.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": "*/*"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=None if follow else REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            message, reason = _status_of(exc)
+            raise ApiError(int(exc.status or 0), message, reason) from exc
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+        finally:
+            response.release()
 
     async def get_configmap(self, namespace: str, name: str) -> Obj | None:
         return await self.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")

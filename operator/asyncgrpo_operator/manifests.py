@@ -17,6 +17,12 @@ Shape of the RayCluster, and why:
 - Every Ray port is pinned (rayStartParams), so NetworkPolicies can be written.
 - Pods get a minimal environment (enableServiceLinks false: service-link variables grow with the
   namespace and break Ray's runtime_env), no API token unless a ServiceAccount is named.
+- A job Kueue manages gets a RayCluster created suspended and labelled with its LocalQueue: Kueue's
+  RayCluster integration admits it by unsuspending it (docs/guides/scheduling.md). KAI Scheduler and
+  Volcano get what KubeRay's batch-scheduler integration reads (queue and priority labels on the
+  RayCluster) and the schedulerName on every pod.
+- A pool's podTemplate override is merged in last (overrides.py); admission already refused what it
+  may not change.
 """
 
 from __future__ import annotations
@@ -27,15 +33,21 @@ from typing import Any
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, WorkerGroup
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
-from asyncgrpo_operator import naming
+from asyncgrpo_operator import naming, overrides
 
 Manifest = dict[str, Any]
 
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""A Kueue WorkloadPriorityClass; copied from the job to its RayCluster, where Kueue reads it."""
 KAI_QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER_NAME = "kai-scheduler"
+VOLCANO_QUEUE_LABEL = "volcano.sh/queue-name"
+VOLCANO_SCHEDULER_NAME = "volcano"
+RAY_PRIORITY_LABEL = "ray.io/priority-class-name"
+"""KubeRay's Volcano integration copies it into the PodGroup's priorityClassName."""
 
 _JOB_SPEC_VOLUME = "job-spec"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -143,11 +155,17 @@ def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> 
             spec.cluster.generation_workers,
         ),
     ]
+    cluster_spec: Manifest = {}
+    if job.kueue_queue_name is not None:
+        # Created suspended: no pod exists before Kueue admits the cluster (its webhook would
+        # suspend it too, but only if it is up; this does not depend on that).
+        cluster_spec["suspend"] = True
     return {
         "apiVersion": naming.RAY_API_VERSION,
         "kind": naming.RAYCLUSTER_KIND,
         "metadata": metadata,
         "spec": {
+            **cluster_spec,
             "rayVersion": spec.cluster.ray_version,
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {
@@ -266,7 +284,8 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
     pod_spec = _pod_spec(job, head, [ray_head, driver], [_RAY_TMP, _SHM, job_spec_volume])
     # Never: the kubelet must not restart a finished driver; a lost head is a new attempt.
     pod_spec["restartPolicy"] = "Never"
-    return {"metadata": _pod_metadata(job, attempt, naming.COMPONENT_HEAD, head), "spec": pod_spec}
+    template = {"metadata": _pod_metadata(job, attempt, naming.COMPONENT_HEAD, head), "spec": pod_spec}
+    return overrides.merge(template, head.pod_template)
 
 
 def _worker_group(
@@ -290,10 +309,13 @@ def _worker_group(
         "minReplicas": pool.replicas,
         "maxReplicas": pool.replicas,
         "rayStartParams": _node_start_params(),
-        "template": {
-            "metadata": _pod_metadata(job, attempt, component, pool),
-            "spec": _pod_spec(job, pool, [container], [_SHM]),
-        },
+        "template": overrides.merge(
+            {
+                "metadata": _pod_metadata(job, attempt, component, pool),
+                "spec": _pod_spec(job, pool, [container], [_SHM]),
+            },
+            pool.pod_template,
+        ),
     }
 
 
@@ -322,14 +344,24 @@ def _pod_metadata(job: AsyncGRPOJob, attempt: int, component: str, placement: Pl
 
 
 def _scheduler_labels(job: AsyncGRPOJob) -> dict[str, str]:
+    """Labels on the RayCluster that Kueue, or KubeRay's batch-scheduler integration, read."""
     scheduler = job.spec.scheduler
-    if scheduler.queue_name is None:
-        return {}
-    if scheduler.name == "kueue":
-        return {KUEUE_QUEUE_LABEL: scheduler.queue_name}
-    if scheduler.name == "kai":
-        return {KAI_QUEUE_LABEL: scheduler.queue_name}
-    return {}
+    queue = job.kueue_queue_name
+    if queue is not None:
+        labels = {KUEUE_QUEUE_LABEL: queue}
+        priority = job.metadata.labels.get(KUEUE_PRIORITY_LABEL)
+        if priority:
+            labels[KUEUE_PRIORITY_LABEL] = priority
+        return labels
+    labels = {}
+    if scheduler.name == "kai" and scheduler.queue_name:
+        labels[KAI_QUEUE_LABEL] = scheduler.queue_name
+    if scheduler.name == "volcano":
+        if scheduler.queue_name:
+            labels[VOLCANO_QUEUE_LABEL] = scheduler.queue_name
+        if scheduler.priority_class_name:
+            labels[RAY_PRIORITY_LABEL] = scheduler.priority_class_name
+    return labels
 
 
 def _pod_spec(
@@ -359,6 +391,8 @@ def _pod_spec(
         pod["priorityClassName"] = spec.scheduler.priority_class_name
     if spec.scheduler.name == "kai":
         pod["schedulerName"] = KAI_SCHEDULER_NAME
+    elif spec.scheduler.name == "volcano":
+        pod["schedulerName"] = VOLCANO_SCHEDULER_NAME
     if spec.network.host_network:
         pod["hostNetwork"] = True
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from asyncgrpo_api import naming as api_naming
-from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, GROUP
+from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, GROUP, podtemplate
 
 # --- the KubeRay API we create objects of --------------------------------------------------------
 
@@ -77,11 +77,11 @@ def head_service_name(cluster_name: str) -> str:
 
 # --- containers, files, groups --------------------------------------------------------------------
 
-RAY_HEAD_CONTAINER: Final = "ray-head"
+RAY_HEAD_CONTAINER: Final = podtemplate.RAY_HEAD_CONTAINER
 """Container 0 of the head pod: the Ray head (KubeRay requires the Ray container at index 0)."""
-DRIVER_CONTAINER: Final = "driver"
+DRIVER_CONTAINER: Final = podtemplate.DRIVER_CONTAINER
 """The training driver, a second container of the head pod. Its exit decides the attempt."""
-RAY_WORKER_CONTAINER: Final = "ray-worker"
+RAY_WORKER_CONTAINER: Final = podtemplate.RAY_WORKER_CONTAINER
 
 POLICY_GROUP: Final = "policy"
 GENERATION_GROUP: Final = "generation"

@@ -28,6 +28,7 @@ class ContainerView:
     message: str = ""
     exit_code: int | None = None
     signal: int | None = None
+    finished_at: datetime | None = None
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> ContainerView:
@@ -42,6 +43,7 @@ class ContainerView:
                 message=str(term.get("message") or ""),
                 exit_code=_int_or_none(term.get("exitCode")),
                 signal=_int_or_none(term.get("signal")),
+                finished_at=parse_time(term.get("finishedAt")),
             )
         if "running" in state:
             return cls(name=name, state="running")
@@ -191,6 +193,9 @@ class DriverExit:
     whole_pod: bool = False
     """The whole head pod ended (Failed phase, or the Ray head container ended too): the pod was
     killed, evicted or lost its node, so a non-zero code is the infrastructure's, not training's."""
+    finished_at: datetime | None = None
+    """When the container ended (the kubelet's finishedAt): an exit from before Kueue admitted the
+    cluster again belongs to the run that Kueue's preemption stopped, not to the resumed one."""
 
     @classmethod
     def from_pod(cls, pod: PodView) -> DriverExit | None:
@@ -210,6 +215,7 @@ class DriverExit:
             reason=driver.reason,
             message=driver.message,
             whole_pod=pod.phase in ("Failed", "Succeeded") or (ray is not None and ray.state == "terminated"),
+            finished_at=driver.finished_at,
         )
 
 
@@ -286,6 +292,60 @@ class CreateFailure:
 
 
 @dataclass(frozen=True)
+class WorkloadView:
+    """Kueue's Workload for a RayCluster: whether Kueue admitted it and, if not, Kueue's reason."""
+
+    name: str
+    cluster_uid: str
+    admitted: bool
+    reason: str
+    """Kueue's reason: Evicted's (Preempted, ...) while evicted, QuotaReserved's (Pending,
+    Inadmissible) while waiting for quota, Admitted's while admission checks run, else Admitted."""
+    message: str
+    preempted: bool = False
+    """Evicted with reason Preempted and not admitted again yet."""
+    admitted_at: datetime | None = None
+
+    @classmethod
+    def from_dict(cls, workload: Mapping[str, Any]) -> WorkloadView:
+        meta = workload.get("metadata") or {}
+        status = workload.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+
+        def true(type_: str) -> Mapping[str, Any] | None:
+            cond = conditions.get(type_)
+            return cond if cond is not None and cond.get("status") == "True" else None
+
+        admitted = true("Admitted")
+        evicted = true("Evicted")
+        reserved = conditions.get("QuotaReserved") or {}
+        if admitted is not None:
+            reason, message = "Admitted", str(admitted.get("message") or "admitted by Kueue")
+        elif evicted is not None:
+            reason, message = str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or "")
+        elif reserved.get("status") != "True":
+            reason = str(reserved.get("reason") or "Pending")
+            message = str(reserved.get("message") or "waiting for quota in its ClusterQueue")
+        else:
+            pending = conditions.get("Admitted") or {}
+            reason = str(pending.get("reason") or "WaitingForAdmissionChecks")
+            message = str(pending.get("message") or "quota reserved; waiting for admission checks")
+        return cls(
+            name=str(meta.get("name", "")),
+            cluster_uid=str((meta.get("labels") or {}).get(KUEUE_JOB_UID_LABEL, "")),
+            admitted=admitted is not None,
+            reason=reason,
+            message=message,
+            preempted=admitted is None and evicted is not None and evicted.get("reason") == "Preempted",
+            admitted_at=parse_time(admitted.get("lastTransitionTime")) if admitted is not None else None,
+        )
+
+
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+"""Kueue labels a Workload with the UID of the job it stands for (here: the RayCluster)."""
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything one reconcile pass knows about a job's world, read at `now`."""
 
@@ -306,6 +366,9 @@ class Observation:
     kuberay_missing: str | None = None
     """Set (to the API server's message) when RayClusters cannot even be listed: 404, the ray.io
     API is not served, i.e. KubeRay's CRDs are not installed. `clusters` is then empty."""
+    workload: WorkloadView | None = None
+    """Kueue's Workload of the current attempt's RayCluster, for a job Kueue manages (None: none yet,
+    or Kueue is not installed)."""
 
 
 def parse_time(value: Any) -> datetime | None:

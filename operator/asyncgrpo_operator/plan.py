@@ -28,6 +28,12 @@ The rules, in the order they are applied:
 6. A job whose spec the rules refuse is Failed (InvalidSpec) and cleaned up by its cleanupPolicy,
    unless it was already started: a started job whose spec only fails rules tightened since it
    was admitted keeps running under the spec it has (SpecValid False says why).
+7. A job Kueue manages (kueue.x-k8s.io/queue-name) is Queued while Kueue holds its RayCluster
+   suspended, with Kueue's reason (Pending, Inadmissible, Preempted, ...). Its startup deadline
+   runs from admission. A preemption (Kueue suspends a running cluster) is not a failure: it
+   spends no backoffLimit, and the same RayCluster resumes from the latest checkpoint when it is
+   admitted again; what the stopped run left behind (its deleting pods, its driver's exit) is not
+   taken for the resumed run's.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ import signal
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from asyncgrpo_api import exitcodes
+from asyncgrpo_api import exitcodes, outputs
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
+from asyncgrpo_api.v1alpha1.job import Outputs
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import manifests, naming
 from asyncgrpo_operator.decision import (
@@ -61,6 +68,7 @@ from asyncgrpo_operator.decision import (
     PODS_READY,
     PODS_SCHEDULED,
     PROVISIONING_RECHECK_SECONDS,
+    QUEUED,
     RAY_HEAD_UNAVAILABLE,
     RAY_WORKER_LOST,
     RESTARTING,
@@ -122,6 +130,7 @@ def plan(
         _suspend(draft, _owned(ctx))
     else:
         _run(ctx, draft)
+        draft.set_field("outputs", _outputs(job, draft.attempt))  # the attempt this pass ends on
     return draft.decision()
 
 
@@ -345,22 +354,25 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if not ours:  # first seen since it was created: record it
         draft.set_field("ray_cluster_name", name)
         draft.set_field("dashboard_url", _dashboard_url(job, name))
-        if draft.get("attempt_start_time") is None:
+        if draft.get("attempt_start_time") is None and job.kueue_queue_name is None:
             draft.set_field("attempt_start_time", current.created_at or now)
+    if job.kueue_queue_name is not None and _queued(ctx, draft, current):
+        return
     _attempt(ctx, draft, current)
 
 
 def _waiting_to_create(ctx: _Ctx, draft: Draft, reason: str, message: str, recheck: float) -> None:
     """The attempt's RayCluster cannot be created yet: say why, look again, keep the deadline."""
-    _attempt_started(draft)
+    _attempt_started(ctx, draft)
     draft.set(PODS_SCHEDULED, False, reason, message)
     draft.requeue(recheck)
     _startup_deadline(ctx, draft)
 
 
-def _attempt_started(draft: Draft) -> None:
-    """The startup deadline counts from the attempt's first try to get its cluster, once."""
-    if draft.get("attempt_start_time") is None:
+def _attempt_started(ctx: _Ctx, draft: Draft) -> None:
+    """The startup deadline counts from the attempt's first try to get its cluster, once; for a
+    job Kueue manages, from Kueue's admission instead (`_queued`): time in the queue is not startup."""
+    if ctx.job.kueue_queue_name is None and draft.get("attempt_start_time") is None:
         draft.set_field("attempt_start_time", draft.now)
 
 
@@ -371,7 +383,7 @@ def _create_cluster(ctx: _Ctx, draft: Draft) -> None:
     failure = ctx.observed.create_failure
     if failure is not None and (failure.cluster != name or failure.generation != draft.generation):
         failure = None  # another attempt's, or the spec changed since: try the new one at once
-    _attempt_started(draft)
+    _attempt_started(ctx, draft)
     if failure is not None:
         retry_at = failure.at + timedelta(seconds=create_retry_seconds(failure.count))
         reason = KUBERAY_MISSING if failure.status == 404 else CLUSTER_CREATE_FAILED
@@ -389,10 +401,82 @@ def _create_cluster(ctx: _Ctx, draft: Draft) -> None:
         _startup_deadline(ctx, draft)
         return
     _request_create(ctx, draft, name)
+    if job.kueue_queue_name is not None:
+        draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name} in Kueue's queue")
+        draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
+        draft.set(RUNNING, False, "ClusterCreating", "the driver starts once Kueue admits the job")
+        return  # the startup deadline starts when Kueue admits it (`_queued`)
     draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(RUNNING, False, "ClusterCreating", "the driver starts once the pods are ready")
     _startup_deadline(ctx, draft)
+
+
+def _queued(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> bool:
+    """Kueue's part of an attempt: True while Kueue holds the cluster suspended (the pass ends),
+    False once it is admitted (the attempt goes on, its startup deadline counting from now)."""
+    workload = ctx.observed.workload
+    if workload is not None and workload.cluster_uid != cluster.uid:
+        workload = None
+    queue = ctx.job.kueue_queue_name
+    if not cluster.suspended:
+        if not draft.is_true(QUEUED) and draft.has(QUEUED):
+            return False  # admitted before; nothing new
+        detail = f": {workload.message}" if workload is not None and workload.message else ""
+        draft.set(
+            QUEUED,
+            False,
+            "Admitted",
+            f"Kueue admitted RayCluster {cluster.name} from LocalQueue {queue}{detail}",
+        )
+        draft.set_field("attempt_start_time", draft.now)  # the startup deadline runs from admission
+        return False
+    if workload is None:
+        namespace = ctx.job.metadata.namespace or "the job's namespace"
+        reason = "WaitingForKueue"
+        message = (
+            f"RayCluster {cluster.name} waits suspended for Kueue, which has no Workload for it yet: is "
+            f"Kueue running with its ray.io/raycluster integration, and does LocalQueue {queue} exist in "
+            f"{namespace}?"
+        )
+    else:
+        reason = workload.reason
+        message = f"Kueue ({workload.name}): {workload.message}" if workload.message else f"Kueue: {reason}"
+    draft.set(QUEUED, True, reason, message)
+    draft.set(
+        PODS_SCHEDULED,
+        False,
+        "WaitingForAdmission",
+        f"RayCluster {cluster.name} is suspended until Kueue admits it from LocalQueue {queue}",
+    )
+    draft.drop(PODS_READY)
+    if draft.is_true(RUNNING):  # preempted: the run stops here and resumes later, no retry spent
+        draft.set(
+            RUNNING,
+            False,
+            reason,
+            "Kueue suspended the RayCluster; the driver resumes from the latest checkpoint when the job is "
+            "admitted again (no backoffLimit is spent)",
+        )
+        if draft.has(STALLED):
+            draft.set(STALLED, False, reason, "the job is queued")
+    elif draft.has(RUNNING):
+        draft.set(RUNNING, False, "Queued", "the driver starts once Kueue admits the job")
+    draft.set_field("attempt_start_time", None)
+    draft.requeue(PROVISIONING_RECHECK_SECONDS)  # Kueue's reason changes without a RayCluster event
+    return True
+
+
+def _admitted_at(ctx: _Ctx, draft: Draft) -> datetime | None:
+    """When Kueue last admitted the current attempt's cluster (None for a job Kueue does not manage):
+    pods deleted and driver exits from before then belong to a run Kueue preempted."""
+    if ctx.job.kueue_queue_name is None:
+        return None
+    workload = ctx.observed.workload
+    if workload is not None and workload.admitted_at is not None:
+        return workload.admitted_at
+    queued = draft.conditions.get(QUEUED)
+    return queued.last_transition_time if queued is not None and queued.status == "False" else None
 
 
 def _request_create(ctx: _Ctx, draft: Draft, name: str) -> None:
@@ -401,6 +485,24 @@ def _request_create(ctx: _Ctx, draft: Draft, name: str) -> None:
     draft.act(
         CreateRayCluster(manifests.ray_cluster(ctx.job, draft.attempt, ctx.owner)),
         Event("Normal", "CreatedRayCluster", f"creating RayCluster {name} (attempt {draft.attempt})"),
+    )
+
+
+def _outputs(job: AsyncGRPOJob, attempt: int) -> Outputs:
+    """Where the attempt's driver writes its log, step records and curves (asyncgrpo_api.outputs)."""
+    path = job.spec.checkpoint.path
+    volume = job.spec.storage.checkpoints
+    if volume is not None and volume.pvc is not None:
+        where = f"PersistentVolumeClaim {volume.pvc.claim_name} at {volume.mount_path}"
+    elif volume is not None and volume.host_path is not None:
+        where = f"hostPath {volume.host_path.path} at {volume.mount_path} on the head pod's node"
+    else:
+        where = "emptyDir of the head pod: deleted with it (mount a PVC at checkpoint.path to keep them)"
+    return Outputs(
+        volume=where,
+        driver_log=outputs.driver_log(path, attempt),
+        steps=outputs.steps_file(path),
+        tensorboard=outputs.tensorboard_dir(path),
     )
 
 
@@ -414,15 +516,22 @@ def _dashboard_url(job: AsyncGRPOJob, cluster: str) -> str:
 def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     observed = ctx.observed
     pods = [p for p in observed.pods if p.owner_uid == cluster.uid]
+    admitted_at = _admitted_at(ctx, draft)
+    if admitted_at is not None and not draft.is_true(RUNNING):
+        pods = [p for p in pods if not p.deleting]  # KubeRay deleting a preempted run's pods
     heads = sorted((p for p in pods if p.is_head), key=lambda p: p.deleting)
     head = heads[0] if heads else None
     exit_ = DriverExit.from_pod(head) if head is not None else None
+    remembered = observed.remembered_exit
     if (
         exit_ is None
-        and observed.remembered_exit is not None
-        and observed.remembered_exit.cluster_uid == cluster.uid
+        and remembered is not None
+        and remembered.cluster_uid == cluster.uid
+        and (head is None or head.name == remembered.pod_name)
     ):
-        exit_ = observed.remembered_exit
+        exit_ = remembered
+    if exit_ is not None and _before(exit_.finished_at, admitted_at):
+        exit_ = None  # the driver of the run Kueue preempted; the resumed one is still to come
     head_name = head.name if head is not None else exit_.pod_name if exit_ is not None else None
     if head_name is not None:
         _record_head(ctx, draft, head_name)
@@ -753,6 +862,10 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
     else:
         draft.set(STALLED, False, "Progressing", "the step advances")
         draft.requeue(limit - quiet)
+
+
+def _before(when: datetime | None, admitted_at: datetime | None) -> bool:
+    return when is not None and admitted_at is not None and when < admitted_at
 
 
 def _iso(value: datetime) -> str:

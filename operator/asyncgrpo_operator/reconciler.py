@@ -40,6 +40,7 @@ from asyncgrpo_operator.observed import (
     PodView,
     ProgressMark,
     ProgressReading,
+    WorkloadView,
 )
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,10 @@ class Reconciler:
                 (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
             )
         poll = await self._poll(key, job, head, now) if job is not None else None
+        workload = None
+        if job is not None and job.kueue_queue_name is not None and current is not None:
+            found = await self.api.list_workloads(namespace, current.uid)
+            workload = WorkloadView.from_dict(found[0]) if found else None
         return Observation(
             now=now,
             clusters=clusters,
@@ -207,6 +212,7 @@ class Reconciler:
             progress_mark=self.memory.marks.get(key),
             create_failure=failure,
             kuberay_missing=kuberay_missing,
+            workload=workload,
         )
 
     async def _list_rayclusters(self, namespace: str, name: str) -> list[dict[str, Any]] | str:

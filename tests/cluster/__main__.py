@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.cluster.build import BuildError, build, layout, stale_layouts
+from tests.cluster.build import BuildError, build, build_optional, layout, stale_layouts
 from tests.cluster.cluster import ClusterError, LocalCluster
 from tests.cluster.processes import log_tail
 
@@ -20,13 +20,26 @@ from tests.cluster.processes import log_tail
 def _cmd_build(args: argparse.Namespace) -> int:
     out = build(force=args.force)
     print(out.bin)
+    if args.kueue:
+        print(build_optional("kueue", force=args.force).bin)
     return 0
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster.from_env()
     cluster.up(build())
+    if args.kueue:
+        cluster.start_kueue(build_optional("kueue"))
     print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def _cmd_kueue(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    if not cluster.is_live():
+        print("no live control plane: `python -m tests.cluster up --kueue`", file=sys.stderr)
+        return 1
+    cluster.start_kueue(build_optional("kueue"))
     return 0
 
 
@@ -103,9 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("build", help="build the binaries (no-op when cached); prints the bin folder")
     p.add_argument("--force", action="store_true", help="rebuild even if present")
+    p.add_argument("--kueue", action="store_true", help="also build Kueue (optional component)")
     p.set_defaults(fn=_cmd_build)
-    sub.add_parser("up", help="build if needed, start everything, print the KUBECONFIG").set_defaults(
-        fn=_cmd_up
+    p = sub.add_parser("up", help="build if needed, start everything, print the KUBECONFIG")
+    p.add_argument("--kueue", action="store_true", help="also build (once) and start Kueue with a GPU queue")
+    p.set_defaults(fn=_cmd_up)
+    sub.add_parser("kueue", help="build (once) and start Kueue on the live control plane").set_defaults(
+        fn=_cmd_kueue
     )
     p = sub.add_parser("down", help="stop the recorded processes (logs are kept)")
     p.add_argument("--purge", action="store_true", help="also delete the state folder")

@@ -5,9 +5,11 @@ Why a wrapper module per upstream: k8s.io/kubernetes and etcd's server carry rep
 for k8s) builds fine, and each upstream pins different versions of shared dependencies, so they cannot
 share one go.mod.
 
-The output folder is keyed by a hash of everything that changes the binaries (versions.toml, every
-go.mod/go.sum, the Go version, the flags), so a version bump builds into a fresh folder and an
-unchanged checkout reuses the old one without running the Go toolchain at all.
+The output folder is keyed by a hash of everything that changes the binaries (the pins in
+versions.toml, every go.mod/go.sum, the Go version, the flags), so a version bump builds into a
+fresh folder and an unchanged checkout reuses the old one without running the Go toolchain at all.
+An optional component (Kueue) is hashed and cached on its own, beside that folder: it is built only
+when something asks for it, and pinning or bumping it never rebuilds the others.
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ def helm_ldflags(version: str) -> str:
     return " ".join(flags)
 
 
+def kueue_ldflags(version: str) -> str:
+    """Stamp Kueue's version like its Makefile, so its log's `Initializing gitVersion=` is true."""
+    return f"-s -w -X 'sigs.k8s.io/kueue/pkg/version.GitVersion={version}'"
+
+
+def optional_targets() -> dict[str, Target]:
+    """Builds that run only on request, keyed by component (see `build_optional`)."""
+    c = components()
+    return {
+        "kueue": Target(
+            "kueue", ("sigs.k8s.io/kueue/cmd/kueue",), ("kueue",), kueue_ldflags(c["kueue"].version)
+        )
+    }
+
+
 def targets() -> list[Target]:
     """The five builds, in the order a cold machine should run them (the slow one first)."""
     c = components()
@@ -129,14 +146,36 @@ def go_version() -> str:
     return subprocess.run([go, "version"], check=True, capture_output=True, text=True).stdout.strip()
 
 
+OPTIONAL_MARKER = "\n# --- optional components"
+"""versions.toml below this line pins optional components, which the default hash leaves out."""
+
+
+def _gomod_files(names: list[str]) -> list[Path]:
+    dirs = {components()[n].gomod_dir for n in names}
+    return [f for f in sorted(GOMOD_DIR.glob("*/go.*")) if f.parent in dirs]
+
+
 def build_hash() -> str:
-    """Hash of everything that changes the binaries; names the cache folder."""
+    """Hash of everything that changes the default binaries; names the cache folder: the pins above
+    versions.toml's optional marker, Go, the build flags and the default components' go.mod/go.sum."""
     h = hashlib.sha256()
-    h.update(VERSIONS_FILE.read_bytes())
+    h.update(VERSIONS_FILE.read_text().split(OPTIONAL_MARKER)[0].encode())
     h.update(go_version().encode())
     for t in targets():
         h.update(repr(t).encode())
-    for f in sorted(GOMOD_DIR.glob("*/go.*")):
+    for f in _gomod_files([n for n, c in components().items() if not c.optional]):
+        h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def optional_hash(name: str) -> str:
+    """Hash of one optional component's pin, go.mod/go.sum, build flags and Go."""
+    h = hashlib.sha256()
+    h.update(repr(components()[name]).encode())
+    h.update(go_version().encode())
+    h.update(repr(optional_targets()[name]).encode())
+    for f in _gomod_files([name]):
         h.update(f.relative_to(GOMOD_DIR).as_posix().encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -147,13 +186,52 @@ def layout() -> Layout:
     return Layout(cache_root() / build_hash())
 
 
+@dataclass(frozen=True)
+class OptionalLayout:
+    """Where one optional component's build lives: <cache>/<name>-<hash>/{bin,share}."""
+
+    name: str
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def share(self) -> Path:
+        return self.root / "share"
+
+    @property
+    def crds(self) -> Path:
+        return self.share / "crds"
+
+    @property
+    def webhooks(self) -> Path:
+        """The component's webhook configurations, as its module ships them (JSON)."""
+        return self.share / "webhooks.json"
+
+    def binary(self, name: str) -> Path:
+        return self.bin / name
+
+    def complete(self) -> bool:
+        built = all(self.binary(b).is_file() for b in optional_targets()[self.name].binaries)
+        return built and any(self.crds.glob("*.json")) and self.webhooks.is_file()
+
+
+def optional_layout(name: str) -> OptionalLayout:
+    """The cache folder of an optional component for the current pins (it may not exist yet)."""
+    return OptionalLayout(name, cache_root() / f"{name}-{optional_hash(name)}")
+
+
 class BuildError(RuntimeError):
     """The toolchain is missing, a pin is inconsistent, or `go build` failed."""
 
 
-def check_pins() -> None:
+def check_pins(names: list[str] | None = None) -> None:
     """Refuse to build when versions.toml and a wrapper go.mod disagree: there must be one truth."""
     for comp in components().values():
+        if names is not None and comp.name not in names:
+            continue
         gomod = (comp.gomod_dir / "go.mod").read_text()
         needle = f"{comp.module} {comp.version}"
         if needle not in gomod:
@@ -177,25 +255,100 @@ def _log(msg: str) -> None:
     print(f"[ctrlplane build] {msg}", file=sys.stderr, flush=True)
 
 
-def build_target(t: Target, out: Layout) -> float:
-    """Run one `go build`; return its wall time in seconds."""
+COLD_BUILD_SECONDS: dict[str, float] = {
+    "kubernetes": 603.0,
+    "etcd": 42.0,
+    "kwok": 256.0,
+    "kuberay": 304.0,
+    "helm": 201.0,
+    "kueue": 330.0,
+}
+"""Seconds of each cold `go build` on a 2-core machine: the five default ones as recorded in
+build-times.jsonl by the first build on this project's machine (2026-12-01, 23.4 min in all,
+module downloads included); Kueue's from its CPU time (389 s user+sys, docs/benchmarks.md). Only
+the progress output's estimate of what is left uses them; this machine's own records win."""
+PROGRESS_EVERY_SECONDS = 30.0
+
+
+def estimates() -> dict[str, float]:
+    """Expected seconds per component: this machine's latest recorded build of each (any cache
+    folder), else COLD_BUILD_SECONDS. An estimate: a warm Go build cache is much faster."""
+    out = dict(COLD_BUILD_SECONDS)
+    records = sorted(cache_root().glob("*/build-times.jsonl")) if cache_root().exists() else []
+    for path in records:
+        for line in path.read_text().splitlines():
+            try:
+                seconds = json.loads(line).get("seconds", {})
+            except ValueError:
+                continue
+            out.update({k: float(v) for k, v in seconds.items() if isinstance(v, int | float)})
+    return out
+
+
+@dataclass
+class Progress:
+    """What is left of a build, for the progress lines: the targets still to build, in order."""
+
+    pending: list[str]
+    expected: dict[str, float]
+    done: int = 0
+
+    def left_after(self, component: str, elapsed: float) -> tuple[float, float]:
+        """(seconds left for this component, seconds left for the whole build)."""
+        mine = max(self.expected.get(component, 60.0) - elapsed, 0.0)
+        later = sum(self.expected.get(c, 60.0) for c in self.pending[self.pending.index(component) + 1 :])
+        return mine, mine + later
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def build_target(t: Target, bin_dir: Path, progress: Progress | None = None) -> float:
+    """Run one `go build` into `bin_dir`, printing what is left every 30 s; return its wall time."""
     comp = components()[t.component]
     cmd = ["go", "build", "-trimpath"]
     if t.tags:
         cmd.append(f"-tags={t.tags}")
     cmd += [f"-ldflags={t.ldflags}"]
     if len(t.binaries) == 1:
-        cmd += ["-o", str(out.binary(t.binaries[0]))]
+        cmd += ["-o", str(bin_dir / t.binaries[0])]
     else:
-        cmd += ["-o", str(out.bin) + "/"]
+        cmd += ["-o", str(bin_dir) + "/"]
     cmd += list(t.packages)
-    _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}) ...")
+    where = ""
+    if progress is not None:
+        mine, total = progress.left_after(t.component, 0.0)
+        step = f"{progress.done + 1} of {progress.done + len(progress.pending)}"
+        where = f" [{step}; about {_minutes(mine)}, {_minutes(total)} left in all]"
+    _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}){where} ...")
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=comp.gomod_dir, env=_go_env(), check=False)
+    proc = subprocess.Popen(cmd, cwd=comp.gomod_dir, env=_go_env())
+    while True:
+        try:
+            code = proc.wait(timeout=PROGRESS_EVERY_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - start
+            if progress is None:
+                _log(f"{t.component}: {_minutes(elapsed)} so far")
+                continue
+            mine, total = progress.left_after(t.component, elapsed)
+            left = (
+                f"about {_minutes(mine)} left for it, {_minutes(total)} for the whole build"
+                if mine > 0
+                else f"past its estimate; then about {_minutes(total)} for the rest"
+            )
+            _log(
+                f"{t.component}: {_minutes(elapsed)} so far; {left} (estimates from a cold build on 2 cores)"
+            )
     elapsed = time.monotonic() - start
-    if proc.returncode != 0:
-        raise BuildError(f"go build of {t.component} failed (exit {proc.returncode}): {' '.join(cmd)}")
+    if code != 0:
+        raise BuildError(f"go build of {t.component} failed (exit {code}): {' '.join(cmd)}")
     _log(f"built {', '.join(t.binaries)} in {elapsed:.0f} s")
+    if progress is not None:
+        progress.pending.remove(t.component)
+        progress.done += 1
     return elapsed
 
 
@@ -213,15 +366,28 @@ def module_dir(component: str) -> Path:
     return Path(json.loads(out)["Dir"])
 
 
-def copy_kuberay_crds(out: Layout) -> None:
-    """Store the ray.io CRDs from the module cache as compact JSON, so `up` needs neither the Go
-    toolchain nor a YAML parse of ~4 MB (about 1.5 s of CPU on this machine) on every start."""
-    src = module_dir("kuberay") / "config" / "crd" / "bases"
-    out.kuberay_crds.mkdir(parents=True, exist_ok=True)
+def _store_crds(src: Path, dest: Path) -> None:
+    """CRDs from a module cache folder, stored as compact JSON, so `up` needs neither the Go
+    toolchain nor a YAML parse of megabytes (about 1.5 s of CPU for KubeRay's) on every start."""
+    dest.mkdir(parents=True, exist_ok=True)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for f in sorted(src.glob("*.yaml")):
         doc = yaml.load(f.read_text(), Loader=loader)
-        (out.kuberay_crds / f"{f.stem}.json").write_text(json.dumps(doc, separators=(",", ":")))
+        (dest / f"{f.stem}.json").write_text(json.dumps(doc, separators=(",", ":")))
+
+
+def copy_kuberay_crds(out: Layout) -> None:
+    """The ray.io CRDs of the pinned KubeRay module."""
+    _store_crds(module_dir("kuberay") / "config" / "crd" / "bases", out.kuberay_crds)
+
+
+def copy_kueue_files(out: OptionalLayout) -> None:
+    """Kueue's CRDs and its webhook configurations (service-addressed; `up` points them at
+    127.0.0.1), from the pinned module's config/components."""
+    src = module_dir("kueue") / "config" / "components"
+    _store_crds(src / "crd" / "bases", out.crds)
+    docs = [d for d in yaml.safe_load_all((src / "webhook" / "manifests.yaml").read_text()) if d]
+    out.webhooks.write_text(json.dumps(docs, separators=(",", ":")))
 
 
 @contextmanager
@@ -245,9 +411,10 @@ def build(force: bool = False) -> Layout:
     with _lock(out.root / ".lock"):
         out.bin.mkdir(parents=True, exist_ok=True)
         times: dict[str, float] = {}
-        for t in targets():
-            if force or not all(out.binary(b).is_file() for b in t.binaries):
-                times[t.component] = round(build_target(t, out), 1)
+        todo = [t for t in targets() if force or not all(out.binary(b).is_file() for b in t.binaries)]
+        progress = Progress([t.component for t in todo], estimates())
+        for t in todo:
+            times[t.component] = round(build_target(t, out.bin, progress), 1)
         if force or not any(out.kuberay_crds.glob("*.json")):
             copy_kuberay_crds(out)
         if times:
@@ -258,12 +425,38 @@ def build(force: bool = False) -> Layout:
     return out
 
 
+def build_optional(name: str, force: bool = False) -> OptionalLayout:
+    """Build an optional component (today: kueue) into its own cache folder; a no-op when complete.
+
+    Why separate from `build`: the demo and the default tests never need it, so a fresh machine's
+    first `make demo` never waits for it; the tests that need Kueue call this first.
+    """
+    out = optional_layout(name)
+    if out.complete() and not force:
+        return out
+    check_pins([name])
+    with _lock(out.root / ".lock"):
+        out.bin.mkdir(parents=True, exist_ok=True)
+        times: dict[str, float] = {}
+        target = optional_targets()[name]
+        if force or not all(out.binary(b).is_file() for b in target.binaries):
+            times[name] = round(build_target(target, out.bin, Progress([name], estimates())), 1)
+        if name == "kueue" and (force or not out.complete()):
+            copy_kueue_files(out)
+        if times:
+            record = {"go": go_version(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            with (out.root / "build-times.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+    _log(f"{name} in {out.bin}")
+    return out
+
+
 def stale_layouts(keep: set[Path]) -> list[Path]:
-    """Cache folders of earlier pins (hash-named), except the current one and those in `keep`."""
-    current = layout().root
-    pattern = re.compile(r"^[0-9a-f]{16}$")
+    """Cache folders of earlier pins (hash-named), except the current ones and those in `keep`."""
+    current = {layout().root} | {optional_layout(n).root for n in optional_targets()}
+    pattern = re.compile(r"^([a-z]+-)?[0-9a-f]{16}$")
     return [
         d
         for d in sorted(cache_root().iterdir() if cache_root().exists() else [])
-        if d.is_dir() and pattern.match(d.name) and d != current and d not in keep
+        if d.is_dir() and pattern.match(d.name) and d not in current and d not in keep
     ]

@@ -28,8 +28,9 @@ from typing import Any
 import yaml
 
 from tests.cluster import components as comp
+from tests.cluster import kueue
 from tests.cluster import pki as pki_mod
-from tests.cluster.build import Layout
+from tests.cluster.build import Layout, OptionalLayout
 from tests.cluster.config import HERE, HOST, PORTS, state_dir
 from tests.cluster.nodes import default_nodes
 from tests.cluster.processes import (
@@ -399,6 +400,72 @@ class LocalCluster:
             if not ready or any(t["key"].startswith("node.kubernetes.io/") for t in taints):
                 return False
         return True
+
+    # ----------------------------------------------------------------- optional components
+
+    def kueue_running(self) -> bool:
+        return any(r.name == "kueue" and is_alive(r) for r in self.records())
+
+    def start_kueue(self, binaries: OptionalLayout) -> dict[str, float]:
+        """Start Kueue on this live control plane (a no-op when it runs); see tests/cluster/kueue.py.
+
+        In order: its CRDs Established, its namespace, certificates and config, the process until
+        /readyz answers (its webhook server is listening), then its webhook configurations, and the
+        ResourceFlavor and ClusterQueue, until the queue is Active. Returns milestone seconds.
+        """
+        with self.locked():
+            if self.kueue_running():
+                return {}
+            t0 = time.monotonic()
+            timings: dict[str, float] = {}
+
+            def mark(what: str) -> None:
+                timings[what] = round(time.monotonic() - t0, 2)
+                _log(f"kueue: {what} after {timings[what]:.1f} s")
+
+            self._forget("kueue")  # a dead one's record would make the cluster look dead
+            self.install_crds(sorted(binaries.crds.glob("*.json")))
+            mark("CRDs established")
+            api = self.api
+            try:
+                api.create("/api/v1/namespaces", {"metadata": {"name": kueue.NAMESPACE}})
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+            config = kueue.prepare(self.paths.root / "kueue", self.paths.pki)
+            rec = self._start(kueue.spec(binaries, config))
+            self._wait_ready([rec])
+            mark("controller ready")
+            docs = json.loads(binaries.webhooks.read_text())
+            for doc in kueue.webhook_configurations(docs, self.paths.pki.ca_crt.read_bytes()):
+                plural = (
+                    "mutatingwebhookconfigurations"
+                    if "Mutating" in doc["kind"]
+                    else "validatingwebhookconfigurations"
+                )
+                api.apply(
+                    f"/apis/admissionregistration.k8s.io/v1/{plural}/{doc['metadata']['name']}",
+                    json.dumps(doc),
+                )
+            api.apply(f"{kueue.BASE}/resourceflavors/{kueue.FLAVOR}", json.dumps(kueue.resource_flavor()))
+            kueue.apply_cluster_queue(api, kueue.cluster_queue())
+            self._wait(
+                lambda: kueue.cluster_queue_active(api, kueue.CLUSTER_QUEUE), "ClusterQueue Active", [rec]
+            )
+            mark("queue active")
+            info = self.info()
+            info.setdefault("timings", {})["kueue"] = timings
+            info["kueue"] = str(binaries.root)
+            self.paths.info.write_text(json.dumps(info, indent=1))
+            return timings
+
+    def _forget(self, name: str) -> None:
+        """Drop the records of a component that is no longer running."""
+        records = self.records()
+        self.pidfile.clear()
+        for rec in records:
+            if rec.name != name or is_alive(rec):
+                self.pidfile.add(rec)
 
     # ----------------------------------------------------------------- down / status
 

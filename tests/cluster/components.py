@@ -262,3 +262,15 @@ def ray_operator(b: Layout, s: StatePaths) -> Spec:
         "--reconcile-concurrency=2",
     ]
     return Spec("ray-operator", argv, f"http://{HOST}:{PORTS['ray-operator-probe']}/readyz")
+
+
+def kueue(binary: Path, config: Path) -> Spec:
+    """Kueue's controller manager: its settings are in the config file (tests/cluster/kueue.py);
+    the visibility API server is off (it would need an APIService and its own port)."""
+    argv = [
+        str(binary),  # reads KUBECONFIG from the environment
+        f"--config={config}",
+        "--feature-gates=VisibilityOnDemand=false",
+        "--zap-log-level=info",
+    ]
+    return Spec("kueue", argv, f"http://{HOST}:{PORTS['kueue-probe']}/readyz")

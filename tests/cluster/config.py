@@ -30,6 +30,8 @@ _BASE_PORTS: dict[str, int] = {
     "kube-scheduler": 16259,
     "kwok": 16247,
     "ray-operator-probe": 16082,
+    "kueue-webhook": 16093,
+    "kueue-probe": 16081,
 }
 PORTS: dict[str, int] = {name: port + PORT_OFFSET for name, port in _BASE_PORTS.items()}
 
@@ -54,6 +56,8 @@ class Component:
     version: str
     module: str
     gomod: str
+    optional: bool = False
+    """Built and started only on request (`up --kueue`, a test's fixture), never for the demo."""
 
     @property
     def gomod_dir(self) -> Path:
@@ -62,10 +66,16 @@ class Component:
 
 @cache
 def components() -> dict[str, Component]:
-    """Read versions.toml once; keys are kubernetes, etcd, kwok, kuberay, helm."""
+    """Read versions.toml once; keys are kubernetes, etcd, kwok, kuberay, helm and kueue."""
     data = tomllib.loads(VERSIONS_FILE.read_text())
     return {
-        name: Component(name=name, version=str(v["version"]), module=str(v["module"]), gomod=str(v["gomod"]))
+        name: Component(
+            name=name,
+            version=str(v["version"]),
+            module=str(v["module"]),
+            gomod=str(v["gomod"]),
+            optional=bool(v.get("optional", False)),
+        )
         for name, v in data.items()
     }
 

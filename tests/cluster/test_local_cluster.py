@@ -10,8 +10,18 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tests.cluster import pki
-from tests.cluster.build import check_pins, helm_ldflags, k8s_ldflags
+from tests.cluster import kueue, pki
+from tests.cluster.build import (
+    COLD_BUILD_SECONDS,
+    Progress,
+    build_hash,
+    check_pins,
+    helm_ldflags,
+    k8s_ldflags,
+    optional_layout,
+    optional_targets,
+    targets,
+)
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
 from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
@@ -19,8 +29,48 @@ from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, 
 
 def test_versions_toml_matches_every_gomod() -> None:
     check_pins()
-    assert set(components()) == {"kubernetes", "etcd", "kwok", "kuberay", "helm"}
+    assert set(components()) == {"kubernetes", "etcd", "kwok", "kuberay", "helm", "kueue"}
+    assert [c.name for c in components().values() if c.optional] == ["kueue"]
     assert kubernetes_version().startswith("v1.")
+
+
+def test_kueue_is_cached_apart_so_pinning_it_never_rebuilds_the_demos_components() -> None:
+    assert build_hash() not in optional_layout("kueue").root.name
+    assert optional_layout("kueue").root.name.startswith("kueue-")
+
+
+def test_kueue_webhooks_point_at_localhost_and_skip_integrations_that_are_off(tmp_path: Path) -> None:
+    manifest = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "mutating-webhook-configuration"},
+        "webhooks": [
+            {
+                "name": f"m{res}.kb.io",
+                "clientConfig": {"service": {"name": "webhook-service", "path": f"/mutate-{res}"}},
+                "rules": [{"apiGroups": [group], "resources": [res]}],
+            }
+            for group, res in (
+                ("ray.io", "rayclusters"),
+                ("ray.io", "rayjobs"),
+                ("", "pods"),
+                ("kueue.x-k8s.io", "workloads"),
+            )
+        ],
+    }
+    (out,) = kueue.webhook_configurations([manifest], b"CA")
+    assert out["metadata"]["name"] == "kueue-mutating-webhook-configuration"
+    assert [h["name"] for h in out["webhooks"]] == ["mrayclusters.kb.io", "mworkloads.kb.io"]
+    port = kueue.config(tmp_path)["webhook"]["port"]
+    assert out["webhooks"][0]["clientConfig"]["url"] == f"https://127.0.0.1:{port}/mutate-rayclusters"
+    assert out["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
+
+
+def test_the_default_cluster_queue_holds_the_whole_gpu_pool() -> None:
+    (group,) = kueue.cluster_queue()["spec"]["resourceGroups"]
+    quota = {r["name"]: r["nominalQuota"] for r in group["flavors"][0]["resources"]}
+    assert quota["nvidia.com/gpu"] == "32"
+    assert group["coveredResources"] == ["cpu", "memory", "nvidia.com/gpu"]
 
 
 def test_k8s_ldflags_stamp_both_version_packages() -> None:
@@ -91,3 +141,11 @@ def test_port_in_use_detects_a_listener() -> None:
 
 def test_ci_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(Path(__file__).with_name("ci.sh"))], check=True)
+
+
+def test_build_progress_says_what_is_left_for_the_part_and_the_whole() -> None:
+    progress = Progress(["kubernetes", "etcd", "kwok"], {"kubernetes": 600.0, "etcd": 40.0, "kwok": 250.0})
+    assert progress.left_after("kubernetes", 100.0) == (500.0, 790.0)
+    assert progress.left_after("kubernetes", 900.0) == (0.0, 290.0)  # past its estimate: the rest
+    assert progress.left_after("kwok", 50.0) == (200.0, 200.0)
+    assert set(COLD_BUILD_SECONDS) == {t.component for t in targets()} | set(optional_targets())

@@ -1,6 +1,6 @@
 """`make demo`: one AsyncGRPOJob from `kubectl apply` to Succeeded on a local Kubernetes control plane.
 
-    python -m tests.e2e.demo [--job FILE] [--keep]
+    python -m tests.e2e.demo [--job FILE] [--keep] [--kueue]
 
 What it does, printing each step:
 1. The local control plane (tests/cluster): attaches to a live one, else builds the binaries from Go
@@ -14,6 +14,11 @@ What it does, printing each step:
    printed whenever it changes, until the job is Succeeded.
 5. Cleanup: the job, the chart, the operator; the control plane too, unless it was already up
    (or --keep).
+
+With --kueue the job is queued by Kueue (built from Go modules the first time it is asked for, a
+few minutes, never by the plain demo): a LocalQueue `demo` on the control plane's gpu-pool
+ClusterQueue, and the job labelled kueue.x-k8s.io/queue-name: demo; it is Queued until Kueue admits
+it (at once, with nothing else in the queue).
 
 Without Kubernetes, the same trainer runs with `asyncgrpo run docs/examples/async-exact.yaml`.
 """
@@ -34,7 +39,8 @@ from pathlib import Path
 import yaml
 
 from tests.chart.helm import CHART, NO_HELM, REPO, find_helm
-from tests.cluster.build import BuildError, build, layout
+from tests.cluster import kueue as kueue_component
+from tests.cluster.build import BuildError, build, build_optional, layout, optional_layout
 from tests.cluster.cluster import ClusterError, LocalCluster
 from tests.e2e.test_operator import ProgressServer
 from tests.e2e.whole_path import AgjWatch, DriverKubelet, LocalDriver, drive, wait_terminal
@@ -119,7 +125,26 @@ def control_plane() -> tuple[LocalCluster, bool]:
     return cluster, started
 
 
-def run(job_file: Path, *, keep: bool) -> int:
+def queue_in_kueue(cluster: LocalCluster, installation: DemoInstallation, job_file: Path) -> Path:
+    """Start Kueue (building it once), give the demo namespace a LocalQueue and return a copy of the
+    job file labelled with it."""
+    if not optional_layout("kueue").complete():
+        say("Kueue: building its controller from Go modules (once; cached like the control plane)")
+    with heartbeat("building and starting Kueue"):
+        cluster.start_kueue(build_optional("kueue"))
+    queue = "demo"
+    kueue_component.create_local_queue(cluster.api, installation.jobs_ns, queue)
+    say(
+        f"Kueue: LocalQueue {queue} in {installation.jobs_ns} -> ClusterQueue {kueue_component.CLUSTER_QUEUE}"
+    )
+    manifest = yaml.safe_load(job_file.read_text())
+    manifest["metadata"].setdefault("labels", {})[kueue_component.QUEUE_LABEL] = queue
+    queued = installation.workdir / job_file.name
+    queued.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return queued
+
+
+def run(job_file: Path, *, keep: bool, with_kueue: bool = False) -> int:
     t0 = time.monotonic()
     cluster, started = control_plane()
     helm_bin = find_helm()
@@ -147,6 +172,8 @@ def run(job_file: Path, *, keep: bool) -> int:
             installation.start_operator()
         print(f"    operator: kopf run -m asyncgrpo_operator.main, log {installation.log}")
 
+        if with_kueue:
+            job_file = queue_in_kueue(cluster, installation, job_file)
         manifest = yaml.safe_load(job_file.read_text())
         job = manifest["metadata"]["name"]
         ns = installation.jobs_ns
@@ -213,9 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.e2e.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--job", type=Path, default=DEMO_JOB, help="the AsyncGRPOJob to apply")
     parser.add_argument("--keep", action="store_true", help="leave a control plane this demo started up")
+    parser.add_argument("--kueue", action="store_true", help="queue the job in Kueue (built on first use)")
     ns = parser.parse_args(argv)
     try:
-        return run(ns.job.resolve(), keep=ns.keep)
+        return run(ns.job.resolve(), keep=ns.keep, with_kueue=ns.kueue)
     except (BuildError, ClusterError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

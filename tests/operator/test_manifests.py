@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from asyncgrpo_api.rules import validate_manifest
-from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, podtemplate
 from asyncgrpo_operator import manifests, naming, render
 from asyncgrpo_operator.manifests import Owner
 
@@ -88,10 +88,12 @@ def test_pods_have_a_minimal_environment_and_no_token_unless_a_service_account_i
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_ray_in_every_container_reports_no_usage_stats(name: str) -> None:
     cluster = manifests.ray_cluster(load(CASES[name]), 0)
+    ray_containers = {*podtemplate.HEAD_CONTAINERS, *podtemplate.WORKER_CONTAINERS}
     for template in every_pod_template(cluster):
         for container in template["spec"]["containers"]:
-            env = {e["name"]: e.get("value") for e in container["env"]}
-            assert env["RAY_USAGE_STATS_ENABLED"] == "0", container["name"]
+            if container["name"] in ray_containers:  # not a sidecar a podTemplate adds
+                env = {e["name"]: e.get("value") for e in container["env"]}
+                assert env["RAY_USAGE_STATS_ENABLED"] == "0", container["name"]
 
 
 def test_a_job_that_sets_ray_usage_stats_keeps_its_own_value() -> None:

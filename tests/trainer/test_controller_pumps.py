@@ -10,6 +10,7 @@ the real workers do.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -214,9 +215,12 @@ def test_the_checkpoint_holds_the_controllers_state_and_the_policy_writes_its_ow
     ctl, _ = _controller(tmp_path, "sync", FakeGeneration())
     asyncio.run(ctl.run())  # the last step is checkpointed
     final = checkpoint.step_dir(tmp_path, 6)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", final.name]  # logs: the step records
     assert sorted(p.name for p in final.iterdir()) == ["meta.json", "policy.pt", "state.pt"]
     assert torch.load(final / "policy.pt") == {"steps": 6}
+    records = [json.loads(line) for line in (tmp_path / "logs" / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "step"] == [1, 2, 3, 4, 5, 6]
+    assert records[-1] == {"event": "checkpoint", "attempt": None, "step": 6}
     state = checkpoint.load(tmp_path, 6)
     assert "policy" not in state and state["step"] == 6 and state["batch_index"] == 6
 

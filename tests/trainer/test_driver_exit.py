@@ -34,12 +34,19 @@ def _free_port() -> int:
 
 
 def _start(
-    job: dict[str, Any], tmp_path: Path, ray_address: str, *, port: int, grace: float = 0
+    job: dict[str, Any],
+    tmp_path: Path,
+    ray_address: str,
+    *,
+    port: int,
+    grace: float = 0,
+    attempt: int | None = None,
 ) -> subprocess.Popen[str]:
     spec = tmp_path / f"job-{time.monotonic_ns()}.yaml"
     spec.write_text(yaml.safe_dump(job))
     env = {
         **os.environ,
+        **({"ASYNCGRPO_ATTEMPT": str(attempt)} if attempt is not None else {}),
         "RAY_ADDRESS": ray_address,
         "ASYNCGRPO_EXIT_GRACE_SECONDS": str(grace),
         "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer")]),
@@ -118,7 +125,7 @@ def test_a_killed_driver_resumes_from_its_checkpoint_without_losing_or_repeating
     steps = 30
     job = jobs.manifest("async-in-order", steps=steps, checkpoint_dir=str(ckpt))
     job["spec"]["checkpoint"].update({"everySteps": 1, "keepLast": 3})
-    first = _start(job, tmp_path, ray_address, port=0)
+    first = _start(job, tmp_path, ray_address, port=0, attempt=0)
     deadline = time.monotonic() + 240
     while (checkpoint.latest(ckpt) or 0) < 3:
         assert first.poll() is None and time.monotonic() < deadline
@@ -128,7 +135,7 @@ def test_a_killed_driver_resumes_from_its_checkpoint_without_losing_or_repeating
     saved = checkpoint.latest(ckpt)
     assert saved is not None and saved < steps, "the run finished before it could be killed"
     payload = checkpoint.load(ckpt, saved)
-    second = _start(job, tmp_path, ray_address, port=0)
+    second = _start(job, tmp_path, ray_address, port=0, attempt=1)
     out2, err2 = second.communicate(timeout=300)
     assert second.returncode == 0, err2
     resumed = _steps(out2)
@@ -141,3 +148,15 @@ def test_a_killed_driver_resumes_from_its_checkpoint_without_losing_or_repeating
     assert final["batch_index"] == steps
     assert final["loader"] == {"epoch": 0, "position": steps * jobs.P}
     assert final["counters"]["samples_trained"] == steps * jobs.P * jobs.N
+    # What outlives the pods, on the checkpoint volume: each attempt's whole log, and the step
+    # records with every step once (the killed attempt's steps after its checkpoint were dropped).
+    first_log = (ckpt / "logs" / "driver-attempt-0.log").read_text()
+    second_log = (ckpt / "logs" / "driver-attempt-1.log").read_text()
+    assert out1 in first_log
+    assert out2 in second_log and err2 in second_log
+    assert f"resuming from the checkpoint of step {saved}" in second_log
+    records = [json.loads(line) for line in (ckpt / "logs" / "steps.jsonl").read_text().splitlines()]
+    trained = [(r["step"], r["attempt"]) for r in records if r["event"] == "step"]
+    assert [step for step, _ in trained] == list(range(1, steps + 1))
+    assert {attempt for step, attempt in trained if step > saved} == {1}
+    assert any((ckpt / "tensorboard").glob("events.out.tfevents.*"))

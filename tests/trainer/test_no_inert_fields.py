@@ -57,6 +57,7 @@ OPERATOR_ONLY = {
 for pool in ("policyWorkers", "generationWorkers"):
     for leaf in ("resources", "nodeSelector", "tolerations", "affinity", "annotations"):
         OPERATOR_ONLY[f"cluster.{pool}.{leaf}"] = "manifests: the worker group's pod placement"
+    OPERATOR_ONLY[f"cluster.{pool}.podTemplate"] = "overrides: merged into the worker group's pod template"
 
 PINNED = {
     "trainer.policy.megatron.pipelineParallelSize": "rules._megatron_supported: must be 1",

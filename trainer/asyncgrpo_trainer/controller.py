@@ -34,12 +34,14 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
-from asyncgrpo_trainer import checkpoint
+from asyncgrpo_api import outputs
+from asyncgrpo_trainer import checkpoint, runlog
 from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
@@ -94,6 +96,8 @@ class Settings:
     checkpoint_keep: int
     seed: int
     log_level: str = "INFO"
+    attempt: int | None = None
+    """The job's attempt (the operator's ASYNCGRPO_ATTEMPT), recorded in the step records' file."""
     """spec.trainer.logLevel, for this actor's process (the driver sets its own)."""
     watchdog_interval_seconds: float = 1.0
 
@@ -188,6 +192,7 @@ class SingleController:
         if args.resume is not None:
             restored_ready = self._restore(args.resume)
         self._restored_ready = restored_ready
+        self.steps_file = self._open_steps_file(args.resume.step if args.resume is not None else None)
 
     # --- resume ---------------------------------------------------------------------------------
 
@@ -308,7 +313,23 @@ class SingleController:
             "records": self.records,
         }
 
+    def _open_steps_file(self, resumed_step: int | None) -> runlog.StepsFile | None:
+        """<checkpoint.path>/logs/steps.jsonl (asyncgrpo_api.outputs); a path that cannot be
+        written costs the file (a warning), not the run."""
+        path = Path(outputs.steps_file(self.s.checkpoint_path))
+        try:
+            return runlog.StepsFile(path, resumed_step=resumed_step, attempt=self.s.attempt)
+        except OSError as exc:
+            log.warning("no step records file: cannot write %s: %s", path, exc)
+            return None
+
     def _record(self, record: dict[str, Any]) -> None:
+        if self.steps_file is not None:
+            try:
+                self.steps_file.write(record)
+            except OSError as exc:
+                log.warning("the step records file stopped: %s", exc)
+                self.steps_file = None
         self.records.append(record)
         if len(self.records) > MAX_RECORDS:
             drop = len(self.records) - MAX_RECORDS // 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -34,8 +35,9 @@ from typing import Any
 import ray
 import yaml
 
-from asyncgrpo_api import exitcodes, rules
+from asyncgrpo_api import exitcodes, outputs, rules
 from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.runtime import CheckpointSpec
 from asyncgrpo_trainer import (
     checkpoint,
     cluster,
@@ -44,6 +46,7 @@ from asyncgrpo_trainer import (
     envs,
     megatron_workers,
     progress,
+    runlog,
     specmap,
     tracking,
     weights,
@@ -285,7 +288,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             seed=t.grpo.seed,
         )
         args = controller.ControllerArgs(
-            settings=specmap.settings(job),
+            settings=dataclasses.replace(specmap.settings(job), attempt=runlog.attempt_from_env()),
             policy=policy_group,
             generation=generation_group,
             rewards=rewards,
@@ -597,8 +600,29 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    server = progress.ProgressServer(ns.progress_port)
-    log.info("progress on http://0.0.0.0:%d/progress", server.port)
-    return run_job(
-        manifest, server=server, reporters=[progress.JsonLines(sys.stdout)], ray_address=ns.ray_address
-    )
+    stop_tee = _log_to_checkpoint_volume(manifest)
+    try:
+        server = progress.ProgressServer(ns.progress_port)
+        log.info("progress on http://0.0.0.0:%d/progress", server.port)
+        return run_job(
+            manifest, server=server, reporters=[progress.JsonLines(sys.stdout)], ray_address=ns.ray_address
+        )
+    finally:
+        if stop_tee is not None:
+            stop_tee()
+
+
+def _log_to_checkpoint_volume(manifest: dict[str, Any]) -> Callable[[], None] | None:
+    """Copy the driver's output into <checkpoint.path>/logs/driver-attempt-<N>.log, so it outlives
+    the pod; a path that cannot be written costs that copy (a warning), not the run."""
+    spec = manifest.get("spec", manifest)
+    ckpt = spec.get("checkpoint") if isinstance(spec, dict) else None
+    path = ckpt.get("path") if isinstance(ckpt, dict) else None
+    target = Path(outputs.driver_log(str(path or CheckpointSpec().path), runlog.attempt_from_env()))
+    try:
+        stop = runlog.tee_output(target)
+    except OSError as exc:
+        log.warning("the driver's log is not copied to %s: %s", target, exc)
+        return None
+    log.info("the driver's log is copied to %s", target)
+    return stop

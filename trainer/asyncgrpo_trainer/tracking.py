@@ -22,9 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from asyncgrpo_api import outputs
+
 log = logging.getLogger(__name__)
 
-TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_DIR = outputs.TENSORBOARD_DIR
 """Under checkpoint.path."""
 WANDB_RUN_ID_FILE = "wandb-run-id"
 """In TENSORBOARD_DIR: the W&B run of this checkpoint path, reused by every attempt."""
@@ -155,7 +157,7 @@ def open_curves(
     environ: Mapping[str, str] = os.environ,
 ) -> Curves:
     """TensorBoard under the checkpoint path, plus W&B when WANDB_API_KEY is set."""
-    directory = Path(checkpoint_path) / TENSORBOARD_DIR
+    directory = Path(outputs.tensorboard_dir(checkpoint_path))
     purge = None if resumed_step is None else resumed_step + 1
     sinks: list[Sink] = []
     try:

@@ -97,7 +97,11 @@ class AsyncGRPOJobSpec(ApiModel):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The training run itself.")
 
 
-Phase = Literal["Pending", "Provisioning", "Running", "Suspended", "Restarting", "Succeeded", "Failed"]
+Phase = Literal[
+    "Pending", "Queued", "Provisioning", "Running", "Suspended", "Restarting", "Succeeded", "Failed"
+]
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""Kueue's convention for the queue of a job; on an AsyncGRPOJob it is copied to its RayCluster."""
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
 
@@ -154,6 +158,17 @@ class Progress(ApiModel):
     updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
 
 
+class Outputs(ApiModel):
+    """Where the driver leaves what outlives the pods (under checkpoint.path; `asyncgrpo logs`)."""
+
+    volume: ShortText = Field(description="The volume that holds them, and whether it outlives the pods.")
+    driver_log: ShortText = Field(description="The current attempt's driver log (stdout and stderr).")
+    steps: ShortText = Field(description="One JSON line per step and validation record, every attempt.")
+    tensorboard: ShortText = Field(
+        description="TensorBoard event files (tensorboard --logdir, asyncgrpo plot)."
+    )
+
+
 class AsyncGRPOJobStatus(ApiModel):
     """The observed state, written only by the operator."""
 
@@ -191,6 +206,9 @@ class AsyncGRPOJobStatus(ApiModel):
         default=None, description="Detail of the current phase."
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
+    outputs: Outputs | None = Field(
+        default=None, description="Where the driver's log, step records and curves are written."
+    )
 
 
 class ObjectMeta(ApiModel):
@@ -233,6 +251,20 @@ class AsyncGRPOJob(ApiModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
     spec: AsyncGRPOJobSpec = Field(description="Desired state.")
     status: AsyncGRPOJobStatus | None = Field(default=None, description="Observed state.")
+
+    @property
+    def kueue_queue_name(self) -> str | None:
+        """The Kueue LocalQueue the job waits in, or None when Kueue does not manage it.
+
+        The job's kueue.x-k8s.io/queue-name label (Kueue's convention, what Kueue's own tooling sets)
+        is read first; spec.scheduler.queueName with scheduler.name kueue is an alias for it. When
+        both are set, admission refuses them unless they agree, so neither silently wins.
+        """
+        label = self.metadata.labels.get(KUEUE_QUEUE_LABEL)
+        if label:
+            return label
+        scheduler = self.spec.scheduler
+        return scheduler.queue_name if scheduler.name == "kueue" else None
 
     def to_manifest(self) -> dict[str, Any]:
         """The object as a Kubernetes manifest (camelCase, defaults included, no status)."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from asyncgrpo_api.v1alpha1 import podtemplate
 from asyncgrpo_api.v1alpha1.affinity import Affinity
 from asyncgrpo_api.v1alpha1.base import ApiModel, LabelKey, LabelValue, Quantity, ShortText
 
@@ -75,10 +76,25 @@ class Placement(ApiModel):
     annotations: dict[LabelKey, ShortText] = Field(
         default_factory=dict, max_length=32, description="Extra annotations on the pool's pods."
     )
+    pod_template: dict[str, Any] | None = Field(
+        default=None,
+        description="A partial core/v1 PodTemplateSpec merged into the pool's pods: metadata.labels and "
+        "annotations; spec.securityContext, runtimeClassName, topologySpreadConstraints, priorityClassName, "
+        "initContainers, volumes, and containers (an entry named like the operator's container adds env, "
+        "envFrom and volumeMounts and sets its securityContext; other entries are added as sidecars). The "
+        "driver command, the Ray ports and the operator's names cannot be overridden; admission names the "
+        "field. See docs/guides/pod-templates.md.",
+    )
 
 
 class HeadGroup(Placement):
     """The Ray head pod: runs the Ray head and the training driver; needs no GPU."""
+
+    @field_validator("pod_template")
+    @classmethod
+    def _head_override(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        podtemplate.check(value, podtemplate.HEAD_CONTAINERS)
+        return value
 
 
 class WorkerGroup(Placement):
@@ -91,6 +107,12 @@ class WorkerGroup(Placement):
         le=16,
         description="nvidia.com/gpu per pod, set as both request and limit; 0 for CPU-only pools.",
     )
+
+    @field_validator("pod_template")
+    @classmethod
+    def _worker_override(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        podtemplate.check(value, podtemplate.WORKER_CONTAINERS)
+        return value
 
     @property
     def total_gpus(self) -> int:

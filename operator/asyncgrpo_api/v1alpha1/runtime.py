@@ -121,18 +121,24 @@ class NetworkSpec(ApiModel):
 
 
 class SchedulerSpec(ApiModel):
-    """Queueing and priority: Kueue or KAI queue names, priority class."""
+    """Queueing, gang scheduling and priority: Kueue, KAI Scheduler or Volcano (docs/guides/scheduling.md)."""
 
-    name: Literal["default", "kueue", "kai"] = Field(
+    name: Literal["default", "kueue", "kai", "volcano"] = Field(
         default="default",
-        description="default: kube-scheduler; kueue: label pods and the RayCluster with "
-        "kueue.x-k8s.io/queue-name; kai: schedulerName kai-scheduler and the kai.scheduler/queue label.",
+        description="default: kube-scheduler, no queue. kueue: the RayCluster is created suspended with "
+        "kueue.x-k8s.io/queue-name and runs once Kueue admits it (the job is Queued until then; the "
+        "job's own kueue.x-k8s.io/queue-name label does the same). kai: KAI Scheduler gang-schedules the "
+        "pods (schedulerName kai-scheduler, kai.scheduler/queue). volcano: KubeRay's Volcano integration "
+        "creates a PodGroup for the whole cluster (volcano.sh/queue-name, ray.io/priority-class-name).",
     )
     queue_name: DnsLabel | None = Field(
-        default=None, description="Kueue LocalQueue or KAI queue; required for kueue and kai."
+        default=None,
+        description="Kueue LocalQueue (an alias of the job's kueue.x-k8s.io/queue-name label: when both are "
+        "set they must agree), KAI queue or Volcano queue; required for kueue and kai.",
     )
     priority_class_name: DnsSubdomain | None = Field(
-        default=None, description="PriorityClass of every pod of the job."
+        default=None,
+        description="PriorityClass of every pod of the job; Kueue and Volcano order and preempt by it.",
     )
 
 
