@@ -49,10 +49,24 @@ def exact_accuracy(
 
 
 def warm_started(
-    directory: Path, *, steps: int = 400, family: str = "qwen2", lengths: tuple[int, ...] = (3,)
+    directory: Path,
+    *,
+    steps: int = 400,
+    family: str = "qwen2",
+    lengths: tuple[int, ...] = (3,),
+    hidden_size: int = 64,
+    num_layers: int = 2,
 ) -> Path:
     """Write the warm-started checkpoint to `directory` (see the module docstring); its path."""
-    source = make_tiny_checkpoint(directory / "random", family=family, hidden_size=64, num_layers=2, seed=0)
+    source = make_tiny_checkpoint(
+        directory / "random",
+        family=family,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=hidden_size // 32,
+        intermediate_size=4 * hidden_size,
+        seed=0,
+    )
     build, tok = recipe.pretrained_build(
         str(source), max_sequence_length=64, dtype="float32", seed=0, chat_template=None, system_prompt=None
     )

@@ -153,7 +153,10 @@ class VLLMGenerationWorker(GenerationWorker):
             temperature=params.temperature,
             top_p=params.top_p,
             max_tokens=max(min(params.max_new_tokens, self.build.max_positions - prompt_len), 1),
-            seed=seed,
+            # vLLM's CPU build cannot rewind a per-request generator when it discards a sampled
+            # token (a preempted or chunk-prefilled request): "CPU Generator does not use offset"
+            # kills the engine. On CPU requests draw from the engine's seeded global generator.
+            seed=seed if self.device.type != "cpu" else None,
             logprobs=0,
             ignore_eos=True,  # ends only at stop_token_ids: the recipe's EOS ids, all of them
             stop_token_ids=list(stop),
