@@ -435,13 +435,23 @@ def lost_ray_worker(exc: BaseException) -> bool:
 
 def exit_code(exc: BaseException) -> int:
     """The driver's exit code for a failed run (`asyncgrpo_api.exitcodes`: what the operator retries)."""
+    if isinstance(_cause(exc), InvalidModelError) or _creation_raised(exc, InvalidModelError):
+        return exitcodes.INVALID_MODEL
     if lost_ray_worker(exc):
         return exitcodes.RAY_WORKER_LOST
-    if isinstance(_cause(exc), InvalidModelError):
-        return exitcodes.INVALID_MODEL
     if isinstance(_cause(exc), InvalidDataError):
         return exitcodes.INVALID_DATA
     return exitcodes.TRAINING_ERROR
+
+
+def _creation_raised(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `exc` is an actor that died because its constructor raised `kind` (a vLLM engine that
+    refused the checkpoint): Ray keeps only the text of a creation task's error."""
+    return (
+        isinstance(exc, ray.exceptions.RayActorError)
+        and bool(getattr(exc, "_actor_init_failed", False))
+        and kind.__name__ in str(exc)
+    )
 
 
 def _cause(exc: BaseException) -> BaseException:

@@ -45,6 +45,7 @@ import torch
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.generation import EngineLostError, Generated, GenerationWorker
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitSpec, refit_plan
+from asyncgrpo_trainer.models.config import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 EXTENSION = "asyncgrpo_trainer.backends.vllm_worker.WorkerExtension"
@@ -130,7 +131,13 @@ class VLLMGenerationWorker(GenerationWorker):
         self.build, self.options = build, options or VLLMOptions()
         self.device = torch.device(device)
         self.max_prefix_age = max_prefix_age
-        self.engine = AsyncLLM.from_engine_args(engine_args(build, self.options, device))
+        try:
+            self.engine = AsyncLLM.from_engine_args(engine_args(build, self.options, device))
+        except Exception as exc:  # vLLM refused the checkpoint: the job's model, not the machine
+            raise InvalidModelError(
+                f"spec.trainer.model.path: vLLM could not start on {build.checkpoint}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         self.version = -1
         self._reset_at = -1
         self._ids = itertools.count()
