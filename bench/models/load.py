@@ -21,7 +21,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from asyncgrpo_trainer.models import hf, recipe
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.directory import WEIGHTS
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
 
 QWEN25_05B = {
@@ -38,7 +39,7 @@ QWEN25_05B = {
 
 
 def ensure_checkpoint(directory: Path) -> Path:
-    if not (directory / hf.WEIGHTS).is_file():
+    if not (directory / WEIGHTS).is_file():
         make_tiny_checkpoint(directory, family="qwen2", **QWEN25_05B)
     return directory
 
@@ -53,11 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     build, _ = recipe.pretrained_build(
         str(path), max_sequence_length=4096, dtype="bfloat16", seed=0, chat_template=None, system_prompt=None
     )
-    load_file(str(path / hf.WEIGHTS))  # warm the page cache for both
+    load_file(str(path / WEIGHTS))  # warm the page cache for both
     floor, ours = [], []
     for _ in range(ns.repeat):
         t0 = time.perf_counter()
-        tensors = load_file(str(path / hf.WEIGHTS))
+        tensors = load_file(str(path / WEIGHTS))
         floor.append(time.perf_counter() - t0)
         del tensors
         t0 = time.perf_counter()
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         ours.append(time.perf_counter() - t0)
         del model
     result = {
-        "checkpoint_bytes": (path / hf.WEIGHTS).stat().st_size,
+        "checkpoint_bytes": (path / WEIGHTS).stat().st_size,
         "load_file_s": statistics.median(floor),
         "instantiate_s": statistics.median(ours),
         "ratio": statistics.median(ours) / statistics.median(floor),

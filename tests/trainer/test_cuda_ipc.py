@@ -12,8 +12,9 @@ import torch.multiprocessing as mp
 from asyncgrpo_trainer.backends import generation, ipc
 from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.recipe import ModelBuild
+from tests.skip_policy import requires_cuda
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = requires_cuda()
 
 
 def _sums_in_child(handles: bytes, out: mp.Queue) -> None:  # type: ignore[type-arg]

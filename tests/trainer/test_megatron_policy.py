@@ -45,7 +45,7 @@ from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import megatron_mapping as mapping
 from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.models import recipe
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.network import CausalLM
 from tests.trainer.test_grpo_math import BUILD, TOK
 

@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 from asyncgrpo_trainer import checkpoint, export
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, policy, sampling
-from asyncgrpo_trainer.models import hf, recipe
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.directory import CONFIG, GENERATION_CONFIG, INDEX, WEIGHTS, InvalidModelError
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
 
@@ -168,7 +168,7 @@ def test_a_trained_checkpoint_reloads_in_transformers_with_the_policys_logits(
         with torch.no_grad():
             assert (reloaded(ids).logits - trained).abs().max().item() <= 1e-4, directory
         assert CheckpointTokenizer(str(directory)).encode_prompt(PROMPTS[0]) == ids[0].tolist()
-        config = json.loads((directory / hf.CONFIG).read_text())
+        config = json.loads((directory / CONFIG).read_text())
         assert config["tie_word_embeddings"] == build.config.tie_word_embeddings
 
 
@@ -178,7 +178,7 @@ def test_a_sharded_checkpoint_loads_like_a_single_file(checkpoints: dict[str, Pa
     _reference(source).save_pretrained(sharded, max_shard_size="100KB")
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         shutil.copy(source / name, sharded / name)
-    assert (sharded / hf.INDEX).is_file() and not (sharded / hf.WEIGHTS).exists()
+    assert (sharded / INDEX).is_file() and not (sharded / WEIGHTS).exists()
     a, _ = _build(source)
     b, _ = _build(sharded)
     sa, sb = a.instantiate().state_dict(), b.instantiate().state_dict()
@@ -222,28 +222,28 @@ def test_unusable_checkpoints_fail_with_the_file_and_the_fix(
     with pytest.raises(InvalidModelError, match=r"does not exist: spec.trainer.model.path"):
         _build(tmp_path / "nowhere")
     gpt2 = _copy(checkpoints["qwen2-tied"], tmp_path / "gpt2")
-    config = json.loads((gpt2 / hf.CONFIG).read_text())
-    (gpt2 / hf.CONFIG).write_text(json.dumps({**config, "model_type": "gpt2"}))
+    config = json.loads((gpt2 / CONFIG).read_text())
+    (gpt2 / CONFIG).write_text(json.dumps({**config, "model_type": "gpt2"}))
     with pytest.raises(InvalidModelError, match=r"config.json: model_type 'gpt2' is not a supported family"):
         _build(gpt2)
     dynamic = _copy(checkpoints["qwen2-tied"], tmp_path / "dynamic")
     scaled = {**config, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}}
-    (dynamic / hf.CONFIG).write_text(json.dumps(scaled))
+    (dynamic / CONFIG).write_text(json.dumps(scaled))
     with pytest.raises(InvalidModelError, match=r"rope type 'dynamic' is not supported"):
         _build(dynamic)
     no_weights = _copy(checkpoints["qwen2-tied"], tmp_path / "no-weights")
-    (no_weights / hf.WEIGHTS).unlink()
+    (no_weights / WEIGHTS).unlink()
     with pytest.raises(InvalidModelError, match=r"holds neither model.safetensors nor"):
         _build(no_weights)
     wider = _copy(checkpoints["qwen2-tied"], tmp_path / "wider")
-    (wider / hf.CONFIG).write_text(json.dumps({**config, "intermediate_size": 256}))
+    (wider / CONFIG).write_text(json.dumps({**config, "intermediate_size": 256}))
     build, _ = _build(wider)
     with pytest.raises(
         InvalidModelError, match=r"model.safetensors: .* has shape .*, config.json gives .*256"
     ):
         build.instantiate()
     no_eos = _copy(checkpoints["qwen2-tied"], tmp_path / "no-eos")
-    (no_eos / hf.GENERATION_CONFIG).unlink()
+    (no_eos / GENERATION_CONFIG).unlink()
     tok_config = json.loads((no_eos / "tokenizer_config.json").read_text())
     (no_eos / "tokenizer_config.json").write_text(json.dumps({**tok_config, "eos_token": None}))
     with pytest.raises(InvalidModelError, match=r"names an end-of-sequence token"):

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
-from asyncgrpo_trainer import bench, checkpoint, data, driver, envs, floor, plot, specmap
+from asyncgrpo_trainer import bench, checkpoint, driver, envs, floor, plot, specmap
 from asyncgrpo_trainer.backends.policy import POLICY_FILE
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 from tests.trainer import jobs
@@ -132,15 +132,7 @@ def test_the_reported_validation_accuracy_is_what_the_final_weights_score(runs: 
     model = specmap.tiny_recipe(t, tok).instantiate()
     state = torch.load(checkpoint.step_dir(run.checkpoint_path, STEPS) / POLICY_FILE, weights_only=True)
     model.load_state_dict(state["model"])
-    _, held_out = data.load_examples(
-        env,
-        tok,
-        train_path=None,
-        validation_path=None,
-        num_validation=NUM_VALIDATION,
-        max_prompt_length=t.data.max_prompt_length,
-        seed=t.grpo.seed,
-    )
+    held_out = driver.load_prompts(job, env, tok).validation
     assert len(held_out) == NUM_VALIDATION
     recomputed = floor.validate(model.eval(), env, tok, held_out, t.generation.max_new_tokens)
     # Batched and one-by-one greedy decoding may break a near-tie differently: one answer at most.

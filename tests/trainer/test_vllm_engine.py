@@ -64,7 +64,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         tmp_path_factory.mktemp("vllm") / "qwen2", family="qwen2", tie_word_embeddings=False, seed=3
     )
     base, _ = recipe.pretrained_build(
-        str(path), max_sequence_length=128, dtype="float32", seed=0, chat_template=None, system_prompt=None
+        str(path), max_sequence_length=512, dtype="float32", seed=0, chat_template=None, system_prompt=None
     )
     tokens = _greedy_reference(base, 12)
     stop = max(set(tokens), key=tokens.index)  # the token greedy decoding reaches last
@@ -124,13 +124,15 @@ def test_a_cancelled_generation_is_aborted_in_the_engine(engine: Engine) -> None
     long = sampling.SamplingParams(max_new_tokens=100, temperature=1.0, ignore_eos=True)
 
     async def cancel_midway() -> bool:
+        processor = engine.worker.engine.output_processor
         task = asyncio.create_task(engine.worker.generate(PROMPT, 4, long, seed=1))
-        await asyncio.sleep(0.5)
+        while not processor.has_unfinished_requests():  # in the engine: cancel it mid-generation
+            await asyncio.sleep(0.001)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.2)
-        return bool(engine.worker.engine.output_processor.has_unfinished_requests())
+        return bool(processor.has_unfinished_requests())
 
     assert not engine.run(cancel_midway())
 
@@ -192,15 +194,17 @@ def test_a_gloo_broadcast_refit_lands_in_vllms_own_weights(engine: Engine) -> No
 
 def test_a_refit_during_a_generation_lands_between_engine_steps(engine: Engine) -> None:
     _, weights = _changed(engine.build, seed=13)
-    long = sampling.SamplingParams(max_new_tokens=120, temperature=1.0, ignore_eos=True)
+    long = sampling.SamplingParams(max_new_tokens=480, temperature=1.0, ignore_eos=True)
 
     async def refit_midway() -> generation.Generated:
+        processor = engine.worker.engine.output_processor
         task = asyncio.create_task(engine.worker.generate(PROMPT, 2, long, seed=5))
-        await asyncio.sleep(0.3)
+        while not processor.has_unfinished_requests():  # in the engine: refit mid-generation
+            await asyncio.sleep(0.001)
         await engine.worker.load_weights(weights, version=3)
         return await task
 
     out = engine.run(refit_midway())
     assert out.first_version < 3 and out.last_version == 3
-    assert all(len(r) == 120 for r in out.response_ids)
+    assert all(len(r) == 480 for r in out.response_ids)
     assert all(math.isfinite(x) for row in out.logprobs for x in row)

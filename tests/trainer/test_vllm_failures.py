@@ -18,7 +18,7 @@ from asyncgrpo_api import exitcodes
 from asyncgrpo_trainer import driver
 from asyncgrpo_trainer.backends import vllm_engine
 from asyncgrpo_trainer.backends.generation import EngineLostError
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.rollout import RolloutFailedError
 from tests.trainer import jobs
 

@@ -58,7 +58,7 @@ from asyncgrpo_trainer.backends.generation import EngineLostError
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.models import recipe
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer, Tokenizer
 from asyncgrpo_trainer.rollout import RolloutManager

@@ -21,7 +21,7 @@ import torch
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.backends import policy
 from asyncgrpo_trainer.models import hf
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 

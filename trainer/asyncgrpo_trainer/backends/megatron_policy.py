@@ -67,7 +67,7 @@ from asyncgrpo_trainer.backends.policy import (
     load_optimizer,
     optimizer_step,
 )
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 MEGATRON = "spec.trainer.policy.megatron"

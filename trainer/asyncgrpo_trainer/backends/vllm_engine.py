@@ -45,7 +45,7 @@ import torch
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.generation import EngineLostError, Generated, GenerationWorker
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitSpec, refit_plan
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 EXTENSION = "asyncgrpo_trainer.backends.vllm_worker.WorkerExtension"

@@ -23,11 +23,9 @@ from typing import Any, Literal
 
 import torch
 
+from asyncgrpo_trainer.models.directory import InvalidModelError
+
 PositionEmbedding = Literal["rope", "learned"]
-
-
-class InvalidModelError(ValueError):
-    """A checkpoint the trainer cannot use; the message names the file or field and the fix."""
 
 
 @dataclass(frozen=True)

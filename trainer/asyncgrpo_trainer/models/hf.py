@@ -23,51 +23,29 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from asyncgrpo_trainer.models.config import InvalidModelError, ModelConfig, from_hf
+from asyncgrpo_trainer.models.config import ModelConfig, from_hf
+from asyncgrpo_trainer.models.directory import (
+    CONFIG,
+    GENERATION_CONFIG,
+    INDEX,
+    TOKENIZER_FILES,
+    WEIGHTS,
+    InvalidModelError,
+    read_json,
+)
 from asyncgrpo_trainer.models.network import CausalLM
 
-CONFIG = "config.json"
-GENERATION_CONFIG = "generation_config.json"
-WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
 SHARD_BYTES = 5 * 10**9
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)
 """Buffers some older checkpoints saved; the network computes them from the config."""
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InvalidModelError(
-            f"{path} does not exist: spec.trainer.model.path must be a Hugging Face checkpoint directory "
-            "(config.json, model.safetensors or its index, tokenizer files) on a volume the pods mount"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise InvalidModelError(f"{path} is not readable JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidModelError(f"{path}: expected a JSON object")
-    return data
 
 
 def read_config(directory: str | Path, *, max_positions: int) -> ModelConfig:

@@ -16,8 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
-from asyncgrpo_trainer.models import hf
-from asyncgrpo_trainer.models.config import InvalidModelError
+from asyncgrpo_trainer.models.directory import GENERATION_CONFIG, InvalidModelError, read_json
 
 
 class Tokenizer(Protocol):
@@ -185,9 +184,9 @@ class CheckpointTokenizer:
 
 def generation_eos_ids(directory: str) -> list[int]:
     """The end-of-sequence ids generation_config.json names (an int or a list; none without it)."""
-    path = Path(directory) / hf.GENERATION_CONFIG
+    path = Path(directory) / GENERATION_CONFIG
     if not path.is_file():
         return []
-    eos = hf.read_json(path).get("eos_token_id")
+    eos = read_json(path).get("eos_token_id")
     values = eos if isinstance(eos, list) else [eos]
     return [int(v) for v in values if isinstance(v, int)]
