@@ -12,7 +12,7 @@ ROOT=${ROOT:-/tmp/asyncgrpo-bench-checkpoints}
 mkdir -p "$OUT" "$ROOT"
 PY=${PYTHON:-python3}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=trainer:operator:bench/gpu${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=trainer:operator:.:bench/gpu${PYTHONPATH:+:$PYTHONPATH}
 Q05="$ROOT/qwen2.5-0.5b-bfloat16"
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true

@@ -33,7 +33,7 @@ def test_another_process_reads_the_shared_tensors() -> None:
     assert sums == pytest.approx({k: float(v.double().sum()) for k, v in tensors.items()})
 
 
-def test_the_torch_engine_takes_a_shared_refit_in_place_in_its_dtype() -> None:
+def _tiny_build() -> ModelBuild:
     cfg = tiny_config(
         vocab_size=64,
         hidden_size=64,
@@ -44,13 +44,38 @@ def test_the_torch_engine_takes_a_shared_refit_in_place_in_its_dtype() -> None:
         max_positions=32,
         position_embedding="rope",
     )
-    build = ModelBuild(cfg, "bfloat16", pad_id=0, eos_ids=(1,), seed=0)
-    engine = generation.TorchGenerationWorker(build, device="cuda")
-    masters = {n: p.detach().float() + 1.0 for n, p in build.instantiate().cuda().named_parameters()}
-    staged = {n: t.to(torch.bfloat16) for n, t in masters.items()}
+    return ModelBuild(cfg, "bfloat16", pad_id=0, eos_ids=(1,), seed=0)
+
+
+def _staged_weights() -> dict[str, torch.Tensor]:
+    """What a policy rank stages for the refit: its (changed) master weights cast to bfloat16."""
+    masters = {n: p.detach().float() + 1.0 for n, p in _tiny_build().instantiate().cuda().named_parameters()}
+    return {n: t.to(torch.bfloat16) for n, t in masters.items()}
+
+
+def _policy_rank(out: mp.Queue, engine_done: mp.Event) -> None:  # type: ignore[type-arg]
+    """A policy rank's side: share the staged weights and keep them alive until the engine copied."""
+    staged = _staged_weights()
+    out.put(ipc.share(staged))
+    engine_done.wait(timeout=120)
+
+
+def test_the_torch_engine_takes_a_shared_refit_in_place_in_its_dtype() -> None:
+    # Two processes, as in a job: CUDA IPC handles open only in a process other than their owner.
+    engine = generation.TorchGenerationWorker(_tiny_build(), device="cuda")
     before = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
-    asyncio.run(engine.load_ipc(ipc.share(staged), version=5))
+    ctx = mp.get_context("spawn")
+    out, engine_done = ctx.Queue(), ctx.Event()
+    rank = ctx.Process(target=_policy_rank, args=(out, engine_done))
+    rank.start()
+    try:
+        asyncio.run(engine.load_ipc(out.get(timeout=120), version=5))
+    finally:
+        engine_done.set()
+        rank.join(timeout=60)
+    assert rank.exitcode == 0
     assert engine.version == 5
+    expected = _staged_weights()  # deterministic: the build's seed
     for name, p in engine.model.named_parameters():
         assert p.data_ptr() == before[name]
-        assert torch.equal(p.detach(), staged[name]), name
+        assert torch.equal(p.detach(), expected[name]), name
