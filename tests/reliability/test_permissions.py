@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from asyncgrpo_api.rules import validate_manifest
+from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_operator.manifests import ray_cluster
 from tests.chart.helm import NO_HELM, find_helm, template
 from tests.cluster import faults
@@ -103,6 +104,13 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
         return None
 
     wait_until(deleted, "job deleted by its TTL", timeout=60)
+    # A job Kueue manages: its RayCluster waits suspended and the operator reads Kueue's Workload for
+    # the reason (here Kueue is not installed, which the job reports as well).
+    queued = job_manifest("rbac-queued")
+    queued["metadata"]["labels"] = {KUEUE_QUEUE_LABEL: "gpu"}
+    api.create(JOBS_PATH.format(ns=ns), queued)
+    _wait_status(api, ns, "rbac-queued", lambda s: s.get("phase") == "Queued", "Queued")
+    api.delete(f"{JOBS_PATH.format(ns=ns)}/rbac-queued")
     time.sleep(1)
 
     calls = list(proxy.calls)
