@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
+
+from tests.trainer.warm_start import warm_started
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +21,10 @@ def ray_address() -> Iterator[str]:
     os.environ.setdefault("ASYNCGRPO_EXIT_GRACE_SECONDS", "0")
     yield address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def warm_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal (tests/trainer/warm_start.py):
+    the pretrained-path tests' stand-in for a pretrained model, made once per session."""
+    return warm_started(tmp_path_factory.mktemp("warm"), steps=600, lengths=(3, 5), hidden_size=128)

@@ -20,14 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.trainer.warm_start import warm_started
-
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return warm_started(tmp_path_factory.mktemp("warm"), steps=600, lengths=(3, 5), hidden_size=128)
 
 
 def _job(checkpoint: Path, backend: str) -> dict[str, Any]:
@@ -90,9 +83,9 @@ def _held_out(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_a_warm_started_checkpoint_learns_reversal_in_an_async_job(
-    checkpoint: Path, tmp_path: Path, backend: str
+    warm_qwen2: Path, tmp_path: Path, backend: str
 ) -> None:
-    records = _run(tmp_path, _job(checkpoint, backend))
+    records = _run(tmp_path, _job(warm_qwen2, backend))
     held_out = _held_out(records)
     assert held_out[0][0] == 0 and held_out[0][1] < 0.1, held_out  # before the first step
     assert held_out[-1][0] == 70 and held_out[-1][1] >= 0.8, held_out

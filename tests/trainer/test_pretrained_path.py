@@ -1,14 +1,18 @@
 """The real-model path end to end: `asyncgrpo run` on a Hugging Face checkpoint and a data file.
 
-The shipped CPU example (docs/examples/pretrained-cpu.yaml) runs as a user runs it: a tiny random
-Qwen2 checkpoint made with `asyncgrpo make-tiny-checkpoint`, the example's data files through
-`--mount`, a few steps; what comes out is a Hugging Face directory that transformers loads, with the
-same logits as `asyncgrpo export` of the last checkpoint's policy file, and different from the
-checkpoint it started from (it trained).
+The shipped CPU example (docs/examples/pretrained-cpu.yaml) runs as a user runs it, with the
+example's data files through `--mount`, for a few steps; what comes out is a Hugging Face directory
+that transformers loads, with the same logits as `asyncgrpo export` of the last checkpoint's policy
+file, and different from the checkpoint it started from (it trained). The model is the session's
+warm-started tiny Qwen2 (conftest `warm_qwen2`): a random checkpoint answers no reversal right, so
+every GRPO advantage is zero and its weights would rightly not move. `asyncgrpo make-tiny-checkpoint`,
+which the example's comment uses, is checked on its own.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +21,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,9 +50,11 @@ def _logits(directory: Path, ids: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def test_the_pretrained_cpu_example_trains_and_writes_a_checkpoint_transformers_loads(tmp_path: Path) -> None:
-    models, checkpoints = tmp_path / "models", tmp_path / "checkpoints"
-    _cli("make-tiny-checkpoint", str(models / "tiny-qwen2"), "--family", "qwen2", cwd=tmp_path)
+def test_the_pretrained_cpu_example_trains_and_writes_a_checkpoint_transformers_loads(
+    tmp_path: Path, warm_qwen2: Path
+) -> None:
+    models, checkpoints, steps = tmp_path / "models", tmp_path / "checkpoints", tmp_path / "steps.jsonl"
+    shutil.copytree(warm_qwen2, models / "tiny-qwen2")
     _cli(
         "run",
         str(EXAMPLE),
@@ -58,13 +65,34 @@ def test_the_pretrained_cpu_example_trains_and_writes_a_checkpoint_transformers_
         "--checkpoint-dir",
         str(checkpoints),
         "--max-steps",
-        "3",
+        "4",
+        "--jsonl",
+        str(steps),
         cwd=tmp_path,
     )
+    records = [json.loads(line) for line in steps.read_text().splitlines()]
+    assert any(r.get("reward_mean", 0) > 0 for r in records), "no step had a reward signal"
     final = checkpoints / "final"
     assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
     _cli("export", str(checkpoints), str(tmp_path / "exported"), cwd=tmp_path)
     ids = torch.tensor([CheckpointTokenizer(str(final)).encode_prompt("4541=")])
     trained, exported = _logits(final, ids), _logits(tmp_path / "exported", ids)
     assert (trained - exported).abs().max().item() <= 1e-4  # the policy's weights, both ways
-    assert (trained - _logits(models / "tiny-qwen2", ids)).abs().max().item() > 1e-4  # it trained
+    assert (trained - _logits(warm_qwen2, ids)).abs().max().item() > 1e-4  # it trained
+
+
+def test_make_tiny_checkpoint_writes_a_checkpoint_transformers_and_the_trainer_load(tmp_path: Path) -> None:
+    directory = tmp_path / "tiny-qwen2"
+    _cli("make-tiny-checkpoint", str(directory), "--family", "qwen2", cwd=tmp_path)
+    build, tok = recipe.pretrained_build(
+        str(directory),
+        max_sequence_length=64,
+        dtype="float32",
+        seed=0,
+        chat_template=None,
+        system_prompt=None,
+    )
+    ids = torch.tensor([tok.encode_prompt("4541=")])
+    with torch.no_grad():
+        ours, _ = build.instantiate().eval()(ids)
+    assert (ours - _logits(directory, ids)).abs().max().item() <= 1e-4
