@@ -6,7 +6,9 @@ model, and a random RoPE model this small barely moves on the task under GRPO) a
 prompts wrong: held-out exact-match accuracy 0.0 before the first step. An async job through
 `asyncgrpo run` must then take it to >= 0.8, with the torch engine and with vLLM's CPU build (whose
 first, on-policy step must also pass the log-prob gate: mean exp|logp_vllm - logp_policy| <= 1.05).
-Measured when this was written: 0.0 -> 1.0 by step 60 of 16 x 8 samples, with the torch engine.
+Measured (2026-12-01, 16 x 8 samples a step): torch engine 0.0 -> 0.73 (step 10) -> 1.0 (40..70); vLLM
+0.0 -> 0.88 (20) -> 1.0 (60, 70). At learning rate 1e-3 both rose faster but the vLLM run fell back
+to 0.32-0.69 held-out (steps 40-70) while its shaped reward stayed near 0.9: 5e-4 is stable in both.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def _job(checkpoint: Path, backend: str) -> dict[str, Any]:
                 "model": {"source": "pretrained", "path": str(checkpoint), "maxSequenceLength": 48},
                 "data": {"maxPromptLength": 40, "numValidationPrompts": 100},
                 "env": {"name": "reverse"},
-                "policy": {"trainMicroBatchSize": 128, "learningRate": 1.0e-3},
+                "policy": {"trainMicroBatchSize": 128, "learningRate": 5.0e-4},
                 "generation": {"backend": backend, "maxNewTokens": 6, "temperature": 1.0},
                 "grpo": {
                     "numPromptsPerStep": 16,
