@@ -822,6 +822,7 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
         reading = None
     read_at = observed.progress_read_at or now
     mark = draft.mark if draft.mark is not None and draft.mark.cluster_uid == cluster.uid else None
+    stored: Progress | None = draft.get("progress")
     if reading is not None:
         draft.set_field(
             "progress",
@@ -841,7 +842,12 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
             ),
         )
         if mark is None or reading.step != mark.step:
-            mark = ProgressMark(cluster.uid, reading.step, read_at)
+            since = read_at
+            if mark is None and stored is not None and stored.step == reading.step and stored.updated_at:
+                # No mark in memory (the operator restarted): the step has not moved since the
+                # status last recorded it (written only when a figure changes, so no later).
+                since = min(stored.updated_at, read_at)
+            mark = ProgressMark(cluster.uid, reading.step, since)
     elif mark is None:
         progress = draft.get("progress")
         running = draft.conditions[RUNNING]
