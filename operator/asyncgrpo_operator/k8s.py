@@ -271,16 +271,22 @@ class Api:
             response.release()
 
     async def apply_configmap(self, manifest: Obj) -> Obj:
-        """Create the ConfigMap, or replace its data when it exists; returns it as written."""
+        """Create the ConfigMap, or replace its data when it exists; returns it as written. An
+        existing one also gets the manifest's labels and owner: one left without them (by an older
+        operator, or by hand) would stay invisible to the ConfigMap watch, which selects on the
+        job-name label, and be rewritten on every pass."""
         namespace = manifest["metadata"]["namespace"]
         path = f"/api/v1/namespaces/{namespace}/configmaps"
         created = await self._create(path, manifest)
         if created is not None:
             return created
+        meta = {
+            k: manifest["metadata"][k] for k in ("labels", "ownerReferences") if k in manifest["metadata"]
+        }
         return await self.request(
             "PATCH",
             f"{path}/{manifest['metadata']['name']}",
-            body={"data": manifest["data"]},
+            body={"metadata": meta, "data": manifest["data"]},
             content_type=MERGE_PATCH,
             query={"fieldManager": naming.MANAGER},
         )
