@@ -58,9 +58,10 @@ KINDS = ("agj", "rayjob", "floor")
 
 
 def _private_env() -> None:
-    """Point tests.cluster at the benchmark's own audited cluster (before it is imported)."""
-    os.environ["ASYNCGRPO_CLUSTER_STATE"] = PRIVATE_STATE
-    os.environ["ASYNCGRPO_CLUSTER_PORT_OFFSET"] = PRIVATE_OFFSET
+    """Point tests.cluster at the benchmark's own audited cluster (before it is imported); the
+    state folder and port offset can be moved with their variables, e.g. next to another run."""
+    os.environ.setdefault("ASYNCGRPO_CLUSTER_STATE", PRIVATE_STATE)
+    os.environ.setdefault("ASYNCGRPO_CLUSTER_PORT_OFFSET", PRIVATE_OFFSET)
     os.environ["ASYNCGRPO_CLUSTER_AUDIT"] = "1"
 
 
