@@ -234,6 +234,17 @@ class Api:
 
     # --- children ------------------------------------------------------------------------------
 
+    async def list_rayclusters(self, namespace: str, job_name: str) -> list[Obj]:
+        path = (
+            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+        )
+        return await self.list_items(path, f"{naming.JOB_NAME_LABEL}={job_name}")
+
+    async def list_pods(self, namespace: str, job_name: str) -> list[Obj]:
+        return await self.list_items(
+            f"/api/v1/namespaces/{namespace}/pods", f"{naming.JOB_NAME_LABEL}={job_name}"
+        )
+
     async def list_workloads(self, namespace: str, cluster_uid: str) -> list[Obj]:
         """Kueue's Workloads of one RayCluster; empty when Kueue's API is not served (not installed)."""
         path = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads"

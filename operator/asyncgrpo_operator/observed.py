@@ -369,6 +369,9 @@ class Observation:
     workload: WorkloadView | None = None
     """Kueue's Workload of the current attempt's RayCluster, for a job Kueue manages (None: none yet,
     or Kueue is not installed)."""
+    from_cache: bool = False
+    """The children were read from watch caches, which may lag behind each other: what is missing
+    may only be not seen yet, so a conclusion from a missing child asks for a fresh read first."""
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -337,6 +337,8 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if current is None or current.deleting:
         foreign = next((c for c in observed.clusters if c.name == name and c not in owned), None)
         if ours:
+            if _unconfirmed(ctx, draft, f"RayCluster {name} is not among the job's children"):
+                return
             _infra_failure(ctx, draft, current, CLUSTER_LOST, f"RayCluster {name} was deleted")
         elif current is not None or (foreign is not None and foreign.deleting):
             message = f"waiting for RayCluster {name} of the previous run to be deleted"
@@ -359,6 +361,16 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if job.kueue_queue_name is not None and _queued(ctx, draft, current):
         return
     _attempt(ctx, draft, current)
+
+
+def _unconfirmed(ctx: _Ctx, draft: Draft, why: str) -> bool:
+    """Whether a conclusion drawn from something's absence needs a fresh read first. Children read
+    from the watch caches may lag behind each other (a RayCluster's list can be newer than its pods'
+    list): a missing head pod or RayCluster must be confirmed before it costs the job a restart."""
+    if not ctx.observed.from_cache:
+        return False
+    draft.confirm = why
+    return True
 
 
 def _waiting_to_create(ctx: _Ctx, draft: Draft, reason: str, message: str, recheck: float) -> None:
@@ -540,6 +552,8 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
         return
     lost = _head_lost(draft, cluster, head)
     if lost is not None:
+        if head is None and _unconfirmed(ctx, draft, lost):
+            return
         _infra_failure(ctx, draft, cluster, HEAD_POD_LOST, lost)
         return
     _progressing(ctx, draft, cluster, pods, head)

@@ -38,6 +38,7 @@ from asyncgrpo_operator import cache, decision, k8s, naming, plan, progress
 from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import (
+    ClusterView,
     CreateFailure,
     DriverExit,
     Observation,
@@ -159,6 +160,11 @@ class Reconciler:
         outcome = plan.plan(
             job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
         )
+        if outcome.confirm is not None:
+            observed = await self._confirm(key, observed, outcome.confirm)
+            outcome = plan.plan(
+                job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
+            )
         written, failure = await self._apply(key, body, outcome, now, generation)
         if failure is None:
             return outcome.requeue_after
@@ -225,6 +231,26 @@ class Reconciler:
             create_failure=failure,
             kuberay_missing=kuberay_missing,
             workload=workload,
+            from_cache=True,
+        )
+
+    async def _confirm(self, key: Key, observed: Observation, why: str) -> Observation:
+        """The job's RayClusters and pods read from the API server, for a decision that a missing
+        one would make (a restart): the caches may only lag. What is read goes into the cache."""
+        namespace, name = key
+        log.info("confirming from the API server", extra=_fields(key, why=why))
+        raw_clusters, raw_pods = await asyncio.gather(
+            self.api.list_rayclusters(namespace, name), self.api.list_pods(namespace, name)
+        )
+        for obj in raw_clusters:
+            self.cache.clusters.apply(cache.MODIFIED, obj)
+        for obj in raw_pods:
+            self.cache.pods.apply(cache.MODIFIED, obj)
+        return replace(
+            observed,
+            clusters=tuple(ClusterView.from_dict(c) for c in raw_clusters),
+            pods=tuple(PodView.from_dict(p) for p in raw_pods),
+            from_cache=False,
         )
 
     async def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> _Poll | None:

@@ -251,3 +251,32 @@ def test_after_an_operator_restart_the_stall_clock_runs_from_the_last_recorded_c
     assert "2026-11-29T12:00:40Z" in cond.message
     assert after_restart.progress_mark is not None and after_restart.progress_mark.since == at(40)
     assert at(170) - after_restart.progress_mark.since > timedelta(seconds=120)
+
+
+# --- a missing child is confirmed before it costs a restart ---------------------------------------
+
+
+def test_a_head_pod_missing_from_the_cache_is_confirmed_before_the_job_restarts() -> None:
+    """The RayCluster's list can be newer than the pods' (an operator that just started): a
+    provisioned cluster without its head pod in the cache asks for a fresh read, not a restart."""
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    lagging = observe(40, rc, pods=healthy_pods(rc)[1:], from_cache=True)
+    unsure = plan.plan(job(), running.status, lagging, generation=1, owner=OWNER)
+    assert unsure.confirm is not None and "head pod" in unsure.confirm
+    read = observe(40, rc, pods=healthy_pods(rc)[1:])  # read from the API server: it is gone
+    lost = plan.plan(job(), running.status, read, generation=1, owner=OWNER)
+    assert lost.confirm is None and lost.status.restarts == 1
+
+
+def test_a_raycluster_missing_from_the_cache_is_confirmed_before_the_job_restarts() -> None:
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    unsure = plan.plan(job(), running.status, observe(40, from_cache=True), generation=1, owner=OWNER)
+    assert unsure.confirm is not None and not unsure.actions
