@@ -350,6 +350,11 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
                 "it is neither adopted nor deleted. Delete it or rename the job"
             )
             _waiting_to_create(ctx, draft, CLUSTER_NAME_TAKEN, message, NAME_TAKEN_RECHECK_SECONDS)
+        elif current is None and any(p.cluster == name and not p.deleting for p in observed.pods):
+            # The garbage collector has not deleted the pods of the deleted namesake yet, and
+            # KubeRay, which selects pods by name label, would take them for the new cluster's.
+            message = f"waiting for the pods of RayCluster {name} of the previous run to be deleted"
+            _waiting_to_create(ctx, draft, WAITING_FOR_PREVIOUS_CLUSTER, message, DELETION_RECHECK_SECONDS)
         else:
             _create_cluster(ctx, draft)
         return
