@@ -22,7 +22,7 @@ from asyncgrpo_operator.cache import ADDED, DELETED, MODIFIED, Cache, Index
 from asyncgrpo_operator.informer import Informer
 from asyncgrpo_operator.observed import PodView
 from asyncgrpo_operator.reconciler import Reconciler
-from tests.operator.builders import BASE_JOB, OWNER, at, cluster, healthy_pods, job, observe
+from tests.operator.builders import BASE_JOB, OWNER, at, cluster, healthy_pods, job, observe, raw_pod
 
 JOB = ("team", "demo")
 
@@ -280,3 +280,60 @@ def test_a_raycluster_missing_from_the_cache_is_confirmed_before_the_job_restart
     )
     unsure = plan.plan(job(), running.status, observe(40, from_cache=True), generation=1, owner=OWNER)
     assert unsure.confirm is not None and not unsure.actions
+
+
+class ConfirmingApi(RecordingApi):
+    """The API server still has the head pod that the cache does not show yet."""
+
+    def __init__(self, clusters: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.clusters, self.pods = clusters, pods
+        self.reads = 0
+
+    async def list_rayclusters(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        self.reads += 1
+        return self.clusters
+
+    async def list_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        self.reads += 1
+        return self.pods
+
+    async def apply_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return manifest
+
+
+def test_a_pass_reads_the_children_afresh_before_it_counts_a_head_pod_lost() -> None:
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    raw_cluster = {
+        "metadata": {
+            "name": rc.name,
+            "namespace": "team",
+            "uid": rc.uid,
+            "resourceVersion": "20",
+            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ATTEMPT_LABEL: "0"},
+            "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
+        },
+        "status": {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]},
+    }
+    head, *workers = (raw_pod(rc, head=True), raw_pod(rc, group="policy"), raw_pod(rc, group="generation"))
+    cache = Cache()
+    body = {**job_body(7), "status": running.status.model_dump(mode="json", by_alias=True)}
+    body["spec"]["trainer"]["policy"] = {"trainMicroBatchSize": 4}
+    cache.jobs.apply(ADDED, body)
+    cache.clusters.apply(ADDED, raw_cluster)
+    for raw in workers:  # the head pod's event has not arrived yet
+        cache.pods.apply(ADDED, raw)
+    api = ConfirmingApi([raw_cluster], [head, *workers])
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            await Reconciler(api, session, cache).reconcile(JOB)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+    assert api.reads == 2
+    assert all(p.get("restarts", 0) == 0 for p in api.patches)
+    assert "demo-0-head" in [p.name for p in cache.pods.of(JOB)]
