@@ -303,13 +303,17 @@ class Bench:
                 with contextlib.suppress(ApiError, OSError):
                     slow.request("DELETE", path, {"propagationPolicy": "Background"})
             time.sleep(1)
-        for path in (
+        children = (
             RAYCLUSTER.format(ns=self.agj_ns),
             RAYCLUSTER.format(ns=self.other_ns),
             f"/apis/batch/v1/namespaces/{self.other_ns}/jobs",
-        ):
-            with contextlib.suppress(ApiError):
-                slow.request("DELETE", path, {"propagationPolicy": "Background"})
+        )
+        # The same for the children (the floor's 1,000 RayClusters outlived one delete-collection).
+        while time.monotonic() < deadline and any(self.api.get(p).get("items") for p in children):
+            for path in children:
+                with contextlib.suppress(ApiError, OSError):
+                    slow.request("DELETE", path, {"propagationPolicy": "Background"})
+            time.sleep(1)
         while time.monotonic() < deadline:
             left = sum(
                 len(self.api.get(p).get("items", []))
