@@ -532,7 +532,7 @@ def test_training_error_fails_at_once_and_is_not_retried(
 def test_unusable_data_fails_at_once_with_invalid_data_and_is_not_retried(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
-    create_job(kube_api, namespace, job_manifest("no-data", driver_progress.url))
+    create_job(kube_api, namespace, job_manifest("no-data"))
     run_until_running(kube_api, namespace, "no-data", driver_progress)
     error = "InvalidDataError: data.trainPath /data/train.jsonl: no usable row of 3"
     end_driver(kube_api, namespace, head_pod(kube_api, namespace, "no-data-0"), exitcodes.INVALID_DATA, error)
