@@ -114,7 +114,13 @@ class Watch(threading.Thread):
         host, port = self.api.base_url.removeprefix("https://").split(":")
         while not self.stopped.is_set():
             try:
-                rv = self.api.get(self.path).get("metadata", {}).get("resourceVersion", "")
+                # What changed while the previous watch ended and this one starts is only in the
+                # list: a batch outliving the watch's 540 s would otherwise miss it and time out.
+                listed = self.api.get(self.path)
+                at = time.monotonic()
+                for obj in listed.get("items") or []:
+                    self.handle(obj, at)
+                rv = listed.get("metadata", {}).get("resourceVersion", "")
                 conn = http.client.HTTPSConnection(host, int(port), context=self.api.ctx, timeout=600)
                 conn.request("GET", f"{self.path}?watch=1&resourceVersion={rv}&timeoutSeconds=540")
                 resp = conn.getresponse()
