@@ -76,7 +76,7 @@ from tests.e2e.test_operator import job_manifest  # noqa: E402
 from tests.webhook.cluster_harness import Installation, running_chart  # noqa: E402
 
 from asyncgrpo_api.rules import validate_manifest  # noqa: E402
-from asyncgrpo_operator import manifests  # noqa: E402
+from asyncgrpo_operator import manifests, runtime  # noqa: E402
 
 # --- the watches -----------------------------------------------------------------------------------
 
@@ -446,7 +446,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", default="1,50")
     parser.add_argument("--scale", default="500", help="sizes of the scale runs, e.g. 500,1000 (0: none)")
     parser.add_argument("--scale-kinds", default="agj,rayjob,floor")
-    parser.add_argument("--workers", default=os.environ.get("ASYNCGRPO_WORKERS", "4"))
+    parser.add_argument(
+        "--workers", default=os.environ.get("ASYNCGRPO_WORKERS", str(runtime.DEFAULT_WORKERS))
+    )
     parser.add_argument("--private", action="store_true", help="own audited cluster (started, then stopped)")
     parser.add_argument("--keep", action="store_true", help="with --private: leave the cluster running")
     parser.add_argument("--out", default="/tmp/opbench.json")

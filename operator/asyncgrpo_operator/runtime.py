@@ -41,6 +41,8 @@ WATCH_NAMESPACES_ENV = "ASYNCGRPO_WATCH_NAMESPACES"
 """Comma-separated namespaces the resync lists (default: all). Match kopf's --namespace flags."""
 RESYNC_ENV = "ASYNCGRPO_RESYNC_SECONDS"
 WORKERS_ENV = "ASYNCGRPO_WORKERS"
+DEFAULT_WORKERS = 16
+"""Passes run at once; the best of 4, 8, 16 and 32 in docs/benchmarks.md (issue 19)."""
 LEADER_ELECTION_ENV = "ASYNCGRPO_LEADER_ELECTION"
 """true: only the holder of the Lease asyncgrpo-operator reconciles (for more than one replica)."""
 LEADER_NAMESPACE_ENV = "ASYNCGRPO_LEADER_ELECTION_NAMESPACE"
@@ -116,7 +118,7 @@ async def start(memo: Any) -> Runtime:
     controller = Controller(
         reconcile=reconciler.reconcile,
         list_keys=list_keys,
-        workers=int(os.environ.get(WORKERS_ENV, "16")),
+        workers=int(os.environ.get(WORKERS_ENV, DEFAULT_WORKERS)),
         resync_seconds=float(os.environ.get(RESYNC_ENV, "60")),
         conflict_errors=(ConflictError,),
         is_active=((lambda: cache.synced() and elector.is_leader) if elector is not None else cache.synced),
