@@ -1,6 +1,6 @@
 """Operator vs KubeRay RayJob vs the floor, on the local control plane (issue 10).
 
-    python -m bench.operator.bench [--reps 3] [--sizes 1,50] [--scale 500] [--private]
+    python -m bench.operator.bench [--reps 3] [--sizes 1,50] [--scale 500,1000] [--private]
 
 What it measures, in one run, interleaving the three ways of getting a RayCluster so that the
 machine's noise (other engineers' tests on 2 cores) falls on all of them alike:
@@ -58,9 +58,10 @@ KINDS = ("agj", "rayjob", "floor")
 
 
 def _private_env() -> None:
-    """Point tests.cluster at the benchmark's own audited cluster (before it is imported)."""
-    os.environ["ASYNCGRPO_CLUSTER_STATE"] = PRIVATE_STATE
-    os.environ["ASYNCGRPO_CLUSTER_PORT_OFFSET"] = PRIVATE_OFFSET
+    """Point tests.cluster at the benchmark's own audited cluster (before it is imported); the
+    state folder and port offset can be moved with their variables, e.g. next to another run."""
+    os.environ.setdefault("ASYNCGRPO_CLUSTER_STATE", PRIVATE_STATE)
+    os.environ.setdefault("ASYNCGRPO_CLUSTER_PORT_OFFSET", PRIVATE_OFFSET)
     os.environ["ASYNCGRPO_CLUSTER_AUDIT"] = "1"
 
 
@@ -75,7 +76,7 @@ from tests.e2e.test_operator import job_manifest  # noqa: E402
 from tests.webhook.cluster_harness import Installation, running_chart  # noqa: E402
 
 from asyncgrpo_api.rules import validate_manifest  # noqa: E402
-from asyncgrpo_operator import manifests  # noqa: E402
+from asyncgrpo_operator import manifests, runtime  # noqa: E402
 
 # --- the watches -----------------------------------------------------------------------------------
 
@@ -113,7 +114,13 @@ class Watch(threading.Thread):
         host, port = self.api.base_url.removeprefix("https://").split(":")
         while not self.stopped.is_set():
             try:
-                rv = self.api.get(self.path).get("metadata", {}).get("resourceVersion", "")
+                # What changed while the previous watch ended and this one starts is only in the
+                # list: a batch outliving the watch's 540 s would otherwise miss it and time out.
+                listed = self.api.get(self.path)
+                at = time.monotonic()
+                for obj in listed.get("items") or []:
+                    self.handle(obj, at)
+                rv = listed.get("metadata", {}).get("resourceVersion", "")
                 conn = http.client.HTTPSConnection(host, int(port), context=self.api.ctx, timeout=600)
                 conn.request("GET", f"{self.path}?watch=1&resourceVersion={rv}&timeoutSeconds=540")
                 resp = conn.getresponse()
@@ -302,13 +309,17 @@ class Bench:
                 with contextlib.suppress(ApiError, OSError):
                     slow.request("DELETE", path, {"propagationPolicy": "Background"})
             time.sleep(1)
-        for path in (
+        children = (
             RAYCLUSTER.format(ns=self.agj_ns),
             RAYCLUSTER.format(ns=self.other_ns),
             f"/apis/batch/v1/namespaces/{self.other_ns}/jobs",
-        ):
-            with contextlib.suppress(ApiError):
-                slow.request("DELETE", path, {"propagationPolicy": "Background"})
+        )
+        # The same for the children (the floor's 1,000 RayClusters outlived one delete-collection).
+        while time.monotonic() < deadline and any(self.api.get(p).get("items") for p in children):
+            for path in children:
+                with contextlib.suppress(ApiError, OSError):
+                    slow.request("DELETE", path, {"propagationPolicy": "Background"})
+            time.sleep(1)
         while time.monotonic() < deadline:
             left = sum(
                 len(self.api.get(p).get("items", []))
@@ -433,9 +444,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.operator.bench")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--sizes", default="1,50")
-    parser.add_argument("--scale", type=int, default=500, help="0 skips the scale run")
+    parser.add_argument("--scale", default="500", help="sizes of the scale runs, e.g. 500,1000 (0: none)")
     parser.add_argument("--scale-kinds", default="agj,rayjob,floor")
-    parser.add_argument("--workers", default=os.environ.get("ASYNCGRPO_WORKERS", "4"))
+    parser.add_argument(
+        "--workers", default=os.environ.get("ASYNCGRPO_WORKERS", str(runtime.DEFAULT_WORKERS))
+    )
     parser.add_argument("--private", action="store_true", help="own audited cluster (started, then stopped)")
     parser.add_argument("--keep", action="store_true", help="with --private: leave the cluster running")
     parser.add_argument("--out", default="/tmp/opbench.json")
@@ -445,14 +458,16 @@ def main(argv: list[str]) -> int:
         done = json.loads(Path(args.summarize).read_text())
         print(summary(done))
         print(scale_summary(done))
+        print(side_by_side(done))
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    scales = [int(s) for s in args.scale.split(",") if s and int(s) > 0]
 
     if args.private:
         subprocess.run([sys.executable, "-m", "tests.cluster", "up"], check=True, cwd=REPO)
     cluster = LocalCluster.from_env()
     api = cluster.api
-    needed = max([*sizes, args.scale])
+    needed = max([*sizes, *scales])
     for node in nodes.bench_nodes(max(1, needed // 200 + 1), max(1, needed * 2 // 60 + 1)):
         with contextlib.suppress(ApiError):
             api.create("/api/v1/nodes", node)
@@ -468,41 +483,38 @@ def main(argv: list[str]) -> int:
                 assert inst.process is not None
                 op_pid, kr_pid = inst.process.pid, kuberay_pid(cluster)
                 time.sleep(3)  # the operator's watches and the leader lease settle
+                audit = cluster.paths.audit_log
+                sa = f"system:serviceaccount:{inst.namespace}:{inst.fullname}"
+                who = {
+                    "asyncgrpo": lambda u, a: u == sa,
+                    "kuberay": lambda u, a: a.startswith(("kuberay", "ray-operator", "manager")),
+                }
+
+                def measured(kind: str, size: int, tag: str, timeout: float) -> JSON:
+                    """One batch with the load before it, the processes' peak RSS and CPU during
+                    it, and the API requests each controller made meanwhile (from the audit log)."""
+                    offset = audit_offset(audit)
+                    load = loadavg()
+                    sampler = Sampler({"asyncgrpo": op_pid, "kuberay": kr_pid})
+                    sampler.start()
+                    row = bench.batch(kind, size, tag, timeout=timeout)
+                    row.update(load=load, load_after=loadavg(), procs=sampler.stop())
+                    time.sleep(2)  # the audit log is written in batches
+                    row["requests"] = audit_counts(audit, offset, who)
+                    result["batches"].append(row)
+                    print(_line(row), flush=True)
+                    return row
+
                 for size in sizes:
                     for rep in range(args.reps):
                         order = KINDS[rep % 3 :] + KINDS[: rep % 3]
                         for kind in order:
-                            load = loadavg()
-                            sampler = Sampler({"asyncgrpo": op_pid, "kuberay": kr_pid})
-                            sampler.start()
-                            row = bench.batch(kind, size, f"{size}r{rep}", timeout=120 + size * 2)
-                            row.update(rep=rep, load=load, procs=sampler.stop())
-                            result["batches"].append(row)
-                            print(_line(row), flush=True)
+                            measured(kind, size, f"{size}r{rep}", 120 + size * 2).update(rep=rep)
                             bench.cleanup()
-                if args.scale:
-                    audit = cluster.paths.audit_log
-                    sa = f"system:serviceaccount:{inst.namespace}:{inst.fullname}"
+                for scale in scales:
                     for kind in args.scale_kinds.split(","):
-                        offset = audit_offset(audit)
-                        sampler = Sampler({"asyncgrpo": op_pid, "kuberay": kr_pid})
-                        sampler.start()
-                        load = loadavg()
-                        row = bench.batch(kind, args.scale, f"s{args.scale}", timeout=900)
-                        row.update(load=load, procs=sampler.stop())
-                        time.sleep(2)  # the audit log is written in batches
-                        row["requests"] = audit_counts(
-                            audit,
-                            offset,
-                            {
-                                "asyncgrpo": lambda u, a: u == sa,
-                                "kuberay": lambda u, a: a.startswith(("kuberay", "ray-operator", "manager")),
-                            },
-                        )
-                        result["batches"].append(row)
-                        print(_line(row), flush=True)
-                        print({k: v.get("total") for k, v in row["requests"].items()}, flush=True)
-                        bench.cleanup(timeout=900)
+                        measured(kind, scale, f"s{scale}", 900 + scale)
+                        bench.cleanup(timeout=900 + scale)
                 for w in watches:
                     w.stopped.set()
             finally:
@@ -515,6 +527,7 @@ def main(argv: list[str]) -> int:
             subprocess.run([sys.executable, "-m", "tests.cluster", "down"], check=False, cwd=REPO)
     print(summary(result))
     print(scale_summary(result))
+    print(side_by_side(result))
     return 0
 
 
@@ -535,6 +548,8 @@ def _line(row: JSON) -> str:
         f"all_cluster={_fmt(row['all_cluster_seconds'])} all_running={_fmt(row['all_running_seconds'])} "
         f"missing={row['not_running']} "
         + " ".join(f"{n}_cpu={v['cpu_seconds']:.1f}s" for n, v in row.get("procs", {}).items())
+        + " requests="
+        + str({k: v.get("total") for k, v in row.get("requests", {}).items()})
     )
 
 
@@ -593,6 +608,52 @@ def scale_summary(result: JSON) -> str:
             f"{ours.get('peak_rss_mib', 0):.0f}, {ours.get('cpu_seconds', 0):.1f} | "
             f"{theirs.get('peak_rss_mib', 0):.0f}, {theirs.get('cpu_seconds', 0):.1f} | "
             f"{per_job[0]} | {per_job[1]} | {b['load']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def side_by_side(result: JSON) -> str:
+    """Per size and kind, over all its batches: API requests per job of each controller, latency
+    to RayCluster and to Running (p50 / p99), peak RSS and CPU seconds per job of each controller,
+    and the 1-minute load average before the batches (range)."""
+    rows: dict[tuple[int, str], JSON] = {}
+    for b in result["batches"]:
+        r = rows.setdefault(
+            (b["size"], b["kind"]),
+            {
+                "jobs": 0,
+                "cluster": [],
+                "running": [],
+                "load": [],
+                "req": Counter(),
+                "cpu": Counter(),
+                "rss": {},
+            },
+        )
+        r["jobs"] += b["size"]
+        r["cluster"] += b["cluster"]
+        r["running"] += b["running"]
+        r["load"].append(b["load"])
+        for who, counts in b.get("requests", {}).items():
+            r["req"][who] += counts.get("total", 0)
+        for who, proc in b.get("procs", {}).items():
+            r["cpu"][who] += proc["cpu_seconds"]
+            r["rss"][who] = max(r["rss"].get(who, 0.0), proc["peak_rss_mib"])
+    lines = [
+        "| jobs | kind | n | requests/job: asyncgrpo | requests/job: KubeRay | to RayCluster p50 / p99 s "
+        "| to Running p50 / p99 s | asyncgrpo peak RSS MiB, CPU s/job | KubeRay peak RSS MiB, CPU s/job "
+        "| load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (size, kind), r in sorted(rows.items(), key=lambda kv: (kv[0][0], KINDS.index(kv[0][1]))):
+        n = r["jobs"]
+        lines.append(
+            f"| {size} | {kind} | {n} | {r['req']['asyncgrpo'] / n:.1f} | {r['req']['kuberay'] / n:.1f} | "
+            f"{_fmt(pct(r['cluster'], 50))} / {_fmt(pct(r['cluster'], 99))} | "
+            f"{_fmt(pct(r['running'], 50))} / {_fmt(pct(r['running'], 99))} | "
+            f"{r['rss'].get('asyncgrpo', 0):.0f}, {r['cpu']['asyncgrpo'] / n:.3f} | "
+            f"{r['rss'].get('kuberay', 0):.0f}, {r['cpu']['kuberay'] / n:.3f} | "
+            f"{min(r['load']):.1f}-{max(r['load']):.1f} |"
         )
     return "\n".join(lines)
 

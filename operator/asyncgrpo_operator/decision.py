@@ -164,6 +164,10 @@ class Decision:
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
     progress_mark: ProgressMark | None = None
+    confirm: str | None = None
+    """Set when the plan would conclude from a child's absence in a possibly lagging cache: the
+    reconciler reads the job's children from the API server and plans again; this decision is
+    not applied."""
 
     def status_patch(self) -> dict[str, Any]:
         """The full status as a JSON merge patch body: cleared fields are null, so they go."""
@@ -236,6 +240,7 @@ class Draft:
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeues: list[float] = field(default_factory=list)
+    confirm: str | None = None
 
     def __post_init__(self) -> None:
         self.conditions = {c.type: c for c in self.old.conditions}
@@ -335,6 +340,7 @@ class Draft:
             events=tuple(self._transition_events(conditions, phase, reason, message)) + tuple(self.events),
             requeue_after=min(self.requeues) if self.requeues else None,
             progress_mark=self.mark,
+            confirm=self.confirm,
         )
 
     def _transition_events(

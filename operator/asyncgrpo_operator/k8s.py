@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
 REQUEST_TIMEOUT_SECONDS: Final = 30.0
+LIST_PAGE_SIZE: Final = 500
 USER_AGENT: Final = f"{naming.MANAGER}/k8s"
 """Sent on every call, so the API server's audit log and metrics tell this client apart from
 kopf's watches (user agent kopf/...) and from other controllers using the same credentials."""
@@ -132,6 +133,70 @@ class Api:
         answer = await self.request("GET", path, query=query)
         return list(answer.get("items") or [])
 
+    async def list_all(self, path: str, label_selector: str | None = None) -> tuple[list[Obj], str]:
+        """Every object of a collection, in pages of LIST_PAGE_SIZE (bounded memory while it is
+        read), and the list's resourceVersion, from which a watch continues."""
+        items: list[Obj] = []
+        token = ""
+        while True:
+            query = {"limit": str(LIST_PAGE_SIZE)}
+            if label_selector:
+                query["labelSelector"] = label_selector
+            if token:
+                query["continue"] = token
+            answer = await self.request("GET", path, query=query)
+            items += answer.get("items") or []
+            meta = answer.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    async def watch(
+        self, path: str, label_selector: str | None, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[Obj]:
+        """The watch events of a collection from `resource_version` on, until the API server ends
+        the stream (after `timeout_seconds`). A 410 Gone (the version was compacted away) comes as
+        an ERROR event, as the API server sends it; other refusals raise ApiError."""
+        query = [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if self.metrics is not None:
+            self.metrics.api_requests.labels(*verb_and_resource("WATCH", path), "200").inc()
+        try:
+            response = await self._client.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=REQUEST_TIMEOUT_SECONDS, sock_read=timeout_seconds + 30
+                ),
+            )
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+            raise ApiError(0, f"watch {path}: {exc!r}") from exc
+        try:
+            if response.status != 200:
+                raise ApiError(response.status, (await response.text())[:1024])
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            raise ApiError(0, f"watch {path}: {exc!r}") from exc
+        finally:
+            response.release()
+
     # --- jobs ----------------------------------------------------------------------------------
 
     @staticmethod
@@ -146,11 +211,11 @@ class Api:
     async def get_job(self, namespace: str, name: str) -> Obj | None:
         return await self.get_or_none(_job_path(namespace, name))
 
-    async def list_jobs(self, namespace: str | None = None) -> list[Obj]:
-        """Jobs in one namespace, or in all namespaces when None."""
+    async def list_jobs(self, namespace: str | None = None) -> tuple[list[Obj], str]:
+        """Jobs in one namespace, or in all namespaces when None, and the list's resourceVersion."""
         base = f"/apis/{GROUP}/{VERSION}"
         path = f"{base}/namespaces/{namespace}/{PLURAL}" if namespace else f"{base}/{PLURAL}"
-        return await self.list_items(path)
+        return await self.list_all(path)
 
     async def patch_job_status(self, namespace: str, name: str, resource_version: str, status: Obj) -> Obj:
         """Write the whole status through /status, failing with 409 if the job changed since it
@@ -216,25 +281,30 @@ class Api:
         finally:
             response.release()
 
-    async def get_configmap(self, namespace: str, name: str) -> Obj | None:
-        return await self.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-
-    async def apply_configmap(self, manifest: Obj) -> None:
-        """Create the ConfigMap, or replace its data when it exists."""
+    async def apply_configmap(self, manifest: Obj) -> Obj:
+        """Create the ConfigMap, or replace its data when it exists; returns it as written. An
+        existing one also gets the manifest's labels and owner: one left without them (by an older
+        operator, or by hand) would stay invisible to the ConfigMap watch, which selects on the
+        job-name label, and be rewritten on every pass."""
         namespace = manifest["metadata"]["namespace"]
         path = f"/api/v1/namespaces/{namespace}/configmaps"
-        if await self._create(path, manifest):
-            return
-        await self.request(
+        created = await self._create(path, manifest)
+        if created is not None:
+            return created
+        meta = {
+            k: manifest["metadata"][k] for k in ("labels", "ownerReferences") if k in manifest["metadata"]
+        }
+        return await self.request(
             "PATCH",
             f"{path}/{manifest['metadata']['name']}",
-            body={"data": manifest["data"]},
+            body={"metadata": meta, "data": manifest["data"]},
             content_type=MERGE_PATCH,
             query={"fieldManager": naming.MANAGER},
         )
 
-    async def create_raycluster(self, manifest: Obj) -> bool:
-        """Create a RayCluster; False when it already exists (idempotent: names are per attempt)."""
+    async def create_raycluster(self, manifest: Obj) -> Obj | None:
+        """Create a RayCluster; returns it as created, or None when it already exists (idempotent:
+        names are per attempt)."""
         namespace = manifest["metadata"]["namespace"]
         path = (
             f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
@@ -294,7 +364,8 @@ class Api:
         return await self.get_or_none(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
 
     async def create_lease(self, namespace: str, lease: Obj) -> bool:
-        return await self._create(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", lease)
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        return await self._create(path, lease) is not None
 
     async def replace_lease(self, namespace: str, name: str, lease: Obj) -> Obj:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
@@ -302,14 +373,14 @@ class Api:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    async def _create(self, path: str, manifest: Obj) -> bool:
+    async def _create(self, path: str, manifest: Obj) -> Obj | None:
+        """The created object, or None when one of that name exists already (409)."""
         try:
-            await self.request("POST", path, body=manifest, query={"fieldManager": naming.MANAGER})
+            return await self.request("POST", path, body=manifest, query={"fieldManager": naming.MANAGER})
         except ApiError as err:
             if err.status == 409:
-                return False
+                return None
             raise
-        return True
 
     async def _delete(self, path: str, uid: str) -> None:
         body = {

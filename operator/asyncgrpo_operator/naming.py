@@ -109,8 +109,6 @@ PROGRESS_PORT: Final = DRIVER_PROGRESS_PORT
 # --- kopf handler ids (persisted by kopf; never rename) -------------------------------------------
 
 HANDLER_JOB_EVENT: Final = "enqueue-job"
-HANDLER_RAYCLUSTER_EVENT: Final = "enqueue-job-of-raycluster"
-HANDLER_POD_EVENT: Final = "record-head-pod"
 HANDLER_STARTUP: Final = "configure-operator"
 HANDLER_START_CONTROLLER: Final = "start-controller"
 HANDLER_STOP_CONTROLLER: Final = "stop-controller"

@@ -68,6 +68,9 @@ class PodView:
     group: str
     owner_uid: str | None
     phase: str = "Pending"
+    cluster: str = ""
+    """KubeRay's ray.io/cluster label: the RayCluster name the pod belongs to by KubeRay's count
+    (KubeRay selects pods by this label, not by owner)."""
     reason: str = ""
     message: str = ""
     ip: str | None = None
@@ -122,6 +125,7 @@ class PodView:
             group=str(labels.get(naming.RAY_GROUP_LABEL, "")),
             owner_uid=_controller_uid(meta),
             phase=str(status.get("phase") or "Pending"),
+            cluster=str(labels.get(naming.RAY_CLUSTER_LABEL, "")),
             reason=str(status.get("reason") or ""),
             message=str(status.get("message") or ""),
             ip=status.get("podIP") or None,
@@ -369,6 +373,9 @@ class Observation:
     workload: WorkloadView | None = None
     """Kueue's Workload of the current attempt's RayCluster, for a job Kueue manages (None: none yet,
     or Kueue is not installed)."""
+    from_cache: bool = False
+    """The children were read from watch caches, which may lag behind each other: what is missing
+    may only be not seen yet, so a conclusion from a missing child asks for a fresh read first."""
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -337,6 +337,8 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if current is None or current.deleting:
         foreign = next((c for c in observed.clusters if c.name == name and c not in owned), None)
         if ours:
+            if _unconfirmed(ctx, draft, f"RayCluster {name} is not among the job's children"):
+                return
             _infra_failure(ctx, draft, current, CLUSTER_LOST, f"RayCluster {name} was deleted")
         elif current is not None or (foreign is not None and foreign.deleting):
             message = f"waiting for RayCluster {name} of the previous run to be deleted"
@@ -348,6 +350,11 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
                 "it is neither adopted nor deleted. Delete it or rename the job"
             )
             _waiting_to_create(ctx, draft, CLUSTER_NAME_TAKEN, message, NAME_TAKEN_RECHECK_SECONDS)
+        elif current is None and any(p.cluster == name and not p.deleting for p in observed.pods):
+            # The garbage collector has not deleted the pods of the deleted namesake yet, and
+            # KubeRay, which selects pods by name label, would take them for the new cluster's.
+            message = f"waiting for the pods of RayCluster {name} of the previous run to be deleted"
+            _waiting_to_create(ctx, draft, WAITING_FOR_PREVIOUS_CLUSTER, message, DELETION_RECHECK_SECONDS)
         else:
             _create_cluster(ctx, draft)
         return
@@ -359,6 +366,16 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if job.kueue_queue_name is not None and _queued(ctx, draft, current):
         return
     _attempt(ctx, draft, current)
+
+
+def _unconfirmed(ctx: _Ctx, draft: Draft, why: str) -> bool:
+    """Whether a conclusion drawn from something's absence needs a fresh read first. Children read
+    from the watch caches may lag behind each other (a RayCluster's list can be newer than its pods'
+    list): a missing head pod or RayCluster must be confirmed before it costs the job a restart."""
+    if not ctx.observed.from_cache:
+        return False
+    draft.confirm = why
+    return True
 
 
 def _waiting_to_create(ctx: _Ctx, draft: Draft, reason: str, message: str, recheck: float) -> None:
@@ -540,6 +557,8 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
         return
     lost = _head_lost(draft, cluster, head)
     if lost is not None:
+        if head is None and _unconfirmed(ctx, draft, lost):
+            return
         _infra_failure(ctx, draft, cluster, HEAD_POD_LOST, lost)
         return
     _progressing(ctx, draft, cluster, pods, head)
@@ -822,6 +841,7 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
         reading = None
     read_at = observed.progress_read_at or now
     mark = draft.mark if draft.mark is not None and draft.mark.cluster_uid == cluster.uid else None
+    stored: Progress | None = draft.get("progress")
     if reading is not None:
         draft.set_field(
             "progress",
@@ -841,7 +861,12 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
             ),
         )
         if mark is None or reading.step != mark.step:
-            mark = ProgressMark(cluster.uid, reading.step, read_at)
+            since = read_at
+            if mark is None and stored is not None and stored.step == reading.step and stored.updated_at:
+                # No mark in memory (the operator restarted): the step has not moved since the
+                # status last recorded it (written only when a figure changes, so no later).
+                since = min(stored.updated_at, read_at)
+            mark = ProgressMark(cluster.uid, reading.step, since)
     elif mark is None:
         progress = draft.get("progress")
         running = draft.conditions[RUNNING]

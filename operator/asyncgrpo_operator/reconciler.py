@@ -1,17 +1,23 @@
 """One reconcile pass of one job: read the world, plan, act, write the status, post the events.
 
-Level-triggered: every pass starts from a fresh read of the job and its children, so a missed
-watch event, a crash between two writes or an operator restart is repaired by the next pass.
+Level-triggered: every pass starts from the whole current view of the job and its children, read
+from the watch caches (cache.py), so a missed watch event, a crash between two writes or an
+operator restart is repaired by the next pass; a pass makes no API request to read.
 Idempotent: names are deterministic (a second create answers 409, which is success), deletes
 carry UID preconditions, and the status is written first, with the resourceVersion that was read:
 a decision made on stale data is rejected (409) before it acted, and re-planned instead of
 overwriting a newer one. Events are posted last, so a re-planned pass does not repeat them.
+The status is written only when something `kubectl get` or `describe` shows changes: a poll of
+/progress that finds the same figures writes nothing (status.progress.updatedAt is when the
+figures last changed).
 
-The only state kept between passes is what the API cannot give back: the exit of a head pod that
-KubeRay has deleted since, when the step last advanced (for Stalled), the last progress read (so
-frequent events do not hammer the driver), and the last refused RayCluster create (for its
-backoff). A refused create is planned again in the same pass, so the job shows the API server's
-message at once instead of after a retry.
+Besides the cache, the only state kept between passes is what the API cannot give back: the exit
+of a head pod that KubeRay has deleted since, when the step last advanced (for Stalled), the last
+progress read (so frequent events do not hammer the driver), and the last refused RayCluster
+create (for its backoff). A refused create is planned again in the same pass, so the job shows the
+API server's message at once instead of after a retry. A conclusion the plan would draw from a
+child's absence (a lost head pod or RayCluster, which costs a restart) is made only on the job's
+children read afresh from the API server: the caches of pods and RayClusters may lag each other.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from pydantic import ValidationError
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import decision, k8s, naming, plan, progress
+from asyncgrpo_operator import cache, decision, k8s, naming, plan, progress
+from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import (
     ClusterView,
@@ -47,6 +54,11 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 """(namespace, name) of a job."""
+
+
+CONFLICT_RECHECK_SECONDS = 1.0
+"""How soon a job whose status write met a newer job looks again (the job watch normally brings
+the newer version, and queues it, sooner)."""
 
 
 class ConflictError(Exception):
@@ -71,6 +83,9 @@ class Memory:
     written: dict[Key, str] = field(default_factory=dict)
     """The resourceVersion of the job as this operator's last status write left it."""
     create_failures: dict[Key, CreateFailure] = field(default_factory=dict)
+    conflicts: dict[Key, str] = field(default_factory=dict)
+    """The job's resourceVersion that a status write found outdated (409): until the cache holds a
+    newer one, a pass would only decide on the same outdated job again."""
     phases: dict[Key, str] = field(default_factory=dict)
     """Each job's phase as the last pass left it (the jobs-by-phase metric)."""
 
@@ -81,6 +96,7 @@ class Memory:
         self.polls.pop(key, None)
         self.written.pop(key, None)
         self.create_failures.pop(key, None)
+        self.conflicts.pop(key, None)
 
 
 class Reconciler:
@@ -90,12 +106,14 @@ class Reconciler:
         self,
         api: k8s.Api,
         session: aiohttp.ClientSession,
+        cache: Cache,
         memory: Memory | None = None,
         *,
         progress_url_template: str = progress.DEFAULT_URL_TEMPLATE,
     ) -> None:
         self.api = api
         self.session = session
+        self.cache = cache
         self.memory = memory or Memory()
         self.progress_url_template = progress.check_url_template(progress_url_template)
 
@@ -110,11 +128,14 @@ class Reconciler:
 
     async def reconcile(self, key: Key) -> float | None:
         """One pass; returns when to look again (seconds), or None to wait for events/resync."""
-        namespace, name = key
-        body = await self.api.get_job(namespace, name)
+        name = key[1]
+        body = self.cache.jobs.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.memory.forget(key)
             return None
+        if self.memory.conflicts.get(key) == str(body["metadata"].get("resourceVersion")):
+            return CONFLICT_RECHECK_SECONDS  # the cache has not caught up with the job yet
+        self.memory.conflicts.pop(key, None)
         now = datetime.now(UTC).replace(microsecond=0)
         generation = int(body["metadata"].get("generation") or 0)
         status = _parse_status(body.get("status"))
@@ -141,6 +162,11 @@ class Reconciler:
         outcome = plan.plan(
             job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
         )
+        if outcome.confirm is not None:
+            observed = await self._confirm(key, observed, outcome.confirm)
+            outcome = plan.plan(
+                job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
+            )
         written, failure = await self._apply(key, body, outcome, now, generation)
         if failure is None:
             return outcome.requeue_after
@@ -169,20 +195,14 @@ class Reconciler:
         status: AsyncGRPOJobStatus | None,
         now: datetime,
     ) -> Observation:
-        """The job's world: its RayClusters, pods and spec ConfigMap, and (while the driver runs)
-        its /progress. `job` is None for a job that is not run; its /progress is not read."""
+        """The job's world: its RayClusters, pods and spec ConfigMap (from the cache), and (while
+        the driver runs) its /progress. `job` is None for a job that is not run; its /progress is
+        not read."""
         namespace, name = key
-        # Three independent reads, sent together: one round trip of latency instead of three.
-        raw_clusters, raw_pods, configmap = await asyncio.gather(
-            self._list_rayclusters(namespace, name),
-            self.api.list_pods(namespace, name),
-            self.api.get_configmap(namespace, naming.spec_configmap_name(name)),
-        )
-        kuberay_missing = raw_clusters if isinstance(raw_clusters, str) else None
-        clusters = (
-            () if isinstance(raw_clusters, str) else tuple(ClusterView.from_dict(c) for c in raw_clusters)
-        )
-        pods = tuple(PodView.from_dict(p) for p in raw_pods)
+        kuberay_missing = self.cache.kuberay_missing()
+        clusters = () if kuberay_missing is not None else self.cache.clusters.of(key)
+        pods = self.cache.pods.of(key)
+        configmap = self.cache.configmap(key, naming.spec_configmap_name(name))
         failure = self.memory.create_failures.get(key)
         if failure is not None and any(c.name == failure.cluster for c in clusters):
             del self.memory.create_failures[key]  # created since
@@ -204,7 +224,7 @@ class Reconciler:
             now=now,
             clusters=clusters,
             pods=pods,
-            configmap_data=(configmap.get("data") or {}) if configmap is not None else None,
+            configmap_data=configmap.data if configmap is not None else None,
             remembered_exit=self.memory.exits.get(key),
             progress=poll.reading if poll is not None else None,
             progress_read_at=poll.read_at if poll is not None else None,
@@ -213,17 +233,27 @@ class Reconciler:
             create_failure=failure,
             kuberay_missing=kuberay_missing,
             workload=workload,
+            from_cache=True,
         )
 
-    async def _list_rayclusters(self, namespace: str, name: str) -> list[dict[str, Any]] | str:
-        """The job's RayClusters, or the API server's message when it does not serve RayClusters
-        at all (404: KubeRay's CRD is not installed), which the plan reports as KubeRayMissing."""
-        try:
-            return await self.api.list_rayclusters(namespace, name)
-        except k8s.ApiError as err:
-            if err.status == 404:
-                return err.message or "404 Not Found"
-            raise
+    async def _confirm(self, key: Key, observed: Observation, why: str) -> Observation:
+        """The job's RayClusters and pods read from the API server, for a decision that a missing
+        one would make (a restart): the caches may only lag. What is read goes into the cache."""
+        namespace, name = key
+        log.info("confirming from the API server", extra=_fields(key, why=why))
+        raw_clusters, raw_pods = await asyncio.gather(
+            self.api.list_rayclusters(namespace, name), self.api.list_pods(namespace, name)
+        )
+        for obj in raw_clusters:
+            self.cache.clusters.apply(cache.MODIFIED, obj)
+        for obj in raw_pods:
+            self.cache.pods.apply(cache.MODIFIED, obj)
+        return replace(
+            observed,
+            clusters=tuple(ClusterView.from_dict(c) for c in raw_clusters),
+            pods=tuple(PodView.from_dict(p) for p in raw_pods),
+            from_cache=False,
+        )
 
     async def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> _Poll | None:
         """Read /progress while the driver runs, at most about once per pollSeconds."""
@@ -260,7 +290,7 @@ class Reconciler:
         wrote = False
         deletes_job = any(isinstance(a, decision.DeleteJob) for a in outcome.actions)
         new_status = outcome.status_patch()
-        if not deletes_job and _prune(new_status) != _prune(body.get("status") or {}):
+        if not deletes_job and _shown(new_status) != _shown(body.get("status") or {}):
             wrote = True
             try:
                 written = await self.api.patch_job_status(
@@ -269,8 +299,10 @@ class Reconciler:
                 version = (written.get("metadata") or {}).get("resourceVersion")
                 if version:
                     self.memory.written[key] = resource_version = str(version)
+                    self.cache.jobs.apply(cache.MODIFIED, written)
             except k8s.ApiError as err:
                 if err.status == 409:
+                    self.memory.conflicts[key] = resource_version
                     raise ConflictError(f"{namespace}/{name} changed while it was reconciled") from err
                 if err.status == 404:  # deleted meanwhile: nothing left to do
                     self.memory.forget(key)
@@ -311,11 +343,12 @@ class Reconciler:
     ) -> CreateFailure | None:
         namespace, name = key
         if isinstance(action, decision.ApplyConfigMap):
-            await self.api.apply_configmap(action.manifest)
+            self.cache.configmaps.apply(cache.MODIFIED, await self.api.apply_configmap(action.manifest))
         elif isinstance(action, decision.CreateRayCluster):
             return await self._create_raycluster(key, action.manifest, now, generation)
         elif isinstance(action, decision.DeleteRayCluster):
             await self.api.delete_raycluster(namespace, action.name, action.uid)
+            self.cache.mark_deleting(action.uid)
             log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
         elif isinstance(action, decision.DeleteJob):
             await self.api.delete_job(namespace, name, str(meta["uid"]))
@@ -343,7 +376,9 @@ class Reconciler:
             )
             return failure
         self.memory.create_failures.pop(key, None)
-        log.info("created RayCluster", extra=_fields(key, cluster=cluster, new=created))
+        if created is not None:
+            self.cache.clusters.apply(cache.ADDED, created)
+        log.info("created RayCluster", extra=_fields(key, cluster=cluster, new=created is not None))
         return None
 
     async def _post_event(self, key: Key, body: Mapping[str, Any], event: decision.Event) -> None:
@@ -411,6 +446,17 @@ def _parse_status(raw: Any) -> AsyncGRPOJobStatus | None:
         except ValidationError:
             log.warning("unreadable status; rebuilding it")
             return None
+
+
+def _shown(status: Mapping[str, Any]) -> Any:
+    """The status as compared to decide whether to write it: all of it but when the progress
+    figures were read (a poll that reads the same figures is not news; the Stalled clock runs in
+    memory, `Memory.marks`)."""
+    pruned = _prune(status)
+    progress_ = pruned.get("progress")
+    if isinstance(progress_, dict):
+        pruned["progress"] = {k: v for k, v in progress_.items() if k != "updatedAt"}
+    return pruned
 
 
 def _prune(value: Any) -> Any:

@@ -1,29 +1,38 @@
 """The operator's long-lived parts, built at startup and kept in kopf's memo.
 
-kopf hands every handler the same `memo`; the watch handlers find the work queue there, the probe
-finds the queue's heartbeat, and the cleanup handler closes the clients. Nothing is global, so
-tests can run an operator in-process next to other code.
+kopf hands every handler the same `memo`; the watch handlers find the work queue and the cache
+there, the probe finds the queue's heartbeat, and the cleanup handler closes the clients. Nothing is
+global, so tests can run an operator in-process next to other code.
+
+The cache (cache.py) is filled by the job watch (kopf, handlers/jobs.py), by the resync's list of
+jobs, and by one informer per child resource and watched namespace (informer.py). No pass runs
+before each of them has listed once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from asyncgrpo_operator import k8s, progress
+from asyncgrpo_operator import k8s, naming, progress
 from asyncgrpo_operator import metrics as metrics_module
+from asyncgrpo_operator.cache import Cache, Key
 from asyncgrpo_operator.controller import Controller
+from asyncgrpo_operator.informer import Informer
 from asyncgrpo_operator.leader import LeaseElector, Timing
 from asyncgrpo_operator.metrics import Metrics
-from asyncgrpo_operator.reconciler import ConflictError, Key, Reconciler
+from asyncgrpo_operator.observed import DriverExit, PodView
+from asyncgrpo_operator.reconciler import ConflictError, Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +41,8 @@ WATCH_NAMESPACES_ENV = "ASYNCGRPO_WATCH_NAMESPACES"
 """Comma-separated namespaces the resync lists (default: all). Match kopf's --namespace flags."""
 RESYNC_ENV = "ASYNCGRPO_RESYNC_SECONDS"
 WORKERS_ENV = "ASYNCGRPO_WORKERS"
+DEFAULT_WORKERS = 16
+"""Passes run at once; the best of 4, 8, 16 and 32 in docs/benchmarks.md (issue 19)."""
 LEADER_ELECTION_ENV = "ASYNCGRPO_LEADER_ELECTION"
 """true: only the holder of the Lease asyncgrpo-operator reconciles (for more than one replica)."""
 LEADER_NAMESPACE_ENV = "ASYNCGRPO_LEADER_ELECTION_NAMESPACE"
@@ -48,10 +59,12 @@ class Runtime:
 
     api: k8s.Api
     session: aiohttp.ClientSession
+    cache: Cache
     reconciler: Reconciler
     controller: Controller
     metrics: Metrics
     task: asyncio.Task[None]
+    informers: list[asyncio.Task[None]]
     elector: LeaseElector | None = None
     elector_task: asyncio.Task[None] | None = None
     metrics_server: web.AppRunner | None = None
@@ -89,26 +102,62 @@ async def start(memo: Any) -> Runtime:
     metrics = Metrics()
     api = await k8s.Api.connect(metrics)
     session = aiohttp.ClientSession()
-    reconciler = Reconciler(api, session, progress_url_template=template)
     namespaces = [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
+    scopes: list[str | None] = list(namespaces) if namespaces else [None]
+    cache = Cache(scopes=tuple(scopes))
+    reconciler = Reconciler(api, session, cache, progress_url_template=template)
 
     async def list_keys() -> list[Key]:
-        jobs: list[dict[str, Any]] = []
-        scopes: list[str | None] = list(namespaces) if namespaces else [None]
+        """Every job, listed afresh: the resync's list also repairs the job cache."""
         for namespace in scopes:
-            jobs += await api.list_jobs(namespace)
-        return [(j["metadata"]["namespace"], j["metadata"]["name"]) for j in jobs]
+            jobs, version = await api.list_jobs(namespace)
+            cache.jobs.replace(jobs, version, namespace)
+        return cache.jobs.keys()
 
     elector = _elector(api)
     controller = Controller(
         reconcile=reconciler.reconcile,
         list_keys=list_keys,
-        workers=int(os.environ.get(WORKERS_ENV, "16")),
+        workers=int(os.environ.get(WORKERS_ENV, DEFAULT_WORKERS)),
         resync_seconds=float(os.environ.get(RESYNC_ENV, "60")),
         conflict_errors=(ConflictError,),
-        is_active=(lambda: elector.is_leader) if elector is not None else (lambda: True),
+        is_active=((lambda: cache.synced() and elector.is_leader) if elector is not None else cache.synced),
         metrics=metrics,
     )
+
+    def changed(keys: Iterable[Key]) -> None:
+        for key in keys:
+            controller.enqueue(key)
+
+    def every_job() -> None:
+        changed(cache.jobs.keys())
+
+    def pod_seen(key: Key, pod: dict[str, Any]) -> None:
+        """Remember a driver's exit: KubeRay deletes a head pod whose Ray container ended, and the
+        last state of a deleted pod is only in its watch event."""
+        if (pod["metadata"].get("labels") or {}).get(naming.RAY_NODE_TYPE_LABEL) == "head":
+            exit_ = DriverExit.from_pod(PodView.from_dict(pod))
+            if exit_ is not None:
+                reconciler.remember_exit(key, exit_)
+
+    cache.pods.seen = pod_seen
+    informers = []
+    for resource, index in (
+        (naming.RAYCLUSTER_PLURAL, cache.clusters),
+        ("pods", cache.pods),
+        ("configmaps", cache.configmaps),
+    ):
+        for scope in scopes:
+            informer = Informer(
+                api,
+                resource,
+                scope,
+                index,
+                changed=changed,
+                listed=functools.partial(cache.children_listed.add, (resource, scope)),
+                found_again=every_job,
+            )
+            informers.append(asyncio.create_task(informer.run(), name=f"asyncgrpo-watch-{resource}"))
     task = asyncio.create_task(controller.run(), name="asyncgrpo-controller")
     elector_task = (
         asyncio.create_task(elector.run(), name="asyncgrpo-leader") if elector is not None else None
@@ -116,10 +165,12 @@ async def start(memo: Any) -> Runtime:
     runtime = Runtime(
         api=api,
         session=session,
+        cache=cache,
         reconciler=reconciler,
         controller=controller,
         metrics=metrics,
         task=task,
+        informers=informers,
         elector=elector,
         elector_task=elector_task,
         admission_dry_run=os.environ.get(DRY_RUN_ENV, "true").lower() not in {"0", "false", "no"},
@@ -148,6 +199,8 @@ async def stop(memo: Any) -> None:
     if not isinstance(runtime, Runtime):
         return
     await _cancel(runtime.task)
+    for informer in runtime.informers:
+        await _cancel(informer)
     if runtime.elector is not None:
         await _cancel(runtime.elector_task)
         await runtime.elector.release()

@@ -11,7 +11,7 @@
   a test keeps the registry free of change handlers, which would need the real essence.
 - Events: the reconciler posts one Event per condition transition itself; kopf only posts its own
   handler failures (WARNING and above), as component asyncgrpo-operator.
-- Watching: server-side label selectors so only our RayClusters and pods are streamed, and
+- Watching: kopf watches only the jobs (the children are the informers', informer.py), with
   explicit timeouts so a silently dead watch is noticed and re-established (kopf#204, #698).
 - Peering: standalone. The chart runs one replica (strategy Recreate); the reconcile is safe even
   with two active replicas (deterministic names, UID preconditions, resourceVersion on status
@@ -69,5 +69,3 @@ def apply(settings: kopf.OperatorSettings) -> None:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 60
     settings.peering.standalone = True
-    settings.watching.label_selectors[naming.RAY_GROUP, naming.RAYCLUSTER_PLURAL] = naming.JOB_NAME_LABEL
-    settings.watching.label_selectors["v1", "pods"] = naming.JOB_NAME_LABEL

@@ -96,6 +96,38 @@ def pod(
     deleting: bool = False,
 ) -> PodView:
     """A pod as the API returns it, parsed the way the reconciler parses it."""
+    return PodView.from_dict(
+        raw_pod(
+            owner,
+            head=head,
+            group=group,
+            index=index,
+            node=node,
+            ready=ready,
+            unschedulable=unschedulable,
+            driver=driver,
+            waiting=waiting,
+            phase=phase,
+            deleting=deleting,
+        )
+    )
+
+
+def raw_pod(
+    owner: ClusterView,
+    *,
+    head: bool = False,
+    group: str = "policy",
+    index: int = 0,
+    node: str | None = "node-1",
+    ready: bool = True,
+    unschedulable: str | None = None,
+    driver: dict[str, Any] | None = None,
+    waiting: str | None = None,
+    phase: str = "Running",
+    deleting: bool = False,
+) -> dict[str, Any]:
+    """A pod of the job (namespace team) as the API returns it."""
     name = f"{owner.name}-head" if head else f"{owner.name}-{group}-worker-{index}"
     containers = []
     ray_container = naming.RAY_HEAD_CONTAINER if head else naming.RAY_WORKER_CONTAINER
@@ -115,6 +147,7 @@ def pod(
     raw = {
         "metadata": {
             "name": name,
+            "namespace": "team",
             "uid": f"{name}-uid",
             "labels": {
                 naming.RAY_NODE_TYPE_LABEL: "head" if head else "worker",
@@ -134,7 +167,7 @@ def pod(
             "podIP": "10.0.0.9",
         },
     }
-    return PodView.from_dict(raw)
+    return raw
 
 
 def healthy_pods(owner: ClusterView, *, driver: dict[str, Any] | None = None) -> tuple[PodView, ...]:

@@ -621,6 +621,21 @@ def test_resume_waits_for_the_old_cluster_then_recreates_the_same_attempt() -> N
     assert resumed.status.start_time == at(70)  # the active deadline restarts on resume
 
 
+def test_resume_waits_for_the_old_clusters_pods_too() -> None:
+    """The garbage collector deletes a deleted RayCluster's pods some time after it; KubeRay selects
+    pods by the ray.io/cluster label, so a namesake created before they are gone would take the old
+    head pod for its own (and the job would count the new attempt as lost)."""
+    before = running()
+    rc = cluster(0, provisioned=True)
+    suspended = step(job(suspend=True), before.status, observe(60, rc))
+    leftover = tuple(replace(p, cluster="demo-0") for p in healthy_pods(rc))
+    waiting = step(job(), suspended.status, observe(70, pods=leftover))
+    assert waiting.status.reason == "WaitingForPreviousCluster" and "pods" in waiting.status.message  # type: ignore[operator]
+    assert actions_of(waiting, plan.CreateRayCluster) == []
+    resumed = step(job(), waiting.status, observe(75))
+    assert len(actions_of(resumed, plan.CreateRayCluster)) == 1
+
+
 # --- finished jobs: cleanup, TTL -----------------------------------------------------------------
 
 

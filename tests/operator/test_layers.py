@@ -17,6 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "asyncgrpo_operator
 PURE = ["plan", "decision", "manifests", "observed", "naming", "render"]
 IO_MODULES = {
     "k8s",
+    "cache",
+    "informer",
     "reconciler",
     "runtime",
     "leader",

@@ -31,14 +31,12 @@ def resource(group: str, version: str, plural: str) -> references.Resource:
     )
 
 
-def test_children_are_watched_through_a_server_side_label_selector_and_jobs_are_not() -> None:
+def test_kopf_watches_no_children_the_informers_do() -> None:
+    """Pods and RayClusters are the informers' (informer.py): kopf streams none of them."""
     config = kopf.OperatorSettings()
     settings.apply(config)
-    selectors = config.watching.label_selectors
-    assert list(selectors.collect(resource("", "v1", "pods"))) == [naming.JOB_NAME_LABEL]
-    assert list(selectors.collect(resource("ray.io", "v1", "rayclusters"))) == [naming.JOB_NAME_LABEL]
-    assert list(selectors.collect(resource("asyncgrpo.dev", "v1alpha1", "asyncgrpojobs"))) == []
-    assert list(selectors.collect(resource("", "v1", "configmaps"))) == []
+    for group, version, plural in (("", "v1", "pods"), ("ray.io", "v1", "rayclusters")):
+        assert list(config.watching.label_selectors.collect(resource(group, version, plural))) == []
 
 
 def test_no_handler_makes_kopf_add_a_finalizer() -> None:
@@ -46,11 +44,7 @@ def test_no_handler_makes_kopf_add_a_finalizer() -> None:
 
     registry = kopf.get_default_registry()
     handler_ids = {h.id for h in registry._watching.get_all_handlers()}
-    assert {
-        naming.HANDLER_JOB_EVENT,
-        naming.HANDLER_RAYCLUSTER_EVENT,
-        naming.HANDLER_POD_EVENT,
-    } <= handler_ids
+    assert handler_ids == {naming.HANDLER_JOB_EVENT}
     assert not registry._spawning.get_all_handlers()  # timers/daemons would add a finalizer
     assert not registry._changing.get_all_handlers()
 

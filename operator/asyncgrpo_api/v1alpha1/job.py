@@ -155,7 +155,10 @@ class Progress(ApiModel):
         "error); never trained on.",
     )
     last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
-    updated_at: datetime | None = Field(default=None, description="When the operator last read progress.")
+    updated_at: datetime | None = Field(
+        default=None,
+        description="When the operator read these figures (a poll that reads the same is not written).",
+    )
 
 
 class Outputs(ApiModel):

@@ -1,6 +1,10 @@
 """kopf handlers. Each is thin: it turns an event into work for the queue (or a setting), and the
-reconciler does the rest. Importing this package registers them with kopf's default registry."""
+reconciler does the rest. Importing this package registers them with kopf's default registry.
 
-from asyncgrpo_operator.handlers import children, jobs, lifecycle
+The children (RayClusters, pods, ConfigMaps) are watched by the operator's own informers
+(informer.py), not by kopf: a relist must drop what it no longer shows, which kopf's handlers
+cannot see."""
 
-__all__ = ["children", "jobs", "lifecycle"]
+from asyncgrpo_operator.handlers import jobs, lifecycle
+
+__all__ = ["jobs", "lifecycle"]

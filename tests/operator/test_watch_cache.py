@@ -1,0 +1,339 @@
+"""The watch caches a pass reads from (issue 19): kept correct across relists, out-of-order
+answers and deletions, filled by informers that list again when their watch expires; and a status
+written only when something shown changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import pytest
+
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Progress
+from asyncgrpo_operator import decision, k8s, naming, plan
+from asyncgrpo_operator import informer as informer_module
+from asyncgrpo_operator.cache import ADDED, DELETED, MODIFIED, Cache, Index
+from asyncgrpo_operator.informer import Informer
+from asyncgrpo_operator.observed import PodView
+from asyncgrpo_operator.reconciler import Reconciler
+from tests.operator.builders import BASE_JOB, OWNER, at, cluster, healthy_pods, job, observe, raw_pod
+
+JOB = ("team", "demo")
+
+
+def pod(name: str, version: int, *, job: str = "demo", phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"{name}-uid",
+            "namespace": "team",
+            "resourceVersion": str(version),
+            "labels": {naming.JOB_NAME_LABEL: job},
+        },
+        "status": {"phase": phase},
+    }
+
+
+def names(index: Index[PodView]) -> list[str]:
+    return sorted(p.name for p in index.of(JOB))
+
+
+def test_a_relist_drops_what_was_deleted_while_the_watch_was_down_and_names_the_job() -> None:
+    index = Index(PodView.from_dict)
+    index.apply(ADDED, pod("head", 10))
+    index.apply(ADDED, pod("worker", 11))
+    changed = index.replace([pod("head", 10)], "20")  # worker deleted during the gap: no event
+    assert names(index) == ["head"]
+    assert changed == {JOB}
+
+
+def test_a_relist_keeps_what_the_operator_created_after_the_list_was_taken() -> None:
+    index = Index(PodView.from_dict)
+    index.apply(ADDED, pod("created-by-us", 30))  # the answer to our create, newer than the list
+    index.replace([], "20")
+    assert names(index) == ["created-by-us"]
+
+
+def test_an_older_event_never_replaces_a_newer_object() -> None:
+    index = Index(PodView.from_dict)
+    index.apply(MODIFIED, pod("head", 12, phase="Failed"))
+    assert index.apply(MODIFIED, pod("head", 11, phase="Running")) is None
+    assert [p.phase for p in index.of(JOB)] == ["Failed"]
+
+
+def test_an_answer_read_after_the_deletion_does_not_bring_the_object_back() -> None:
+    index = Index(PodView.from_dict)
+    index.apply(DELETED, pod("rc", 15))
+    index.apply(ADDED, pod("rc", 14))  # the create's answer, read after the watch said deleted
+    assert index.of(JOB) == ()
+
+
+def test_unlabelled_objects_are_not_anyones() -> None:
+    index = Index(PodView.from_dict)
+    loose = pod("loose", 1)
+    del loose["metadata"]["labels"]
+    assert index.apply(ADDED, loose) is None and len(index) == 0
+
+
+def job_body(version: int, uid: str = "job-uid-1") -> dict[str, Any]:
+    body = copy.deepcopy(BASE_JOB)
+    body["metadata"].update(resourceVersion=str(version), uid=uid, managedFields=[{"big": "x" * 100}])
+    return body
+
+
+def test_the_resync_list_drops_a_job_deleted_while_its_watch_was_down() -> None:
+    cache = Cache()
+    cache.jobs.apply(ADDED, job_body(5))
+    assert "managedFields" not in cache.jobs.get(JOB)["metadata"]  # type: ignore[index]
+    cache.jobs.replace([], "9")
+    assert cache.jobs.get(JOB) is None
+
+
+def test_a_job_recreated_under_its_name_replaces_the_old_one_for_good() -> None:
+    cache = Cache()
+    cache.jobs.apply(ADDED, job_body(5, uid="old"))
+    cache.jobs.apply(ADDED, job_body(8, uid="new"))
+    cache.jobs.apply(MODIFIED, job_body(6, uid="old"))  # a late answer about the old job
+    assert cache.jobs.get(JOB)["metadata"]["uid"] == "new"  # type: ignore[index]
+
+
+def test_no_pass_runs_before_every_watch_has_listed_once() -> None:
+    cache = Cache(scopes=("team",))
+    assert not cache.synced()
+    cache.jobs.replace([], "1", "team")
+    for resource in ("rayclusters", "pods", "configmaps"):
+        assert not cache.synced()
+        cache.children_listed.add((resource, "team"))
+    assert cache.synced()
+
+
+# --- the informer --------------------------------------------------------------------------------
+
+
+class WatchApi:
+    """Lists and watches from scripts: each list returns the next of `lists` (or raises it), each
+    watch yields the next of `watches`; afterwards the informer is stopped."""
+
+    def __init__(self, lists: list[Any], watches: list[list[dict[str, Any]]]) -> None:
+        self.lists, self.watches = lists, watches
+        self.calls: list[str] = []
+
+    async def list_all(self, path: str, label_selector: str | None = None) -> tuple[list[Any], str]:
+        self.calls.append("list")
+        if not self.lists:
+            raise asyncio.CancelledError
+        answer = self.lists.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    async def watch(self, path: str, selector: str | None, version: str, timeout: int) -> AsyncIterator[Any]:
+        self.calls.append(f"watch@{version}")
+        if not self.watches:
+            raise asyncio.CancelledError
+        for event in self.watches.pop(0):
+            yield event
+
+
+def run_informer(api: WatchApi, index: Index[PodView]) -> list[tuple[str, str]]:
+    changed: list[tuple[str, str]] = []
+
+    informer = Informer(api, "pods", "team", index, changed=changed.extend, listed=lambda: None)  # type: ignore[arg-type]
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(informer.run())
+    return changed
+
+
+def test_the_informer_lists_watches_from_the_lists_version_and_lists_again_on_410() -> None:
+    index = Index(PodView.from_dict)
+    api = WatchApi(
+        lists=[([pod("head", 10), pod("worker", 11)], "11"), ([pod("head", 30)], "31")],
+        watches=[
+            [
+                {"type": "MODIFIED", "object": pod("head", 12, phase="Failed")},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}},
+            ],
+            [{"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}],
+        ],
+    )
+    changed = run_informer(api, index)
+    assert api.calls[:4] == ["list", "watch@11", "watch@20", "list"]
+    assert names(index) == ["head"]  # the worker went away while the watch was expired
+    assert JOB in changed
+
+
+def test_a_resource_not_served_is_recorded_and_cleared_once_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(informer_module, "MISSING_SECONDS", 0.0)
+    index = Index(PodView.from_dict)
+    api = WatchApi(lists=[k8s.ApiError(404, "404 page not found"), ([], "3")], watches=[])
+    seen: list[dict[str | None, str]] = []
+    original = index.replace
+
+    def replace(objs: list[Any], version: str, scope: str | None = None) -> set[tuple[str, str]]:
+        seen.append(dict(index.missing))
+        return original(objs, version, scope)
+
+    index.replace = replace  # type: ignore[method-assign]
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(_informer(api, index))
+    assert seen == [{"team": "404 page not found"}]
+    assert index.missing == {}
+
+
+async def _informer(api: WatchApi, index: Index[PodView]) -> None:
+    informer = Informer(api, "pods", "team", index, changed=lambda _: None, listed=lambda: None)  # type: ignore[arg-type]
+    await informer.run()
+
+
+# --- writes only on change -----------------------------------------------------------------------
+
+
+class RecordingApi:
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch_job_status(self, namespace: str, name: str, version: str, status: Any) -> dict[str, Any]:
+        self.patches.append(status)
+        return {"metadata": {"resourceVersion": "8", "namespace": namespace, "name": name}}
+
+    async def post_event(self, *_: Any) -> None:
+        pass
+
+
+def apply_progress(stored_step: int, new_step: int) -> RecordingApi:
+    """Apply a decision whose progress differs from the stored one only in when it was read
+    (or also in the step), as a pass of a running job that polled /progress does."""
+    stored = AsyncGRPOJobStatus(phase="Running", progress=Progress(step=stored_step, updated_at=at(0)))
+    body = {**job_body(7), "status": stored.model_dump(mode="json", by_alias=True)}
+    outcome = decision.Decision(
+        status=AsyncGRPOJobStatus(phase="Running", progress=Progress(step=new_step, updated_at=at(60)))
+    )
+    api = RecordingApi()
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(api, session, Cache())  # type: ignore[arg-type]
+            await reconciler._apply(JOB, body, outcome, at(60), 1)
+
+    asyncio.run(scenario())
+    return api
+
+
+def test_a_poll_that_reads_the_same_figures_writes_no_status() -> None:
+    assert apply_progress(stored_step=3, new_step=3).patches == []
+
+
+def test_a_poll_that_reads_a_new_step_writes_it() -> None:
+    assert [p["progress"]["step"] for p in apply_progress(stored_step=3, new_step=4).patches] == [4]
+
+
+def test_after_an_operator_restart_the_stall_clock_runs_from_the_last_recorded_change() -> None:
+    """The heartbeat is in memory; a restarted operator has none, and takes the time the status
+    last recorded a change of the figures (no later than the step's last change)."""
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    recorded = running.status.model_copy(update={"progress": Progress(step=7, updated_at=at(40))})
+    doc = {"step": 7, "state": "running"}
+    after_restart = plan.plan(
+        job(), recorded, observe(170, rc, pods=healthy_pods(rc), progress=doc), generation=1, owner=OWNER
+    )
+    cond = after_restart.condition(plan.STALLED)
+    assert cond is not None and cond.status == "True"
+    assert "2026-11-29T12:00:40Z" in cond.message
+    assert after_restart.progress_mark is not None and after_restart.progress_mark.since == at(40)
+    assert at(170) - after_restart.progress_mark.since > timedelta(seconds=120)
+
+
+# --- a missing child is confirmed before it costs a restart ---------------------------------------
+
+
+def test_a_head_pod_missing_from_the_cache_is_confirmed_before_the_job_restarts() -> None:
+    """The RayCluster's list can be newer than the pods' (an operator that just started): a
+    provisioned cluster without its head pod in the cache asks for a fresh read, not a restart."""
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    lagging = observe(40, rc, pods=healthy_pods(rc)[1:], from_cache=True)
+    unsure = plan.plan(job(), running.status, lagging, generation=1, owner=OWNER)
+    assert unsure.confirm is not None and "head pod" in unsure.confirm
+    read = observe(40, rc, pods=healthy_pods(rc)[1:])  # read from the API server: it is gone
+    lost = plan.plan(job(), running.status, read, generation=1, owner=OWNER)
+    assert lost.confirm is None and lost.status.restarts == 1
+
+
+def test_a_raycluster_missing_from_the_cache_is_confirmed_before_the_job_restarts() -> None:
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    unsure = plan.plan(job(), running.status, observe(40, from_cache=True), generation=1, owner=OWNER)
+    assert unsure.confirm is not None and not unsure.actions
+
+
+class ConfirmingApi(RecordingApi):
+    """The API server still has the head pod that the cache does not show yet."""
+
+    def __init__(self, clusters: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.clusters, self.pods = clusters, pods
+        self.reads = 0
+
+    async def list_rayclusters(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        self.reads += 1
+        return self.clusters
+
+    async def list_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        self.reads += 1
+        return self.pods
+
+    async def apply_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return manifest
+
+
+def test_a_pass_reads_the_children_afresh_before_it_counts_a_head_pod_lost() -> None:
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    raw_cluster = {
+        "metadata": {
+            "name": rc.name,
+            "namespace": "team",
+            "uid": rc.uid,
+            "resourceVersion": "20",
+            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ATTEMPT_LABEL: "0"},
+            "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
+        },
+        "status": {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]},
+    }
+    head, *workers = (raw_pod(rc, head=True), raw_pod(rc, group="policy"), raw_pod(rc, group="generation"))
+    cache = Cache()
+    body = {**job_body(7), "status": running.status.model_dump(mode="json", by_alias=True)}
+    body["spec"]["trainer"]["policy"] = {"trainMicroBatchSize": 4}
+    cache.jobs.apply(ADDED, body)
+    cache.clusters.apply(ADDED, raw_cluster)
+    for raw in workers:  # the head pod's event has not arrived yet
+        cache.pods.apply(ADDED, raw)
+    api = ConfirmingApi([raw_cluster], [head, *workers])
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            await Reconciler(api, session, cache).reconcile(JOB)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+    assert api.reads == 2
+    assert all(p.get("restarts", 0) == 0 for p in api.patches)
+    assert "demo-0-head" in [p.name for p in cache.pods.of(JOB)]
