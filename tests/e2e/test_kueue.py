@@ -27,6 +27,7 @@ from tests.cluster.build import build_optional
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import JSON, Api, ApiError
 from tests.cluster.samples import pods, raycluster_path, wait_until
+from tests.e2e import test_operator
 from tests.e2e.test_operator import (
     ProgressServer,
     asyncgrpo_crd,  # noqa: F401 - the fixture, reused
@@ -40,6 +41,8 @@ from tests.e2e.test_operator import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+driver_progress = test_operator.driver_progress  # the fixture the operator fixture reads, reused
 
 LOCAL_QUEUE = "team-a"
 GPUS_PER_JOB = 2
@@ -86,8 +89,8 @@ def priorities(kube_api: Api, namespace: str, queue: str) -> Iterator[tuple[str,
         kube_api.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
-def queued_job(name: str, progress: ProgressServer, **spec: Any) -> JSON:
-    manifest = job_manifest(name, progress.url, **spec)
+def queued_job(name: str, **spec: Any) -> JSON:
+    manifest = job_manifest(name, **spec)
     manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: LOCAL_QUEUE}
     return manifest
 
@@ -121,25 +124,17 @@ def finish(api: Api, ns: str, job: str) -> JSON:
     return wait_phase(api, ns, job, "Succeeded", timeout=90)
 
 
-@pytest.fixture
-def progress() -> Iterator[ProgressServer]:
-    """The drivers' /progress (one document for every job of the test)."""
-    server = ProgressServer()
-    yield server
-    server.close()
-
-
 @pytest.mark.usefixtures("operator")
 def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
     kube_api: Api,
     kubeconfig: Path,
     namespace: str,
     queue: str,
-    progress: ProgressServer,
+    driver_progress: ProgressServer,
 ) -> None:
-    create_job(kube_api, namespace, queued_job("first", progress))
-    running(kube_api, namespace, "first", progress)
-    create_job(kube_api, namespace, queued_job("second", progress))
+    create_job(kube_api, namespace, queued_job("first"))
+    running(kube_api, namespace, "first", driver_progress)
+    create_job(kube_api, namespace, queued_job("second"))
 
     waiting = wait_phase(kube_api, namespace, "second", "Queued", "Pending", timeout=60)
     assert "insufficient" in waiting["message"] and "nvidia.com/gpu" in waiting["message"], waiting
@@ -160,7 +155,7 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
     )
     shown = asyncgrpo_logs(kubeconfig, namespace, "first")
     assert "/checkpoints/logs/driver-attempt-0.log" in shown and "emptyDir" in shown, shown
-    status = running(kube_api, namespace, "second", progress)
+    status = running(kube_api, namespace, "second", driver_progress)
     queued = next(c for c in status["conditions"] if c["type"] == "Queued")
     assert queued["status"] == "False" and queued["reason"] == "Admitted"
     assert status["attemptStartTime"] >= queued["lastTransitionTime"]  # the deadline runs from admission
@@ -173,22 +168,22 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_without_a_
     kube_api: Api,
     namespace: str,
     priorities: tuple[str, str],
-    progress: ProgressServer,
+    driver_progress: ProgressServer,
 ) -> None:
     low, high = priorities
-    create_job(kube_api, namespace, queued_job("low", progress, scheduler={"priorityClassName": low}))
-    running(kube_api, namespace, "low", progress)
+    create_job(kube_api, namespace, queued_job("low", scheduler={"priorityClassName": low}))
+    running(kube_api, namespace, "low", driver_progress)
     cluster = get_job(kube_api, namespace, "low")["status"]["rayClusterName"]
     first_head = head_pod(kube_api, namespace, cluster)["metadata"]["name"]
 
-    create_job(kube_api, namespace, queued_job("high", progress, scheduler={"priorityClassName": high}))
+    create_job(kube_api, namespace, queued_job("high", scheduler={"priorityClassName": high}))
     preempted = wait_phase(kube_api, namespace, "low", "Queued", "Preempted", timeout=90)
     assert preempted["restarts"] == 0 and preempted["attempt"] == 0
     assert preempted["rayClusterName"] == cluster  # the same RayCluster waits; nothing was deleted
-    running(kube_api, namespace, "high", progress)
+    running(kube_api, namespace, "high", driver_progress)
 
     finish(kube_api, namespace, "high")
-    resumed = running(kube_api, namespace, "low", progress)
+    resumed = running(kube_api, namespace, "low", driver_progress)
     assert resumed["restarts"] == 0 and resumed["attempt"] == 0 and resumed["rayClusterName"] == cluster
     assert head_pod(kube_api, namespace, cluster)["metadata"]["name"] != first_head  # a new driver started
     done = finish(kube_api, namespace, "low")
