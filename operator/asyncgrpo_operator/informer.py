@@ -94,10 +94,10 @@ class Informer:
                 log.info("served again", extra={"resource": self.resource})
                 self.found_again()
             backoff = 0.5
-            version = await self._watch(path, version)
+            await self._watch(path, version)
 
-    async def _watch(self, path: str, version: str) -> str:
-        """Watch from `version` until it expires (returns to list again); resumes after errors."""
+    async def _watch(self, path: str, version: str) -> None:
+        """Watch from `version` until it expires (then the caller lists again); resume after errors."""
         backoff = 0.5
         while True:
             try:
@@ -109,7 +109,7 @@ class Informer:
                             log.info(
                                 "watch expired (410 Gone); listing again", extra={"resource": self.resource}
                             )
-                            return version
+                            return
                         raise k8s.ApiError(code, str(obj.get("message") or obj))
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
@@ -119,7 +119,7 @@ class Informer:
                     backoff = 0.5
             except k8s.ApiError as err:
                 if err.status in (404, 410):  # expired, or no longer served: list again
-                    return version
+                    return
                 log.warning(
                     "watch failed; resuming",
                     extra={"resource": self.resource, "error": str(err), "retry_in": backoff},
