@@ -24,7 +24,6 @@ from asyncgrpo_trainer.models import hf, recipe
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
 
-
 RL_DIGITS = 4
 """The RL task's length (envs.reverse): taught only its first three reversed characters here."""
 
