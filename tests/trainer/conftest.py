@@ -27,4 +27,4 @@ def ray_address() -> Iterator[str]:
 def warm_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal (tests/trainer/warm_start.py):
     the pretrained-path tests' stand-in for a pretrained model, made once per session."""
-    return warm_started(tmp_path_factory.mktemp("warm"), steps=600, lengths=(3, 5), hidden_size=128)
+    return warm_started(tmp_path_factory.mktemp("warm"), steps=1500, lengths=(3, 5), hidden_size=128)
