@@ -3,13 +3,10 @@
 Real RL starts from a pretrained model. A 2-layer random Qwen2 (RoPE, BPE tokenizer) barely moves
 on 4-digit reversal under GRPO from scratch (measured outside the project: exact accuracy 0.00
 after 150 steps of 32 x 8), so the fixture first teaches a related but different task by supervised
-fine-tuning, in the job's own prompt format (the chat template, `dddd=`): reverse the whole string
-for the `lengths` given (3 and 5 digits), and for 4 digits write only the first three characters
-of the reversal (`1234=` -> `432`) and stop. The 4-digit behaviour is taught, not left to chance:
-left alone, reversal learned at 3 and 5 digits carried over to 4 digits in one run (0.38 exact)
-and not in another (0.0), with the same seed and different thread counts. So the model starts the
-RL task at an exact-match accuracy near 0 with three of four positions right; GRPO must teach it
-the fourth position and where to stop. `warm_started` checks both facts before handing it out.
+fine-tuning: reversing 3-digit strings, in the job's own prompt format (the chat template,
+`ddd=`). Such a model answers a 4-digit prompt with three reversed digits and stops, so it starts
+the RL task (4 digits) at an exact-match accuracy near 0; GRPO must teach it the fourth position
+and where to stop. `warm_started` checks both facts before handing the checkpoint out.
 """
 
 from __future__ import annotations
@@ -24,14 +21,10 @@ from asyncgrpo_trainer.models import hf, recipe
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
 
-RL_DIGITS = 4
-"""The RL task's length (envs.reverse): taught only its first three reversed characters here."""
-
 
 def _example(tok: CheckpointTokenizer, digits: int, rng: random.Random) -> tuple[list[int], list[int]]:
     text = f"{rng.randrange(10**digits):0{digits}d}"
-    target = text[::-1][: RL_DIGITS - 1] if digits == RL_DIGITS else text[::-1]
-    answer = tok._tok(target, add_special_tokens=False)["input_ids"]
+    answer = tok._tok(text[::-1], add_special_tokens=False)["input_ids"]
     return tok.encode_prompt(f"{text}="), [*answer, tok.eos_ids[0]]
 
 
@@ -82,7 +75,7 @@ def warm_started(
     rng = random.Random(0)
     torch.manual_seed(0)
     for _ in range(steps):
-        batch = [_example(tok, rng.choice((*lengths, RL_DIGITS)), rng) for _ in range(64)]
+        batch = [_example(tok, rng.choice(lengths), rng) for _ in range(64)]
         length = max(len(p) + len(a) for p, a in batch)
         ids = torch.full((len(batch), length), tok.pad_id)
         labels = torch.full((len(batch), length), -100)
