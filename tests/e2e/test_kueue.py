@@ -136,8 +136,14 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
     running(kube_api, namespace, "first", driver_progress)
     create_job(kube_api, namespace, queued_job("second"))
 
-    waiting = wait_phase(kube_api, namespace, "second", "Queued", "Pending", timeout=60)
-    assert "insufficient" in waiting["message"] and "nvidia.com/gpu" in waiting["message"], waiting
+    wait_phase(kube_api, namespace, "second", "Queued", "Pending", timeout=60)
+
+    def kueues_reason() -> JSON | None:  # Kueue writes its reason into the Workload a moment later
+        status: JSON = get_job(kube_api, namespace, "second")["status"]
+        return status if "insufficient" in status.get("message", "") else None
+
+    waiting = wait_until(kueues_reason, "Kueue's reason in the Queued job's message", timeout=60)
+    assert waiting["phase"] == "Queued" and "nvidia.com/gpu" in waiting["message"], waiting
     assert waiting.get("attemptStartTime") is None  # no startup deadline while queued
     second = cluster_of(kube_api, namespace, "second")
     assert second["spec"]["suspend"] is True
