@@ -81,36 +81,9 @@ def cluster(
     )
 
 
-def pod(
-    owner: ClusterView,
-    *,
-    head: bool = False,
-    group: str = "policy",
-    index: int = 0,
-    node: str | None = "node-1",
-    ready: bool = True,
-    unschedulable: str | None = None,
-    driver: dict[str, Any] | None = None,
-    waiting: str | None = None,
-    phase: str = "Running",
-    deleting: bool = False,
-) -> PodView:
-    """A pod as the API returns it, parsed the way the reconciler parses it."""
-    return PodView.from_dict(
-        raw_pod(
-            owner,
-            head=head,
-            group=group,
-            index=index,
-            node=node,
-            ready=ready,
-            unschedulable=unschedulable,
-            driver=driver,
-            waiting=waiting,
-            phase=phase,
-            deleting=deleting,
-        )
-    )
+def pod(owner: ClusterView, **fields: Any) -> PodView:
+    """A pod as the API returns it (`raw_pod`'s fields), parsed the way the reconciler parses it."""
+    return PodView.from_dict(raw_pod(owner, **fields))
 
 
 def raw_pod(
