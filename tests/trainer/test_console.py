@@ -75,6 +75,15 @@ def test_without_a_terminal_it_writes_a_line_per_tenth_of_the_run(clock: Clock) 
     assert "\r" not in out.getvalue()
 
 
+def test_a_run_that_ends_before_the_first_update_still_shows_its_full_bar(clock: Clock) -> None:
+    out = io.StringIO()
+    bar = HumanProgress(out, tty=False)
+    clock.now += 1
+    bar.update(doc(6, total=6, samples=384.0), [])
+    bar.end()
+    assert out.getvalue().startswith("[" + "#" * console.BAR_WIDTH + "] 6/6  reward ")
+
+
 def test_the_summary_says_how_far_how_well_how_fast_and_where_the_checkpoint_is(clock: Clock) -> None:
     out = io.StringIO()
     run = HumanProgress(out, checkpoints="/tmp/ckpt", tty=False)

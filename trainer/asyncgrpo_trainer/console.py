@@ -47,17 +47,17 @@ class HumanProgress:
         self._last: dict[str, Any] = {}
         self._rewards: list[tuple[int, float]] = []
         self._drawn = False
-        self._shown = 0
+        self._written = -1
         """The last step written as a line (no terminal)."""
         self._next_line = 0
+        """The step that earns the next line; the first update is the baseline, except at the end."""
 
     def update(self, progress: dict[str, Any], records: list[dict[str, Any]]) -> None:
         now = time.monotonic()
         samples = float(progress.get("counters", {}).get("samples_trained", 0.0))
         if self._first is None:
             self._first = (now, int(progress["step"]), samples)
-            self._shown = int(progress["step"])
-            self._next_line = self._shown
+            self._next_line = int(progress["step"]) + 1
         self._last = progress
         self._rewards += [
             (int(r["step"]), float(r["reward_mean"])) for r in records if r.get("reward_mean") is not None
@@ -67,9 +67,10 @@ class HumanProgress:
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
             self._drawn = True
-        elif step > self._shown and (step >= self._next_line or step >= total):
+        elif step > self._written and (step >= self._next_line or step >= total):
+            # A run over before the first poll still ends with its full bar.
             self.stream.write(line + "\n")
-            self._shown, self._next_line = step, step + max(total // LINES_PER_RUN, 1)
+            self._written, self._next_line = step, step + max(total // LINES_PER_RUN, 1)
         self.stream.flush()
 
     def _line(self, now: float, step: int, total: int, samples: float) -> str:
