@@ -24,3 +24,12 @@ def test_bench_reports_each_mode_with_fixed_length_responses(tmp_path: Path, ray
         assert mode["response_tokens_per_sample"] == 6  # every response ran to maxNewTokens
         assert mode["wall_s"] > 0 and mode["samples_per_s"] == 3 * 4 * 2 / mode["wall_s"]
         assert mode["wasted_samples"] >= 0
+
+
+def test_a_benchmark_of_a_checkpoint_records_its_sizes_not_the_unused_tiny_defaults(tmp_path: Path) -> None:
+    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "num_hidden_layers": 24}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 151936, "rope_theta": 1e6}))
+    recorded = bench.Shape(model_path=str(tmp_path)).report()
+    assert "hidden" not in recorded and "layers" not in recorded
+    assert recorded["checkpoint"]["hidden_size"] == 896 and recorded["checkpoint"]["vocab_size"] == 151936
+    assert bench.Shape().report()["hidden"] == 64  # the tiny model keeps its own fields

@@ -45,6 +45,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -52,6 +53,7 @@ import torch
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_trainer import driver, envs, floor, specmap, tracking
+from asyncgrpo_trainer.models import directory
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 P, N = 8, 8
@@ -128,6 +130,31 @@ class Shape:
     @property
     def samples_per_step(self) -> int:
         return self.prompts * self.generations
+
+    def report(self) -> dict[str, Any]:
+        """The shape as the results file records it: with a checkpoint, its config.json's sizes
+        replace the tiny model's fields, which that run never used."""
+        fields = asdict(self)
+        if self.model_path is None:
+            return fields
+        for unused in TINY_FIELDS:
+            del fields[unused]
+        config = directory.read_json(Path(self.model_path) / directory.CONFIG)
+        fields["checkpoint"] = {key: config.get(key) for key in CHECKPOINT_FIELDS}
+        return fields
+
+
+TINY_FIELDS = ("hidden", "layers", "heads", "kv_heads", "intermediate")
+CHECKPOINT_FIELDS = (
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 
 
 def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[str, Any]:
@@ -465,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     def write_out() -> None:  # after every mode: a run cut off by a time limit keeps what it measured
         if ns.out:
             with open(ns.out, "w") as f:
-                report = {"shape": asdict(shape), "steps": ns.steps, "refit_bound": refit_bound}
+                report = {"shape": shape.report(), "steps": ns.steps, "refit_bound": refit_bound}
                 json.dump({**report, "modes": results}, f, indent=2)
 
     own_ray = not ray.is_initialized()  # else run in the caller's cluster (the test suite's)
