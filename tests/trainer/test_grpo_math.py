@@ -62,6 +62,25 @@ def test_clipped_loss_matches_a_hand_computation() -> None:
     assert logp.grad is not None and logp.grad[0, 0].item() == 0.0  # clipped token has no gradient
 
 
+def test_the_log_prob_gate_counts_only_samples_of_the_weights_being_trained() -> None:
+    """A stale row's engine log-probs came from older weights: the gate must not count the
+    policy's own change since then as an engine error."""
+    logp = torch.tensor([[math.log(0.5), math.log(0.5)], [math.log(0.5), math.log(0.5)]])
+    gen = torch.tensor([[math.log(0.5), math.log(0.25)], [math.log(0.05), math.log(0.05)]])
+    terms = dict(logprobs=logp, prev_logprobs=logp, generation_logprobs=gen, advantages=torch.ones(2))
+    _, m = losses.policy_loss_terms(
+        **terms, mask=torch.ones(2, 2), cfg=losses.LossConfig(), fresh=torch.tensor([1.0, 0.0])
+    )
+    assert m["fresh_tokens"] == 2.0
+    assert m["gen_logprob_error_sum"].item() == pytest.approx(1.0 + 2.0)  # exp|0| + exp|log 2|, row 0 only
+    _, everything = losses.policy_loss_terms(**terms, mask=torch.ones(2, 2), cfg=losses.LossConfig())
+    assert everything["fresh_tokens"] == 4.0 and everything["gen_logprob_error_sum"].item() == pytest.approx(
+        23.0
+    )
+    totals = policy.StepTotals({**{k: 0.0 for k in policy._SUMMED}, "tokens": 4.0}, 4.0)
+    assert totals.metrics(grad_norm=0.0, lr=0.0)["gen_logprob_error"] is None  # no fresh row this step
+
+
 def test_kl_penalty_needs_reference_logprobs_and_is_zero_at_the_reference() -> None:
     cfg = losses.LossConfig(reference_policy_kl_penalty=0.1, use_importance_sampling_correction=False)
     logp = torch.tensor([[-1.0, -2.0]])

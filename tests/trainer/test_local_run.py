@@ -109,8 +109,15 @@ def test_a_run_relays_a_bar_and_a_summary_for_a_person_and_one_json_line_per_ste
     assert f"  checkpoint          step 6 in {tmp_path}" in text, text
     assert "{" not in text
     events = [json.loads(line) for line in machine.getvalue().splitlines()]
-    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 7))
+    steps = [e for e in events if e["event"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 7))
     assert events[-1]["event"] == "summary" and events[-1]["steps"] == 6
+    # The log-prob gate of step 1, all of whose samples the untrained weights generated: the torch
+    # engine samples the policy's own float32 distribution. Stale-only steps report none.
+    assert steps[0]["mean_staleness"] == 0 and steps[0]["gen_logprob_error"] == pytest.approx(1.0, abs=1e-3)
+    assert all(
+        e["gen_logprob_error"] is None for e in steps if e["max_staleness"] > 0 and e["mean_staleness"] == 1
+    )
 
 
 @pytest.mark.trainer

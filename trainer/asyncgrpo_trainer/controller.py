@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -180,6 +181,8 @@ class SingleController:
         self.counters["reward_failures"] = 0.0  # on /metrics from the start, as a counter should be
         self.validation_reward: float | None = None
         self.validation_accuracy: float | None = None
+        self.gen_logprob_error: float | None = None
+        """The engine-vs-policy log-prob gate of the newest step that had fresh rows."""
         self.step_reward_failures = 0  # groups dropped while the current step is assembled
         self.last_checkpoint_step: int | None = None
         self.exported: str | None = None  # the final Hugging Face directory, once written
@@ -280,7 +283,7 @@ class SingleController:
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
                 "reward_failures": int(self.counters["reward_failures"]),
-                "gen_logprob_error": last.get("gen_logprob_error"),
+                "gen_logprob_error": self.gen_logprob_error,
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,
@@ -331,6 +334,8 @@ class SingleController:
                 log.warning("the step records file stopped: %s", exc)
                 self.steps_file = None
         self.records.append(record)
+        if record.get("gen_logprob_error") is not None:
+            self.gen_logprob_error = record["gen_logprob_error"]
         if len(self.records) > MAX_RECORDS:
             drop = len(self.records) - MAX_RECORDS // 2
             del self.records[:drop]
@@ -461,8 +466,7 @@ class SingleController:
                 t0 = time.perf_counter()
                 refs = await self.a.policy.reference_logprobs([(r.prompt_ids, r.response_ids) for r in rows])
                 rows = [
-                    policy.TrainRow(r.prompt_ids, r.response_ids, r.generation_logprobs, r.advantage, lp)
-                    for r, lp in zip(rows, refs, strict=True)
+                    dataclasses.replace(r, reference_logprobs=lp) for r, lp in zip(rows, refs, strict=True)
                 ]
                 step["logprobs"] += time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -514,14 +518,21 @@ class SingleController:
 
     def _rows(self, groups: list[Slot]) -> list[policy.TrainRow]:
         """Training rows of whole groups; advantages are exact per group."""
-        records = [g.record for g in groups if g.record is not None]
+        scored = [g for g in groups if g.record is not None]
+        records = [g.record for g in scored if g.record is not None]
         rewards = torch.tensor([r.rewards for r in records], dtype=torch.float32)
         adv = advantages.group_relative(
             rewards, leave_one_out=self.s.leave_one_out, normalize=self.s.normalize_rewards
         )
         return [
-            policy.TrainRow(rec.prompt_ids, rec.response_ids[i], rec.generation_logprobs[i], float(adv[g, i]))
-            for g, rec in enumerate(records)
+            policy.TrainRow(
+                rec.prompt_ids,
+                rec.response_ids[i],
+                rec.generation_logprobs[i],
+                float(adv[g, i]),
+                fresh=slot.start_version == self.version,
+            )
+            for g, (slot, rec) in enumerate(zip(scored, records, strict=True))
             for i in range(len(rec.response_ids))
         ]
 

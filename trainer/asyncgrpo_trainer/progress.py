@@ -56,8 +56,8 @@ class Progress:
     validation_accuracy: float | None = None
     """Fraction of the held-out prompts answered exactly, greedily, at the last validation."""
     gen_logprob_error: float | None = None
-    """The latest step's mean exp|logp_engine - logp_policy| over its tokens (1 = the engine and the
-    policy agree; staleness raises it in async modes)."""
+    """The newest measured mean exp|logp_engine - logp_policy| (1 = the engine and the policy agree),
+    over the tokens a step trained that the policy's current weights generated (staleness 0)."""
     state: str = "starting"
     error: str | None = None
     mode: str = ""

@@ -176,7 +176,7 @@ class PolicyGroup:
             *(a.train_chunk.remote(s) for a, s in zip(self.actors, self._shards(rows), strict=True))
         )
 
-    async def finish_step(self) -> dict[str, float]:
+    async def finish_step(self) -> dict[str, float | None]:
         results = await asyncio.gather(*(a.finish_step.remote() for a in self.actors))
         return dict(results[0])
 

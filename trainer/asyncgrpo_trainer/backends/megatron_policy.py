@@ -389,7 +389,7 @@ class MegatronPolicyWorker(PolicyWorker):
         )
         self._step.backward(rows, logp, mask)
 
-    def finish_step(self) -> dict[str, float]:
+    def finish_step(self) -> dict[str, float | None]:
         t0 = time.perf_counter()
         params = [p for p in self.model.parameters() if p.requires_grad]
         # The reduce runs over the replicas only: the TP peers of a replica saw the same rows.
