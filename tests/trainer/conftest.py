@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -25,26 +26,32 @@ def ray_address() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def warm_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal (tests/trainer/warm_start.py):
-    the pretrained-path tests' stand-in for a pretrained model, made once per session.
+    """A tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal, made as the CPU example's
+    comment makes it (`asyncgrpo make-tiny-checkpoint --warm-start`, models/warm_start.py): the
+    pretrained-path tests' stand-in for a pretrained model, made once per session. It must answer
+    the taught lengths and not the RL task's 4 digits, which the RL tests start below 0.1 from.
 
     It is made in a fresh interpreter with 2 torch threads: in-process, after other tests had run,
-    the same seed once carried reversal over to 4 digits (0.38 exact) where a fresh process gets 0.0,
-    and the RL tests need a start below 0.1."""
-    directory = tmp_path_factory.mktemp("warm")
-    code = (
-        "import sys, torch; torch.set_num_threads(2); from pathlib import Path; "
-        "from tests.trainer.warm_start import warm_started; "
-        "print(warm_started(Path(sys.argv[1]), steps=600, lengths=(3, 5), hidden_size=128))"
-    )
-    repo = Path(__file__).resolve().parents[2]
+    the same seed once carried reversal over to 4 digits (0.38 exact) where a fresh process gets 0.0."""
+    directory = tmp_path_factory.mktemp("warm") / "tiny-qwen2"
+    size = ["--hidden-size", "128", "--heads", "4", "--intermediate-size", "512"]
     out = subprocess.run(
-        [sys.executable, "-c", code, str(directory)],
-        cwd=repo,
+        [
+            sys.executable,
+            "-m",
+            "asyncgrpo_cli.main",
+            "make-tiny-checkpoint",
+            str(directory),
+            *size,
+            "--warm-start",
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
         capture_output=True,
         text=True,
         timeout=1800,
         check=False,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    return Path(out.stdout.strip().splitlines()[-1])
+    accuracy = json.loads(out.stdout.strip().splitlines()[-1])["warm_start"]["accuracy_by_digits"]
+    assert accuracy["3"] >= 0.9 and accuracy["5"] >= 0.9 and accuracy["4"] < 0.1, accuracy
+    return directory

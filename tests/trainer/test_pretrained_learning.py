@@ -1,8 +1,9 @@
 """The shipped reversal task learned through the real-model path, by each generation engine.
 
 A tiny Qwen2 checkpoint (RoPE, a BPE tokenizer, the chat template) warm-started by supervised
-fine-tuning on reversing 3- and 5-digit strings (`warm_start`: real RL starts from a pretrained
-model, and a random RoPE model this small barely moves on the task under GRPO) answers 4-digit
+fine-tuning on reversing 3- and 5-digit strings (`make-tiny-checkpoint --warm-start`: real RL
+starts from a pretrained model, and a random RoPE model this small barely moves on the task under
+GRPO) answers 4-digit
 prompts wrong: held-out exact-match accuracy 0.0 before the first step. An async job through
 `asyncgrpo run` must then take it to >= 0.8, with the torch engine and with vLLM's CPU build (whose
 first, on-policy step must also pass the log-prob gate: mean exp|logp_vllm - logp_policy| <= 1.05).

@@ -3,10 +3,10 @@
 The shipped CPU example (docs/examples/pretrained-cpu.yaml) runs as a user runs it, with the
 example's data files through `--mount`, for a few steps; what comes out is a Hugging Face directory
 that transformers loads, with the same logits as `asyncgrpo export` of the last checkpoint's policy
-file, and different from the checkpoint it started from (it trained). The model is the session's
-warm-started tiny Qwen2 (conftest `warm_qwen2`): a random checkpoint answers no reversal right, so
-every GRPO advantage is zero and its weights would rightly not move. `asyncgrpo make-tiny-checkpoint`,
-which the example's comment uses, is checked on its own.
+file, and different from the checkpoint it started from (it trained). The model is the one the
+example's comment makes, `asyncgrpo make-tiny-checkpoint --warm-start` (the session's `warm_qwen2`):
+a random checkpoint answers no reversal right, so every GRPO advantage is zero and its weights would
+rightly not move. `asyncgrpo make-tiny-checkpoint` without the warm start is checked on its own.
 """
 
 from __future__ import annotations

@@ -177,6 +177,10 @@ class CheckpointTokenizer:
         rendered = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self._tok(rendered, add_special_tokens=False)["input_ids"])
 
+    def encode_response(self, text: str) -> list[int]:
+        """The ids of `text` as the model writes it after the prompt: no special tokens, no EOS."""
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
     def decode(self, ids: Sequence[int]) -> str:
         end = next((i for i, t in enumerate(ids) if t in self._eos), len(ids))
         return str(self._tok.decode(list(ids[:end]), skip_special_tokens=True))
