@@ -27,7 +27,7 @@ def ray_address() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def warm_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal, made as the CPU example's
-    comment makes it (`asyncgrpo make-tiny-checkpoint --warm-start`, models/warm_start.py): the
+    comment makes it (`asyncgrpo make-tiny-checkpoint --warm-start`, asyncgrpo_trainer/warm_start.py): the
     pretrained-path tests' stand-in for a pretrained model, made once per session. It must answer
     the taught lengths and not the RL task's 4 digits, which the RL tests start below 0.1 from.
 

@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warm-start",
         action="store_true",
-        help="then teach it 3- and 5-digit reversal by supervised fine-tuning (a few minutes on CPU), so "
-        "that GRPO on 4-digit reversal (docs/examples/pretrained-cpu.yaml) has a signal to learn from",
+        help="then teach it 3- and 5-digit reversal by supervised fine-tuning (under a minute on 2 "
+        "cores), so that GRPO on 4-digit reversal (docs/examples/pretrained-cpu.yaml) has a signal",
     )
     parser.add_argument("--warm-start-steps", type=int, default=600, help="fine-tuning steps of 64 examples")
     ns = parser.parse_args(argv)
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     made: dict[str, Any] = {"checkpoint": str(out), "family": ns.family}
     if ns.warm_start:
-        from asyncgrpo_trainer.models.warm_start import warm_start  # noqa: PLC0415  (torch training)
+        from asyncgrpo_trainer.warm_start import warm_start  # noqa: PLC0415  (torch training)
 
         accuracy = warm_start(out, steps=ns.warm_start_steps, seed=ns.seed)
         made["warm_start"] = {"task": "reverse", "accuracy_by_digits": accuracy}

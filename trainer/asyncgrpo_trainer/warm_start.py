@@ -8,7 +8,8 @@ reversing 3- and 5-digit strings, in a job's prompt format (the chat template, `
 answers a 4-digit prompt wrongly (it has never seen one), so it starts the RL task of
 docs/examples/pretrained-cpu.yaml near accuracy 0, and GRPO has to teach it the rest. The
 accuracies on the taught lengths and on 4 digits are measured and returned, so the caller can check
-both facts.
+both facts. The loss is the policy's own token log-probs (`sampling.token_logprobs`), the check the
+floor's greedy batch decode (`floor.sample`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import random
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F  # noqa: N812
 
+from asyncgrpo_trainer import floor
+from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.models import hf, recipe
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
 
@@ -28,31 +30,20 @@ BATCH = 64
 LEARNING_RATE = 3e-3
 SAMPLES = 100
 """Random strings per length in the accuracy check."""
+CPU = torch.device("cpu")
 
 
-def _example(tok: CheckpointTokenizer, digits: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    text = f"{rng.randrange(10**digits):0{digits}d}"
-    return tok.encode_prompt(f"{text}="), [*tok.encode_response(text[::-1]), tok.eos_ids[0]]
+def _digits(rng: random.Random, n: int) -> str:
+    return f"{rng.randrange(10**n):0{n}d}"
 
 
-def reversal_accuracy(
-    build: recipe.ModelBuild, tok: CheckpointTokenizer, model: torch.nn.Module, digits: int
-) -> float:
-    """Greedy exact-match accuracy on SAMPLES random `digits`-long strings (the model's own forward)."""
+def reversal_accuracy(tok: CheckpointTokenizer, model: torch.nn.Module, digits: int) -> float:
+    """Greedy exact-match accuracy on SAMPLES random `digits`-long strings."""
     rng = random.Random(1234 + digits)
-    right = 0
-    with torch.no_grad():
-        for _ in range(SAMPLES):
-            text = f"{rng.randrange(10**digits):0{digits}d}"
-            ids = tok.encode_prompt(f"{text}=")
-            out: list[int] = []
-            for _ in range(digits + 2):
-                logits, _ = model(torch.tensor([ids + out]))
-                out.append(int(logits[0, -1].argmax()))
-                if out[-1] in build.eos_ids:
-                    break
-            right += tok.decode(out) == text[::-1]
-    return right / SAMPLES
+    texts = [_digits(rng, digits) for _ in range(SAMPLES)]
+    prompts = [tok.encode_prompt(f"{text}=") for text in texts]
+    answers = floor.sample(model, prompts, 1, digits + 2, tok.eos_ids[0], greedy=True)
+    return sum(tok.decode(a.tolist()) == t[::-1] for t, a in zip(texts, answers, strict=True)) / SAMPLES
 
 
 def warm_start(
@@ -75,19 +66,14 @@ def warm_start(
     rng = random.Random(seed)
     torch.manual_seed(seed)
     for _ in range(steps):
-        batch = [_example(tok, rng.choice(lengths), rng) for _ in range(BATCH)]
-        length = max(len(p) + len(a) for p, a in batch)
-        ids = torch.full((len(batch), length), tok.pad_id)
-        labels = torch.full((len(batch), length), -100)
-        for i, (p, a) in enumerate(batch):
-            ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-            labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
-        logits, _ = model(ids)
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        texts = [_digits(rng, rng.choice(lengths)) for _ in range(BATCH)]
+        rows = [(tok.encode_prompt(f"{t}="), [*tok.encode_response(t[::-1]), tok.eos_ids[0]]) for t in texts]
+        logp, mask = sampling.token_logprobs(model, rows, pad_id=tok.pad_id, device=CPU, grad=True)
+        loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
     model.eval()
-    accuracy = {n: reversal_accuracy(build, tok, model, n) for n in (*lengths, RL_TASK_DIGITS)}
+    accuracy = {n: reversal_accuracy(tok, model, n) for n in (*lengths, RL_TASK_DIGITS)}
     hf.save(model.state_dict(), build.config, directory, source_dir=directory, dtype=torch.float32)
     return accuracy
