@@ -518,21 +518,16 @@ class SingleController:
 
     def _rows(self, groups: list[Slot]) -> list[policy.TrainRow]:
         """Training rows of whole groups; advantages are exact per group."""
-        scored = [g for g in groups if g.record is not None]
-        records = [g.record for g in scored if g.record is not None]
-        rewards = torch.tensor([r.rewards for r in records], dtype=torch.float32)
+        scored = [(g.record, g.start_version == self.version) for g in groups if g.record is not None]
+        rewards = torch.tensor([rec.rewards for rec, _ in scored], dtype=torch.float32)
         adv = advantages.group_relative(
             rewards, leave_one_out=self.s.leave_one_out, normalize=self.s.normalize_rewards
         )
         return [
             policy.TrainRow(
-                rec.prompt_ids,
-                rec.response_ids[i],
-                rec.generation_logprobs[i],
-                float(adv[g, i]),
-                fresh=slot.start_version == self.version,
+                rec.prompt_ids, rec.response_ids[i], rec.generation_logprobs[i], float(adv[g, i]), fresh=fresh
             )
-            for g, (slot, rec) in enumerate(zip(scored, records, strict=True))
+            for g, (rec, fresh) in enumerate(scored)
             for i in range(len(rec.response_ids))
         ]
 
