@@ -3,13 +3,15 @@
 A tiny Qwen2 checkpoint (RoPE, a BPE tokenizer, the chat template) warm-started by supervised
 fine-tuning on reversing 3- and 5-digit strings (`make-tiny-checkpoint --warm-start`: real RL
 starts from a pretrained model, and a random RoPE model this small barely moves on the task under
-GRPO) answers 4-digit
-prompts wrong: held-out exact-match accuracy 0.0 before the first step. An async job through
-`asyncgrpo run` must then take it to >= 0.8, with the torch engine and with vLLM's CPU build (whose
-first, on-policy step must also pass the log-prob gate: mean exp|logp_vllm - logp_policy| <= 1.05).
-Measured (2026-12-01, 16 x 8 samples a step): torch engine 0.0 -> 0.73 (step 10) -> 1.0 (40..70); vLLM
-0.0 -> 0.88 (20) -> 1.0 (60, 70). At learning rate 1e-3 both rose faster but the vLLM run fell back
-to 0.32-0.69 held-out (steps 40-70) while its shaped reward stayed near 0.9: 5e-4 is stable in both.
+GRPO) answers 4-digit prompts wrong: held-out exact-match accuracy 0.0 before the first step. An
+async job through `asyncgrpo run` must then take it to >= 0.8, with the torch engine and with
+vLLM's CPU build (whose first, on-policy step must also pass the log-prob gate: mean
+exp|logp_vllm - logp_policy| <= 1.05). Measured (2026-12-01, 16 x 8 samples a step): torch engine
+0.0 -> 0.73 (step 10) -> 1.0 (40..70); vLLM 0.0 -> 0.88 (20) -> 1.0 (60, 70). At learning rate
+1e-3 both rose faster but the vLLM run fell back to 0.32-0.69 held-out (steps 40-70) while its
+shaped reward stayed near 0.9: 5e-4 is stable in both. One clean-clone CI run (2026-12-01 22:03,
+docs/benchmarks.md) saw the vLLM case collapse after a first step with gradient norm 13.9 to one
+wrong answer for every sample (reward 0.80, accuracy 0.0 at every validation): not yet explained.
 """
 
 from __future__ import annotations
