@@ -6,12 +6,23 @@ starts from a pretrained model, and a random RoPE model this small barely moves 
 GRPO) answers 4-digit prompts wrong: held-out exact-match accuracy 0.0 before the first step. An
 async job through `asyncgrpo run` must then take it to >= 0.8, with the torch engine and with
 vLLM's CPU build (whose first, on-policy step must also pass the log-prob gate: mean
-exp|logp_vllm - logp_policy| <= 1.05). Measured (2026-12-01, 16 x 8 samples a step): torch engine
-0.0 -> 0.73 (step 10) -> 1.0 (40..70); vLLM 0.0 -> 0.88 (20) -> 1.0 (60, 70). At learning rate
-1e-3 both rose faster but the vLLM run fell back to 0.32-0.69 held-out (steps 40-70) while its
-shaped reward stayed near 0.9: 5e-4 is stable in both. One clean-clone CI run (2026-12-01 22:03,
-docs/benchmarks.md) saw the vLLM case collapse after a first step with gradient norm 13.9 to one
-wrong answer for every sample (reward 0.80, accuracy 0.0 at every validation): not yet explained.
+exp|logp_vllm - logp_policy| <= 1.05).
+
+The job trains with advantages that are not divided by the group's reward standard deviation
+(`normalizeRewards: false`, as Dr. GRPO does) at learning rate 1e-3. The warm model's samples on
+4-digit prompts are nearly deterministic: of 512 (64 prompts x 8), 414 ran past 5 characters and
+98 stopped after 5 with the first four right (reward 0.8), none after 4. With normalized advantages
+a group of seven 0.8s and one 0.75 still gets advantages of full size, which sharpens the policy
+onto the 5-character answer before it ever samples the stop after 4; then every sample scores 0.8,
+every advantage is 0, and nothing trains. Seeds swept with the torch engine (2026-12-02, held-out
+accuracy at step 70): normalized at 5e-4, 2 of 12 seeds failed or nearly did (0.61; another stayed
+at 0.0 until step 30), and one clean-clone CI run saw the vLLM case stay at 0.0 throughout;
+temperature 1.2 instead, 2 of 9 (0.19, 0.73); unnormalized at 5e-4, 1 of 4 (0.0); unnormalized at
+1e-3, as here, 0 of 12 (lowest 0.85, 10 of 12 at >= 0.97), though held-out accuracy is not monotonic
+on the way (one seed dipped to 0.21 at step 30 and ended at 1.0). An earlier vLLM run at 1e-3 with
+normalized advantages fell back to 0.32-0.69 after step 40. The vLLM case at these settings:
+0.0 -> 0.38 (step 10) -> 0.93 (40) -> 0.99 (70). docs/guides/models.md has the whole sweep; a
+run can still end in the 0.8s, so this test can fail by chance, rarely.
 """
 
 from __future__ import annotations
@@ -43,11 +54,12 @@ def _job(checkpoint: Path, backend: str) -> dict[str, Any]:
                 "model": {"source": "pretrained", "path": str(checkpoint), "maxSequenceLength": 48},
                 "data": {"maxPromptLength": 40, "numValidationPrompts": 100},
                 "env": {"name": "reverse"},
-                "policy": {"trainMicroBatchSize": 128, "learningRate": 5.0e-4},
+                "policy": {"trainMicroBatchSize": 128, "learningRate": 1.0e-3},
                 "generation": {"backend": backend, "maxNewTokens": 6, "temperature": 1.0},
                 "grpo": {
                     "numPromptsPerStep": 16,
                     "numGenerationsPerPrompt": 8,
+                    "normalizeRewards": False,
                     "maxNumSteps": 70,
                     "valPeriod": 10,
                 },
