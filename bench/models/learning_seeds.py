@@ -5,12 +5,13 @@ another (a policy that sharpens onto a partly right answer before it samples the
 zero advantages from then on). This runs docs/examples/pretrained-cpu.yaml through `asyncgrpo run`
 for each seed, with `--set` overrides of its trainer section, and prints one JSON line per seed
 (held-out accuracy at each validation, the shaped reward every 10 steps) and a summary: how many
-seeds ended below `--bar`. The checkpoint is the example's own, made beforehand:
+seeds ended below `--bar`. The command below sweeps the example's settings before 2026-12-02
+(normalized advantages at 5e-4). The checkpoint is the example's own, made beforehand:
 
     asyncgrpo make-tiny-checkpoint /tmp/models/tiny-qwen2 --hidden-size 128 --heads 4 \
         --intermediate-size 512 --warm-start
     PYTHONPATH=trainer:operator python bench/models/learning_seeds.py --models /tmp/models \
-        --seeds 1-12 --steps 70 --set grpo.normalizeRewards=false --set policy.learningRate=7e-4
+        --seeds 1-12 --steps 70 --set grpo.normalizeRewards=true --set policy.learningRate=5e-4
 """
 
 from __future__ import annotations
