@@ -5,8 +5,11 @@ another (a policy that sharpens onto a partly right answer before it samples the
 zero advantages from then on). This runs docs/examples/pretrained-cpu.yaml through `asyncgrpo run`
 for each seed, with `--set` overrides of its trainer section, and prints one JSON line per seed
 (held-out accuracy at each validation, the shaped reward every 10 steps) and a summary: how many
-seeds ended below `--bar`. The command below sweeps the example's settings before 2026-12-02
-(normalized advantages at 5e-4). The checkpoint is the example's own, made beforehand:
+seeds ended below `--bar`. `--job` runs another job file instead (the learning test's job,
+`tests/trainer/learning_job.yaml`), and `--parallel N` runs N seeds at once (on a machine with the
+cores for it: each run is a whole `asyncgrpo run` with its own Ray). The command below sweeps the
+example's settings before 2026-12-02 (normalized advantages at 5e-4). The checkpoint is the
+example's own, made beforehand:
 
     asyncgrpo make-tiny-checkpoint /tmp/models/tiny-qwen2 --hidden-size 128 --heads 4 \
         --intermediate-size 512 --warm-start
@@ -17,6 +20,7 @@ seeds ended below `--bar`. The command below sweeps the example's settings befor
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -52,8 +56,9 @@ def apply_override(trainer: dict[str, Any], assignment: str) -> None:
     node[field] = yaml.safe_load(value)
 
 
-def run_seed(job: dict[str, Any], models: Path, seed: int, steps: int) -> dict[str, Any]:
-    """One `asyncgrpo run` of `job` with grpo.seed = seed; its held-out curve and rewards."""
+def run_seed(template: dict[str, Any], models: Path, seed: int, steps: int) -> dict[str, Any]:
+    """One `asyncgrpo run` of `template` with grpo.seed = seed; its held-out curve and rewards."""
+    job = json.loads(json.dumps(template))
     job["spec"]["trainer"]["grpo"].update(seed=seed, maxNumSteps=steps)
     with tempfile.TemporaryDirectory(prefix="asyncgrpo-seeds-") as tmp:
         path, records = Path(tmp) / "job.yaml", Path(tmp) / "steps.jsonl"
@@ -74,6 +79,7 @@ def run_seed(job: dict[str, Any], models: Path, seed: int, steps: int) -> dict[s
         "seconds": round(time.perf_counter() - started, 1),
         "held_out": [[r["step"], r["validation_accuracy"]] for r in lines if r.get("event") == "validation"],
         "reward_every_10": [round(r["reward_mean"], 2) for r in step_lines[::10]],
+        "zero_advantage_every_10": [round(r["zero_advantage_groups"], 2) for r in step_lines[::10]],
     }
 
 
@@ -86,14 +92,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=70)
     parser.add_argument("--bar", type=float, default=0.8, help="held-out accuracy a run must end at")
     parser.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE of spec.trainer")
+    parser.add_argument("--job", type=Path, default=EXAMPLE, help="the job file (default: the example)")
+    parser.add_argument("--parallel", type=int, default=1, help="seeds run at once")
     ns = parser.parse_args()
-    job = yaml.safe_load(EXAMPLE.read_text())
+    job = yaml.safe_load(ns.job.read_text())
     for assignment in ns.set:
         apply_override(job["spec"]["trainer"], assignment)
     results = []
-    for seed in parse_seeds(ns.seeds):
-        results.append(run_seed(job, ns.models, seed, ns.steps))
-        print(json.dumps(results[-1]), flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=ns.parallel) as pool:
+        runs = [pool.submit(run_seed, job, ns.models, seed, ns.steps) for seed in parse_seeds(ns.seeds)]
+        for run in concurrent.futures.as_completed(runs):
+            results.append(run.result())
+            print(json.dumps(results[-1]), flush=True)
     finals = [r["held_out"][-1][1] for r in results]
     below = [r["seed"] for r in results if r["held_out"][-1][1] < ns.bar]
     print(json.dumps({"seeds": len(results), "below_bar": below, "lowest": min(finals), "overrides": ns.set}))

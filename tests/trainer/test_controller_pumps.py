@@ -209,6 +209,26 @@ def test_each_step_reports_the_fraction_of_exactly_correct_samples_next_to_the_r
     assert [r["reward_mean"] for r in steps] == pytest.approx([0.45] * 6)  # ... not from the reward
 
 
+class PromptParityRewards:
+    """Groups of even-numbered prompts score 1.0 for every sample (nothing to learn from them);
+    the others score 0.0 and 0.6 in turn."""
+
+    async def score(self, example: Any, responses: list[str], finished: list[bool]) -> list[Score]:
+        if int(example.prompt[0]) % 2 == 0:
+            return [Score(1.0, True) for _ in responses]
+        return [Score(0.6 * (i % 2), False) for i in range(len(responses))]
+
+
+def test_each_step_says_how_many_of_its_groups_had_nothing_to_train_on(tmp_path: Path) -> None:
+    ctl, _ = _controller(tmp_path, "async-in-order", FakeGeneration(), rewards=PromptParityRewards())
+    summary = asyncio.run(ctl.run())
+    steps = _steps(summary)
+    for r in steps:
+        # a group whose samples all scored the same has zero advantage; the others spread by 0.6
+        assert r["reward_spread"] == pytest.approx(0.6 * (1 - r["zero_advantage_groups"])), r
+    assert 0 < sum(r["zero_advantage_groups"] for r in steps) < len(steps)  # both kinds were trained
+
+
 def test_the_checkpoint_holds_the_controllers_state_and_the_policy_writes_its_own_file(
     tmp_path: Path,
 ) -> None:

@@ -457,6 +457,7 @@ class SingleController:
         step: dict[str, float] = collections.defaultdict(float)
         rewards: list[float] = []
         correct: list[bool] = []
+        spreads: list[float] = []
         staleness: list[int] = []
         taken = tokens = chunks = 0
         while taken < self.s.prompts_per_step:
@@ -479,6 +480,7 @@ class SingleController:
                 if g.record is not None:
                     rewards.extend(g.record.rewards)
                     correct.extend(g.record.correct)
+                    spreads.append(max(g.record.rewards) - min(g.record.rewards))
             staleness.extend(self.version - g.start_version for g in groups)
         t0 = time.perf_counter()
         metrics = await self.a.policy.finish_step()
@@ -501,6 +503,10 @@ class SingleController:
             "trained_at_version": trained_at,
             "reward_mean": sum(rewards) / len(rewards),
             "accuracy": sum(correct) / len(correct),
+            # Why a step trains or not: a group whose samples all scored the same has zero
+            # advantage and adds no gradient; a step where every group does trains nothing.
+            "reward_spread": sum(spreads) / len(spreads),
+            "zero_advantage_groups": sum(s == 0 for s in spreads) / len(spreads),
             "mean_staleness": sum(staleness) / len(staleness),
             "max_staleness": max(staleness),
             "chunks": chunks,

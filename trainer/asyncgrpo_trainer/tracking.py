@@ -35,6 +35,8 @@ SCALARS: dict[str, tuple[str, float]] = {
     # record key: (tag, scale)
     "reward_mean": ("train/reward", 1.0),
     "accuracy": ("train/accuracy", 1.0),
+    "reward_spread": ("train/reward_spread", 1.0),
+    "zero_advantage_groups": ("train/zero_advantage_groups", 1.0),
     "samples_trained": ("train/samples", 1.0),
     "loss": ("train/loss", 1.0),
     "entropy": ("train/entropy", 1.0),
