@@ -348,6 +348,15 @@ class DataSpec(ApiModel):
     )
 
 
+REWARD_FAILURE_FRACTION = 0.1
+"""The share of recently scored prompt groups that may be dropped (scoring failed twice)."""
+REWARD_FAILURE_WINDOW_STEPS = 4
+"""The failure budget's window: the last this many x numPromptsPerStep groups scored."""
+REWARD_FAILURE_MIN_GROUPS = 4
+"""Drops every window allows whatever its fraction: 10% of a small job's window is below one
+group, and a single flaky call must not fail a job with numPromptsPerStep 4."""
+
+
 class EnvSpec(ApiModel):
     """The reward environment: what a row's reference answer is, and how a response is scored."""
 
@@ -372,7 +381,9 @@ class EnvSpec(ApiModel):
         le=3600,
         description="Deadline of scoring one prompt group's responses in a reward worker. A call past it, "
         "or one that raises, is retried once; then the group is dropped (status.progress.rewardFailures), "
-        "never trained on, and replaced by the next prompt.",
+        "never trained on, and replaced by the next prompt for the same step. The run fails when more "
+        f"than max({REWARD_FAILURE_MIN_GROUPS}, {REWARD_FAILURE_FRACTION:.0%}) of the last "
+        f"{REWARD_FAILURE_WINDOW_STEPS} x numPromptsPerStep groups scored were dropped.",
     )
 
 
