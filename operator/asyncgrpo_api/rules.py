@@ -779,6 +779,12 @@ def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
             "spec.scheduler.queueName",
             "is ignored with scheduler.name default; set name kueue, kai or volcano",
         )
+    if trainer.env.score_truncated and trainer.env.function is None:
+        yield Finding(
+            f"{TRAINER}.env.scoreTruncated",
+            "is ignored without env.function (the environments reward a truncated response 0); set "
+            "env.function or remove it",
+        )
     if trainer.grpo.val_period and trainer.data.num_validation_prompts == 0:
         yield Finding(
             f"{TRAINER}.grpo.valPeriod",

@@ -538,3 +538,13 @@ def test_data_settings_that_no_file_reads_are_accepted_with_a_warning(
 ) -> None:
     report = validate_manifest(job_with(data=data))
     assert report.ok and [w.path for w in report.warnings if "data" in w.path] == [path]
+
+
+def test_score_truncated_without_a_reward_function_is_accepted_with_a_warning() -> None:
+    report = validate_manifest(job_with(env={"scoreTruncated": True}))
+    assert report.ok and [str(w) for w in report.warnings if "env" in w.path] == [
+        "spec.trainer.env.scoreTruncated: is ignored without env.function (the environments reward a "
+        "truncated response 0); set env.function or remove it"
+    ]
+    report = validate_manifest(job_with(env={"scoreTruncated": True, "function": "my_team.rewards:score"}))
+    assert report.ok and not [w for w in report.warnings if "env" in w.path]

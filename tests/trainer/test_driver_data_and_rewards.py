@@ -131,7 +131,7 @@ def test_a_reward_function_that_always_fails_stops_the_run_and_is_counted_never_
         last = _until(proc, "asyncgrpo: training failed")[-1]
         assert "RewardFailuresError: 5 of the last 5 prompt groups scored were dropped" in last
         assert "(10% of 4 x numPromptsPerStep 4, at least 4); the last, for step " in last
-        assert last.endswith("scoring failed 2 times; last: ValueError: no reward for you")
+        assert last.rstrip().endswith("scoring failed 2 times; last: ValueError: no reward for you")
         doc = json.loads(_get(port, "/progress"))
         assert doc["state"] == "failed" and doc["rewardFailures"] >= 1 and doc["step"] == 0
         assert f"asyncgrpo_reward_failures_total {doc['rewardFailures']}" in _get(port, "/metrics")

@@ -2,7 +2,7 @@
 
 Setup order (nothing heavy is built inside the controller actor, which only receives built
 objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> tokenizer and model
-recipe, the data files and the reward function's import (`read_inputs`, no Ray needed) -> Ray ->
+recipe, the data files and the reward function's check (`read_inputs`, no Ray needed) -> Ray ->
 placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in parallel) and
 reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
 weight synchronizer (its transport per `weights.transport_of`) ->
@@ -46,6 +46,7 @@ from asyncgrpo_trainer import (
     envs,
     megatron_workers,
     progress,
+    reward_function,
     runlog,
     specmap,
     tracking,
@@ -236,16 +237,17 @@ class Inputs:
 
 
 def read_inputs(job: AsyncGRPOJob) -> Inputs:
-    """The model, tokenizer and data files, and a check that env.function imports: all that only the
-    files can show to be wrong (InvalidModelError, InvalidDataError). No Ray is needed, so `execute`
-    calls it before Ray starts and such a job fails in seconds, whatever the state of the cluster."""
+    """The model, tokenizer and data files, and a check (in a child process) that env.function loads:
+    all that only the files can show to be wrong (InvalidModelError, InvalidDataError). No Ray is
+    needed, so `execute` calls it before Ray starts and such a job fails in seconds, whatever the
+    state of the cluster."""
     check_supported(job)
     t = job.spec.trainer
     env = envs.build(t.env.name)
     model, tokenizer = model_of(job, env)
     prompts = load_prompts(job, env, tokenizer)
     if t.env.function is not None:
-        reward_workers.load_function(t.env.function)
+        reward_function.check(t.env.function)
     return Inputs(model, tokenizer, prompts)
 
 
@@ -275,7 +277,11 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
         rewards = reward_workers.RewardPool(
-            t.env.name, t.env.function, t.env.num_workers, t.env.timeout_seconds
+            t.env.name,
+            t.env.function,
+            t.env.num_workers,
+            t.env.timeout_seconds,
+            score_truncated=t.env.score_truncated,
         )
         rollout = RolloutManager(
             generation_group,

@@ -370,9 +370,17 @@ class EnvSpec(ApiModel):
     function: RewardFunction | None = Field(
         default=None,
         description='A reward function of your own, "package.module:function", importable in the trainer '
-        "image: called as function(prompt, response, reference_answer) -> float in the reward workers. "
-        "It replaces the environment's reward; the environment still reads the data and measures "
-        "accuracy.",
+        "image: called as function(prompt, response, reference_answer) -> float in the reward workers "
+        '(only there), with the keyword stop_reason ("finished" or "truncated") when its signature takes '
+        "it. It replaces the environment's reward; the environment still reads the data and measures "
+        "accuracy. A response cut at generation.maxNewTokens is rewarded 0 without calling it, as the "
+        "environments score it, unless scoreTruncated.",
+    )
+    score_truncated: bool = Field(
+        default=False,
+        description="Hand responses cut at generation.maxNewTokens to env.function (with stop_reason "
+        '"truncated" when it takes it) instead of rewarding them 0. A function that only compares '
+        "answers then rewards a policy that writes the answer and never stops.",
     )
     num_workers: int = Field(default=1, ge=1, le=1024, description="Reward worker actors.")
     timeout_seconds: float = Field(
