@@ -522,12 +522,29 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
             "cuda-ipc shares a torch policy rank's GPU memory with the engine colocated on that GPU: it "
             "needs generation.colocated true, policy GPUs and policy.backend torch; use auto",
         )
-    if trainer.weight_sync.transport == "nccl" and not (
-        policy_pool.gpus_per_replica and serving_pool.gpus_per_replica
-    ):
+    if trainer.weight_sync.transport == "nccl":
+        yield from _broadcast_layout(policy_pool, serving_pool, colocated=generation.colocated)
+
+
+def _broadcast_layout(
+    policy_pool: WorkerGroup, serving_pool: WorkerGroup, *, colocated: bool
+) -> Iterator[Finding]:
+    """weightSync.transport nccl is the bucketed broadcast, over NCCL between GPUs and over gloo
+    between CPU processes (the same code). It needs both ends on one kind of device, and on GPUs
+    two processes: a policy rank and the engine colocated on its GPU cannot form an NCCL group."""
+    path = f"{TRAINER}.weightSync.transport"
+    if bool(policy_pool.gpus_per_replica) != bool(serving_pool.gpus_per_replica):
         yield Finding(
-            f"{TRAINER}.weightSync.transport",
-            "nccl needs GPUs on both the policy and the generation pool; use auto or object-store on CPU",
+            path,
+            "nccl broadcasts between the policy and the generation pool on one kind of device (NCCL on "
+            "GPUs, gloo on CPU); one of them has GPUs and the other none: give both GPUs or neither, "
+            "or use object-store",
+        )
+    elif colocated and policy_pool.gpus_per_replica:
+        yield Finding(
+            path,
+            "nccl cannot connect a colocated engine to the policy rank on its own GPU (generation.colocated "
+            "true); use auto or cuda-ipc",
         )
 
 

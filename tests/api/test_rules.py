@@ -548,3 +548,38 @@ def test_score_truncated_without_a_reward_function_is_accepted_with_a_warning() 
     ]
     report = validate_manifest(job_with(env={"scoreTruncated": True, "function": "my_team.rewards:score"}))
     assert report.ok and not [w for w in report.warnings if "env" in w.path]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "colocated", "error"),
+    [
+        ({}, False, None),  # both pools on CPU: the broadcast over gloo
+        ({"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"gpusPerReplica": 1}}, False, None),
+        (
+            {"policyWorkers": {"gpusPerReplica": 1}},
+            False,
+            "nccl broadcasts between the policy and the generation pool on one kind of device (NCCL on "
+            "GPUs, gloo on CPU); one of them has GPUs and the other none: give both GPUs or neither, or "
+            "use object-store",
+        ),
+        (
+            {"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"replicas": 0}},
+            True,
+            "nccl cannot connect a colocated engine to the policy rank on its own GPU (generation.colocated "
+            "true); use auto or cuda-ipc",
+        ),
+        ({"generationWorkers": {"replicas": 0}}, True, None),  # CPU processes: gloo
+    ],
+    ids=["cpu", "gpus", "gpus-on-one-pool", "colocated-on-gpus", "colocated-on-cpu"],
+)
+def test_nccl_is_the_broadcast_on_gpus_or_on_cpu_and_refused_where_it_cannot_connect(
+    base_job: dict[str, Any], cluster: dict[str, Any], colocated: bool, error: str | None
+) -> None:
+    spec = base_job["spec"]
+    spec["cluster"] = cluster
+    spec["trainer"].update(generation={"colocated": colocated}, weightSync={"transport": "nccl"})
+    report = validate_manifest(base_job)
+    if error is None:
+        assert report.ok, [str(e) for e in report.errors]
+    else:
+        assert [str(e) for e in report.errors] == [f"spec.trainer.weightSync.transport: {error}"]

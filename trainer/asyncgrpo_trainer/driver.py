@@ -130,11 +130,6 @@ def check_supported(job: AsyncGRPOJob) -> None:
     t = job.spec.trainer
     if t.generation.backend == "vllm":
         vllm_engine.check_available()
-    if t.weight_sync.transport == "nccl" and t.generation.colocated and _on_gpus(job):
-        raise SpecError(
-            "spec.trainer.weightSync.transport: nccl cannot connect a colocated engine to the policy "
-            "rank on its own GPU (generation.colocated: true); use auto or object-store"
-        )
 
 
 def _on_gpus(job: AsyncGRPOJob) -> bool:

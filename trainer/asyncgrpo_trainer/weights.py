@@ -155,7 +155,8 @@ def transport_of(spec: WeightSyncSpec, *, on_gpus: bool, colocated: bool, backen
     """auto: the broadcast between separate GPU pools, CUDA IPC between a torch policy rank and the
     engine colocated on its GPU, else the object store; nccl: the broadcast (over gloo on CPU);
     cuda-ipc and object-store: themselves. The admission rules refuse nccl with colocated GPU
-    pools and cuda-ipc without them (or with the Megatron policy, whose ranks hold shards)."""
+    pools or with GPUs on one pool only, and cuda-ipc without colocated GPU pools (or with the
+    Megatron policy, whose ranks hold shards)."""
     if spec.transport == "object-store":
         return "object-store"
     if spec.transport == "nccl":

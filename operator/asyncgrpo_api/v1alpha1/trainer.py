@@ -290,7 +290,9 @@ class WeightSyncSpec(ApiModel):
         default="auto",
         description="auto: a bucketed NCCL broadcast between separate GPU pools, CUDA IPC between a "
         "torch policy rank and the engine colocated on its GPU, Ray's object store otherwise "
-        "(CPU; a colocated Megatron policy). nccl on CPU pools runs the same broadcast over gloo.",
+        "(CPU; a colocated Megatron policy). nccl: the broadcast, over NCCL when both pools have GPUs "
+        "and over gloo when neither has (the same code); admission refuses it when only one has, and "
+        "with generation colocated on GPUs.",
     )
     bucket_size_mb: int = Field(
         default=512,
