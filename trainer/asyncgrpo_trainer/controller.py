@@ -140,7 +140,7 @@ class ResumeState:
     step: int
     batch_index: int
     buffer: dict[str, Any]
-    pending: list[tuple[dict[str, str], int | None]]
+    pending: list[tuple[dict[str, Any], int | None]]
     loader: dict[str, Any]
     counters: dict[str, float]
     validation_reward: float | None
@@ -605,7 +605,7 @@ class SingleController:
 
         async def one(i: int, example: Example) -> Score | None:
             out = await self.a.generation.generate(
-                tok.encode_prompt(example.prompt), 1, self.a.validation_params, i
+                tok.encode_prompt(example.model_prompt), 1, self.a.validation_params, i
             )
             texts = [tok.decode(r) for r in out.response_ids]
             try:
@@ -639,7 +639,7 @@ class SingleController:
             "step": step,
             "batch_index": self.batch_index,
             "buffer": self.buffer.state_dict(),
-            "pending": [({"prompt": e.prompt, "answer": e.answer}, t) for e, t in self.pending],
+            "pending": [(dataclasses.asdict(e), t) for e, t in self.pending],
             "loader": self.a.loader.state_dict(),
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,

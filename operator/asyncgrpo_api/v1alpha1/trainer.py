@@ -323,12 +323,17 @@ class DataSpec(ApiModel):
         "of trainPath (never trained on), or uses the built-in validation set without trainPath.",
     )
     prompt_key: DataKey = Field(
-        default="prompt", description="Column (key) of a row holding the prompt text, e.g. question."
+        default="prompt",
+        description="Column (key) of a row holding the prompt, e.g. question: text, or chat messages (a list "
+        "of {role, content}, as in verl's prompt column; turns after the last user turn are left out). A "
+        "dotted path reaches into nested objects and lists (messages).",
     )
     answer_key: DataKey = Field(
         default="answer",
-        description="Column (key) of a row holding the reference answer, e.g. solution; the environment "
-        "takes the answer from it (gsm8k: the number after ####; math: the last \\boxed{}).",
+        description="Column (key) of a row holding the reference answer, text or a number, e.g. solution, "
+        "reward_model.ground_truth (verl's files) or messages.1.content (NeMo-RL's); a dotted path reaches "
+        "into nested objects and lists. The environment takes the answer from it (gsm8k: the number after "
+        "####; math: the last \\boxed{}).",
     )
     num_validation_prompts: int = Field(
         default=32, ge=0, le=1_000_000, description="Held-out prompts scored at each validation."
@@ -339,14 +344,16 @@ class DataSpec(ApiModel):
     )
     chat_template: bool | None = Field(
         default=None,
-        description="Wrap each prompt in the checkpoint tokenizer's chat template (one user turn, "
-        "generation prompt appended). Unset: true when the tokenizer has a template. Pretrained "
-        "models only; the tiny model's character tokenizer has none.",
+        description="Wrap each prompt in the checkpoint tokenizer's chat template (one user turn, or the "
+        "row's chat messages; generation prompt appended); without it a chat prompt must be one user turn. "
+        "Unset: true when the tokenizer has a template. Pretrained models only; the tiny model's character "
+        "tokenizer has none.",
     )
     system_prompt: str | None = Field(
         default=None,
         max_length=65536,
-        description="System turn before each prompt when the chat template is applied.",
+        description="System turn before each prompt when the chat template is applied, unless the row's "
+        "chat messages start with their own.",
     )
 
 
