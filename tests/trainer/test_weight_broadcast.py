@@ -2,7 +2,7 @@
 nccl` runs it over gloo (the same code NCCL runs on GPUs): `asyncgrpo run` of such a job trains and
 reports gloo, and a whole run through it leaves every engine with exactly the policy's weights; the
 bucket plan both sides derive from the recipe fits both models; fp32 master weights arrive cast to
-the engines' bf16, in place; and the transport rules of weightSync.transport."""
+the engines' bf16, in place. Which transport a job runs: tests/api/test_rules.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import pytest
 import ray
 import torch
 
-from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
 from asyncgrpo_trainer import controller, driver, weights
 from asyncgrpo_trainer.backends.cuda_train import Recipe
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, refit_plan, serve_store
@@ -155,20 +154,3 @@ def test_fp32_master_weights_arrive_cast_to_the_engines_bf16_in_place() -> None:
     for name, p in engine.named_parameters():
         assert p.data_ptr() == before[name]  # written in place
         assert torch.equal(p.detach(), masters[name].detach().to(torch.bfloat16)), name
-
-
-@pytest.mark.parametrize(
-    ("transport", "on_gpus", "colocated", "backend", "expected"),
-    [
-        ("auto", True, False, "torch", "broadcast"),
-        ("auto", True, True, "torch", "cuda-ipc"),
-        ("auto", True, True, "megatron", "object-store"),
-        ("auto", False, False, "torch", "object-store"),
-        ("nccl", True, False, "torch", "broadcast"),
-        ("cuda-ipc", True, True, "torch", "cuda-ipc"),
-        ("object-store", True, False, "torch", "object-store"),
-    ],
-)
-def test_transport_rules(transport: str, on_gpus: bool, colocated: bool, backend: str, expected: str) -> None:
-    spec = WeightSyncSpec.model_validate({"transport": transport})
-    assert weights.transport_of(spec, on_gpus=on_gpus, colocated=colocated, backend=backend) == expected

@@ -5,7 +5,7 @@ objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> tok
 recipe, the data files and the reward function's check (`read_inputs`, no Ray needed) -> Ray ->
 placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in parallel) and
 reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
-weight synchronizer (its transport per `weights.transport_of`) ->
+weight synchronizer (its transport per `rules.refit_transport`) ->
 restore the latest checkpoint if there is one -> SingleControllerActor.
 
 Exit codes are the operator's contract (asyncgrpo_api.exitcodes, `exit_code`): 0 when training
@@ -130,13 +130,6 @@ def check_supported(job: AsyncGRPOJob) -> None:
     t = job.spec.trainer
     if t.generation.backend == "vllm":
         vllm_engine.check_available()
-
-
-def _on_gpus(job: AsyncGRPOJob) -> bool:
-    cl = job.spec.cluster
-    return cl.policy_workers.gpus_per_replica > 0 and (
-        job.spec.trainer.generation.colocated or cl.generation_workers.gpus_per_replica > 0
-    )
 
 
 def _start_torch_policy(
@@ -295,12 +288,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             rewards=rewards,
             rollout=rollout,
             weights=weights.build(
-                t.weight_sync,
-                policy_group,
-                generation_group,
-                on_gpus=_on_gpus(job),
-                colocated=t.generation.colocated,
-                backend=t.policy.backend,
+                t.weight_sync, policy_group, generation_group, transport=rules.refit_transport(job)
             ),
             loader=data.PromptLoader(
                 prompts.train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle
