@@ -850,9 +850,9 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
         for field in _non_default(trainer.loss, "ratio_clip_min", "ratio_clip_max", "ratio_clip_c"):
             yield Finding(
                 f"{TRAINER}.loss.{field}",
-                "is ignored with one optimizer step per RL step (policy.trainGlobalBatchSize unset or "
-                "numPromptsPerStep x numGenerationsPerPrompt): the ratio to pi_old is then exactly 1, so "
-                "nothing is clipped; set trainGlobalBatchSize to a divisor (PPO mini-batches) or remove it",
+                "is ignored with one optimizer step per RL step (policy.trainGlobalBatchSize unset or P x "
+                "N): the ratio to pi_old is exactly 1; set trainGlobalBatchSize to a divisor of P x N or "
+                "remove it",
             )
     if trainer.loss.reference_policy_kl_penalty == 0:
         for field in _non_default(trainer.loss, "kl_type"):

@@ -637,7 +637,9 @@ def test_a_field_the_configuration_ignores_is_named_in_a_warning_and_only_then(
     for config in inert:
         report = validate_manifest(_configured(config, path, value))
         assert report.ok, (config, [str(e) for e in report.errors])
-        assert [w.path for w in report.warnings if w.path == full] == [full], (config, report.warnings)
+        warned = [str(w) for w in report.warnings if w.path == full]
+        assert len(warned) == 1, (config, report.warnings)
+        assert len(warned[0]) <= 256, warned  # the API server may cut a longer admission warning
         defaults = validate_manifest(_configured(config, path, None))  # a default nobody chose
         assert not [w for w in defaults.warnings if w.path == full], config
     for config in acting:
