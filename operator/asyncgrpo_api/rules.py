@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -468,6 +468,36 @@ def policy_data_parallel_size(job: AsyncGRPOJob) -> int:
     return max(ranks, 1)
 
 
+RefitTransport = Literal["broadcast", "cuda-ipc", "object-store"]
+
+
+def on_gpus(job: AsyncGRPOJob) -> bool:
+    """Whether the policy and the generation engines run on GPUs (the engines on their own GPU pool,
+    or colocated on the policy's GPUs)."""
+    cl = job.spec.cluster
+    return cl.policy_workers.gpus_per_replica > 0 and (
+        job.spec.trainer.generation.colocated or cl.generation_workers.gpus_per_replica > 0
+    )
+
+
+def refit_transport(job: AsyncGRPOJob) -> RefitTransport:
+    """What weightSync.transport runs for this job (the trainer builds it; the warnings name what it
+    ignores). auto: the broadcast between separate GPU pools, CUDA IPC between a torch policy rank
+    and the engine colocated on its GPU, else the object store; nccl: the broadcast (over gloo on
+    CPU); cuda-ipc and object-store: themselves. The layout rules refuse nccl and cuda-ipc where
+    they cannot connect."""
+    trainer = job.spec.trainer
+    transport, colocated = trainer.weight_sync.transport, trainer.generation.colocated
+    if transport == "object-store":
+        return "object-store"
+    if transport == "nccl":
+        return "broadcast"
+    gpus = on_gpus(job)
+    if transport == "cuda-ipc" or (gpus and colocated and trainer.policy.backend == "torch"):
+        return "cuda-ipc"
+    return "broadcast" if gpus and not colocated else "object-store"
+
+
 def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
     cluster = job.spec.cluster
     trainer = job.spec.trainer
@@ -522,12 +552,29 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
             "cuda-ipc shares a torch policy rank's GPU memory with the engine colocated on that GPU: it "
             "needs generation.colocated true, policy GPUs and policy.backend torch; use auto",
         )
-    if trainer.weight_sync.transport == "nccl" and not (
-        policy_pool.gpus_per_replica and serving_pool.gpus_per_replica
-    ):
+    if trainer.weight_sync.transport == "nccl":
+        yield from _broadcast_layout(policy_pool, serving_pool, colocated=generation.colocated)
+
+
+def _broadcast_layout(
+    policy_pool: WorkerGroup, serving_pool: WorkerGroup, *, colocated: bool
+) -> Iterator[Finding]:
+    """weightSync.transport nccl is the bucketed broadcast, over NCCL between GPUs and over gloo
+    between CPU processes (the same code). It needs both ends on one kind of device, and on GPUs
+    two processes: a policy rank and the engine colocated on its GPU cannot form an NCCL group."""
+    path = f"{TRAINER}.weightSync.transport"
+    if bool(policy_pool.gpus_per_replica) != bool(serving_pool.gpus_per_replica):
         yield Finding(
-            f"{TRAINER}.weightSync.transport",
-            "nccl needs GPUs on both the policy and the generation pool; use auto or object-store on CPU",
+            path,
+            "nccl broadcasts between the policy and the generation pool on one kind of device (NCCL on "
+            "GPUs, gloo on CPU); one of them has GPUs and the other none: give both GPUs or neither, "
+            "or use object-store",
+        )
+    elif colocated and policy_pool.gpus_per_replica:
+        yield Finding(
+            path,
+            "nccl cannot connect a colocated engine to the policy rank on its own GPU (generation.colocated "
+            "true); use auto or cuda-ipc",
         )
 
 
@@ -786,6 +833,60 @@ def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
+def _non_default(block: BaseModel, *fields: str) -> Iterator[str]:
+    """The API names of `fields` of `block` that hold something other than their default. Compared
+    with the defaults, not model_fields_set: the API server fills in every default, and a default
+    nobody chose is no setting to warn about."""
+    for name in fields:
+        info = type(block).model_fields[name]
+        if getattr(block, name) != info.get_default(call_default_factory=True):
+            yield info.alias or name
+
+
+def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """Algorithm and backend knobs that the rest of the configuration makes do nothing."""
+    trainer = job.spec.trainer
+    if trainer.train_global_batch_size == trainer.samples_per_step:
+        for field in _non_default(trainer.loss, "ratio_clip_min", "ratio_clip_max", "ratio_clip_c"):
+            yield Finding(
+                f"{TRAINER}.loss.{field}",
+                "is ignored with one optimizer step per RL step (policy.trainGlobalBatchSize unset or P x "
+                "N): the ratio to pi_old is exactly 1; set trainGlobalBatchSize to a divisor of P x N or "
+                "remove it",
+            )
+    if trainer.loss.reference_policy_kl_penalty == 0:
+        for field in _non_default(trainer.loss, "kl_type"):
+            yield Finding(
+                f"{TRAINER}.loss.{field}",
+                "is ignored while loss.referencePolicyKlPenalty is 0 (no KL term); set the penalty or "
+                "remove it",
+            )
+    cluster = job.spec.cluster
+    serving = cluster.policy_workers if trainer.generation.colocated else cluster.generation_workers
+    if trainer.generation.backend == "torch" or not serving.gpus_per_replica:
+        where = "generation.backend torch" if trainer.generation.backend == "torch" else "vLLM on CPU"
+        for field in _non_default(trainer.generation, "gpu_memory_utilization"):
+            yield Finding(
+                f"{TRAINER}.generation.{field}",
+                f"is ignored with {where} (it is the share of GPU memory vLLM takes; on CPU its KV cache "
+                f"is sized from the job's shape); remove it",
+            )
+    transport = refit_transport(job)
+    if transport != "broadcast":
+        for field in _non_default(trainer.weight_sync, "bucket_size_mb"):
+            yield Finding(
+                f"{TRAINER}.weightSync.{field}",
+                f"is ignored with the {transport} refit this job runs (only the broadcast, weightSync."
+                f"transport nccl or auto between GPU pools, packs buckets); remove it",
+            )
+    if trainer.env.score_truncated and trainer.env.function is None:
+        yield Finding(
+            f"{TRAINER}.env.scoreTruncated",
+            "is ignored without env.function (the environments reward a truncated response 0); set "
+            "env.function or remove it",
+        )
+
+
 _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _names_fit,
     _annotations_fit,
@@ -814,6 +915,7 @@ _WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _warn_stale_data_without_correction,
     _warn_checkpoints_not_durable,
     _warn_ignored_settings,
+    _warn_inert_knobs,
 )
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from asyncgrpo_api.rules import locked_changes, validate_manifest
+from asyncgrpo_api.rules import locked_changes, refit_transport, validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 
-from .conftest import job_with
+from .conftest import BASE_JOB, job_with
 
 ASYNC_RL = "spec.trainer.asyncRL"
 
@@ -538,3 +538,137 @@ def test_data_settings_that_no_file_reads_are_accepted_with_a_warning(
 ) -> None:
     report = validate_manifest(job_with(data=data))
     assert report.ok and [w.path for w in report.warnings if "data" in w.path] == [path]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "colocated", "error"),
+    [
+        ({}, False, None),  # both pools on CPU: the broadcast over gloo
+        ({"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"gpusPerReplica": 1}}, False, None),
+        (
+            {"policyWorkers": {"gpusPerReplica": 1}},
+            False,
+            "nccl broadcasts between the policy and the generation pool on one kind of device (NCCL on "
+            "GPUs, gloo on CPU); one of them has GPUs and the other none: give both GPUs or neither, or "
+            "use object-store",
+        ),
+        (
+            {"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"replicas": 0}},
+            True,
+            "nccl cannot connect a colocated engine to the policy rank on its own GPU (generation.colocated "
+            "true); use auto or cuda-ipc",
+        ),
+        ({"generationWorkers": {"replicas": 0}}, True, None),  # CPU processes: gloo
+    ],
+    ids=["cpu", "gpus", "gpus-on-one-pool", "colocated-on-gpus", "colocated-on-cpu"],
+)
+def test_nccl_is_the_broadcast_on_gpus_or_on_cpu_and_refused_where_it_cannot_connect(
+    base_job: dict[str, Any], cluster: dict[str, Any], colocated: bool, error: str | None
+) -> None:
+    spec = base_job["spec"]
+    spec["cluster"] = cluster
+    spec["trainer"].update(generation={"colocated": colocated}, weightSync={"transport": "nccl"})
+    report = validate_manifest(base_job)
+    if error is None:
+        assert report.ok, [str(e) for e in report.errors]
+    else:
+        assert [str(e) for e in report.errors] == [f"spec.trainer.weightSync.transport: {error}"]
+
+
+GPU_POOLS = {"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"gpusPerReplica": 1}}
+COLOCATED_ON_GPU = {"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"replicas": 0}}
+VLLM = {"generation": {"backend": "vllm"}, "model": {"source": "pretrained", "path": "/models/qwen"}}
+
+# (field under spec.trainer, a value other than its default, configurations where the field does
+# nothing, configurations where it acts), a configuration being {"trainer": blocks, "cluster": pools}
+INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
+    *(
+        (
+            f"loss.{field}",
+            value,
+            [{}, {"trainer": {"policy": {"trainGlobalBatchSize": 32}}}],  # P x N = 8 x 4
+            [{"trainer": {"policy": {"trainGlobalBatchSize": 16}}}],
+        )
+        for field, value in (("ratioClipMin", 0.1), ("ratioClipMax", 0.4), ("ratioClipC", 3.0))
+    ),
+    ("loss.klType", "k1", [{}], [{"trainer": {"loss": {"referencePolicyKlPenalty": 0.01}}}]),
+    (
+        "generation.gpuMemoryUtilization",
+        0.5,
+        [{}, {"trainer": {"generation": {"backend": "torch"}}, "cluster": GPU_POOLS}, {"trainer": VLLM}],
+        [{"trainer": VLLM, "cluster": GPU_POOLS}],
+    ),
+    (
+        "weightSync.bucketSizeMB",
+        64,
+        [
+            {},  # CPU: the object store
+            {"trainer": {"weightSync": {"transport": "object-store"}}, "cluster": GPU_POOLS},
+            {"trainer": {"generation": {"colocated": True}}, "cluster": COLOCATED_ON_GPU},  # CUDA IPC
+        ],
+        [{"cluster": GPU_POOLS}, {"trainer": {"weightSync": {"transport": "nccl"}}}],  # NCCL; gloo on CPU
+    ),
+    ("env.scoreTruncated", True, [{}], [{"trainer": {"env": {"function": "my_team.rewards:score"}}}]),
+]
+
+
+def _configured(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    job = copy.deepcopy(BASE_JOB)
+    spec = job["spec"]
+    for pool, values in config.get("cluster", {}).items():
+        spec.setdefault("cluster", {}).setdefault(pool, {}).update(values)
+    for block, values in config.get("trainer", {}).items():
+        spec["trainer"].setdefault(block, {}).update(copy.deepcopy(values))
+    if value is not None:
+        block, field = path.split(".")
+        spec["trainer"].setdefault(block, {})[field] = value
+    return job
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "inert", "acting"), [pytest.param(*row, id=row[0]) for row in INERT]
+)
+def test_a_field_the_configuration_ignores_is_named_in_a_warning_and_only_then(
+    path: str, value: Any, inert: list[dict[str, Any]], acting: list[dict[str, Any]]
+) -> None:
+    """kubectl prints these (the webhook returns them as admission warnings), `asyncgrpo validate`
+    and the driver's log too."""
+    full = f"spec.trainer.{path}"
+    for config in inert:
+        report = validate_manifest(_configured(config, path, value))
+        assert report.ok, (config, [str(e) for e in report.errors])
+        warned = [str(w) for w in report.warnings if w.path == full]
+        assert len(warned) == 1, (config, report.warnings)
+        assert len(warned[0]) <= 256, warned  # the API server may cut a longer admission warning
+        defaults = validate_manifest(_configured(config, path, None))  # a default nobody chose
+        assert not [w for w in defaults.warnings if w.path == full], config
+    for config in acting:
+        report = validate_manifest(_configured(config, path, value))
+        assert report.ok, (config, [str(e) for e in report.errors])
+        assert not [w for w in report.warnings if w.path == full], (config, report.warnings)
+
+
+@pytest.mark.parametrize(
+    ("transport", "cluster", "trainer", "expected"),
+    [
+        ("auto", GPU_POOLS, {}, "broadcast"),
+        ("auto", COLOCATED_ON_GPU, {"generation": {"colocated": True}}, "cuda-ipc"),
+        (
+            "auto",
+            COLOCATED_ON_GPU,
+            {"generation": {"colocated": True}, "policy": {"backend": "megatron"}},
+            "object-store",
+        ),
+        ("auto", {}, {}, "object-store"),
+        ("nccl", GPU_POOLS, {}, "broadcast"),
+        ("nccl", {}, {}, "broadcast"),  # over gloo
+        ("cuda-ipc", COLOCATED_ON_GPU, {"generation": {"colocated": True}}, "cuda-ipc"),
+        ("object-store", GPU_POOLS, {}, "object-store"),
+    ],
+)
+def test_the_refit_transport_a_job_runs(
+    transport: str, cluster: dict[str, Any], trainer: dict[str, Any], expected: str
+) -> None:
+    config = {"cluster": cluster, "trainer": {**trainer, "weightSync": {"transport": transport}}}
+    manifest = _configured(config, "", None)
+    assert refit_transport(AsyncGRPOJob.model_validate(manifest)) == expected

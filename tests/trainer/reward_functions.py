@@ -14,6 +14,15 @@ def exact(prompt: str, response: str, reference: str) -> float:
     return 0.25 if response.strip().isdigit() else 0.0
 
 
+def half_for_truncated(prompt: str, response: str, reference: str, stop_reason: str) -> float:
+    """exact's reward, halved for a response cut at maxNewTokens (it takes the stop reason)."""
+    return exact(prompt, response, reference) * (0.5 if stop_reason == "truncated" else 1.0)
+
+
+def takes_keywords(prompt: str, response: str, reference: str, **kwargs: object) -> float:
+    return 1.0
+
+
 def logs_then_raises(prompt: str, response: str, reference: str) -> float:
     """Appends a line to the file named by the prompt (so a test counts the calls), then fails."""
     with Path(prompt).open("a") as f:

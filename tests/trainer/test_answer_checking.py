@@ -101,3 +101,71 @@ def test_the_environments_admission_lets_run_without_a_data_file_are_those_with_
         else:
             with pytest.raises(ValueError, match=r"set data\.trainPath"):
                 env.builtin_examples(split="train", count=4, seed=0)
+
+
+def _parse_fails_on(monkeypatch: pytest.MonkeyPatch, text: str, error: BaseException) -> list[str]:
+    """math-verify's extraction raises `error` for `text` (as its SIGALRM deadline or a sympy error
+    would), inside math-verify's own parse wrapper; returns the texts parsed, in order."""
+    from math_verify import parser  # noqa: PLC0415
+
+    real, parsed = parser.extract_target_from_pred, []
+
+    def extract(pred: str, *args: object, **kwargs: object) -> object:
+        parsed.append(pred)
+        if pred == text:
+            raise error
+        return real(pred, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(parser, "extract_target_from_pred", extract)
+    return parsed
+
+
+def _timeout() -> BaseException:
+    from math_verify.errors import TimeoutException  # noqa: PLC0415
+
+    return TimeoutException("deadline")
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "message"),
+    [
+        ("\\boxed{42}", _timeout(), "math-verify timed out parsing the response"),
+        (
+            "\\boxed{42}",
+            RecursionError("too deep"),
+            "math-verify failed parsing the response: RecursionError",
+        ),
+        ("$42$", _timeout(), "math-verify timed out parsing the reference answer '42'"),
+    ],
+)
+def test_a_math_verify_timeout_or_error_fails_the_call_instead_of_scoring_0(
+    monkeypatch: pytest.MonkeyPatch, text: str, error: BaseException, message: str
+) -> None:
+    """A failed call is retried and then its group dropped (the reward pool); a 0 would be trained on."""
+    math_env._parsed_reference.cache_clear()
+    _parse_fails_on(monkeypatch, text, error)
+    with pytest.raises(math_env.MathVerifyError, match=message):
+        envs.build("math").score(Example("q", "42"), "\\boxed{42}", finished=True)
+
+
+def test_a_math_verify_comparison_timeout_fails_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    from math_verify import grader  # noqa: PLC0415
+
+    def stuck(*args: object, **kwargs: object) -> bool:
+        raise _timeout()
+
+    monkeypatch.setattr(grader, "sympy_expr_eq", stuck)
+    with pytest.raises(math_env.MathVerifyError, match="math-verify timed out comparing"):
+        envs.build("math").score(Example("q", "x^2+1"), "\\boxed{1+x^2}", finished=True)
+
+
+def test_a_reference_that_failed_to_parse_is_parsed_again_by_the_next_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    math_env._parsed_reference.cache_clear()
+    _parse_fails_on(monkeypatch, "$17$", _timeout())
+    env = envs.build("math")
+    with pytest.raises(math_env.MathVerifyError):
+        env.score(Example("q", "17"), "\\boxed{17}", finished=True)
+    monkeypatch.undo()  # the deadline is met this time
+    assert env.score(Example("q", "17"), "\\boxed{17}", finished=True) == Score(1.0, True)  # not cached

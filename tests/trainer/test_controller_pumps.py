@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -359,16 +360,54 @@ def test_a_group_whose_scoring_fails_is_dropped_replaced_and_never_trained_on(
         assert [r["reward_failures"] for r in _steps(summary)] == [1, 0, 0]
 
 
-def test_more_than_a_tenth_of_a_steps_groups_failing_stops_the_run_with_that_reason(tmp_path: Path) -> None:
-    bad = set(_first_prompts(10)[:2])
-    ctl, pol = _controller(tmp_path, "sync", FakeGeneration(), prompts=10, rewards=FailingRewards(bad))
+class MostlyFailingRewards(FakeRewards):
+    """A scorer that fails three calls in four, whatever the prompt (a broken reward service)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def score(self, example: Any, responses: list[str], finished: list[bool]) -> list[Score]:
+        self.calls += 1
+        if self.calls % 4:
+            raise RewardFailedError("scoring failed 2 times; last: RuntimeError: the reward service is down")
+        return await super().score(example, responses, finished)
+
+
+@pytest.mark.parametrize("prompts", [4, 8])
+@pytest.mark.parametrize("mode", ["sync", "async-in-order"])
+def test_one_dropped_group_does_not_fail_a_small_job(tmp_path: Path, mode: str, prompts: int) -> None:
+    bad = {_first_prompts(prompts)[1]}
+    ctl, pol = _controller(
+        tmp_path, mode, FakeGeneration(), steps=3, prompts=prompts, rewards=FailingRewards(bad)
+    )
+    summary = asyncio.run(asyncio.wait_for(ctl.run(), 120))
+    assert ctl.state == "succeeded" and summary["counters"]["reward_failures"] == 1
+    assert sum(len(c) for c in pol.chunks) == 3 * prompts * N  # the replacement took its place
+    assert [r["reward_failures"] for r in _steps(summary)] == [1, 0, 0]
+
+
+@pytest.mark.parametrize("prompts", [4, 8])
+def test_a_scorer_failing_most_calls_stops_the_run_with_that_reason(tmp_path: Path, prompts: int) -> None:
+    failing = MostlyFailingRewards()
+    ctl, _ = _controller(tmp_path, "async-in-order", FakeGeneration(), prompts=prompts, rewards=failing)
     with pytest.raises(controller.RewardFailuresError) as err:
         asyncio.run(asyncio.wait_for(ctl.run(), 120))
-    assert str(err.value) == (
-        "step 1: 2 prompt groups failed scoring (more than 10% of numPromptsPerStep 10); scoring failed 2 "
-        "times; last: RuntimeError: the reward service is down"
+    # Calls 1-3 and 5-6 fail: the fifth drop is one more than the minimum budget of 4.
+    assert re.fullmatch(
+        f"5 of the last 6 prompt groups scored were dropped for failed scoring, more than the failure "
+        f"budget of 4 in any {4 * prompts} \\(10% of 4 x numPromptsPerStep {prompts}, at least 4\\); the "
+        "last, for step [12]: scoring failed 2 times; last: RuntimeError: the reward service is down",
+        str(err.value),
     )
-    assert pol.chunks == [] and ctl.state == "failed"
+    assert ctl.state == "failed"
+
+
+def test_a_dropped_group_counts_against_the_step_it_was_dispatched_for(tmp_path: Path) -> None:
+    """async-in-order dispatches step 2's batch while step 1 is assembled; its drop is step 2's."""
+    bad = {_first_prompts(2 * P)[P + 1]}  # the second prompt of the second dispatch batch
+    ctl, _ = _controller(tmp_path, "async-in-order", FakeGeneration(), steps=3, rewards=FailingRewards(bad))
+    summary = asyncio.run(asyncio.wait_for(ctl.run(), 120))
+    assert [r["reward_failures"] for r in _steps(summary)] == [0, 1, 0]
 
 
 def test_a_pump_cancelled_while_the_pulse_it_waits_on_fires_is_cancelled() -> None:

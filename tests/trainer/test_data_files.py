@@ -4,6 +4,7 @@ a file that cannot be used failing with InvalidDataError naming the field and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import datasets
 import pytest
 
-from asyncgrpo_trainer import data, envs
+from asyncgrpo_trainer import data, datafiles, envs
 from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.envs.base import Example
 from asyncgrpo_trainer.models.tokenizer import PRINTABLE, CharTokenizer
@@ -114,8 +115,7 @@ def test_a_string_answer_stays_the_string_written_even_when_other_rows_hold_numb
     # The datasets JSON loader turns "007" into 7 in a column of mixed types; the rows are read exactly.
     path = _write(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "007"}, {"prompt": "b", "answer": 7}])
     prompts = _load("reverse", path)
-    assert prompts.train == [Example("a", "007")]
-    assert "line 2: 'answer' is an int, not a string" in (prompts.summary(1000) or "")
+    assert prompts.train == [Example("a", "007"), Example("b", "7")]
 
 
 def test_a_file_with_no_usable_row_fails_naming_the_field_the_file_and_the_first_bad_row(
@@ -201,3 +201,109 @@ def test_holding_out_every_row_fails_with_the_fix(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.jsonl", [{"prompt": "1+1=", "answer": "2"}] * 4)
     with pytest.raises(InvalidDataError, match=r"would all be held out .* set data\.validationPath"):
         _load("reverse", path, num_validation=4)
+
+
+# --- rows as verl's and NeMo-RL's preprocessing scripts write them --------------------------------
+
+QUESTION = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
+INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'
+
+
+def _verl_gsm8k_row(index: int, question: str, number: str) -> dict[str, Any]:
+    """A row as verl's examples/data_preprocess/gsm8k.py writes it to train.parquet."""
+    return {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": question + INSTRUCTION}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": number},
+        "extra_info": {
+            "split": "train",
+            "index": index,
+            "answer": f"steps\n#### {number}",
+            "question": question,
+        },
+    }
+
+
+def test_verls_gsm8k_parquet_is_used_directly_with_a_nested_answer_key(tmp_path: Path) -> None:
+    rows = [_verl_gsm8k_row(0, QUESTION, "72"), _verl_gsm8k_row(1, "How many legs do 3 cats have?", "12")]
+    path = _as_parquet(rows, tmp_path)
+    prompts = _load("gsm8k", path, answer_key="reward_model.ground_truth")  # promptKey: prompt, the default
+    text = QUESTION + INSTRUCTION
+    assert prompts.train[0] == Example(text, "72", (("user", text),))
+    assert [e.answer for e in prompts.train] == ["72", "12"] and prompts.summary(1000) is None
+    # The tiny model's tokenizer has no chat template: a single user turn is encoded as its text.
+    assert TOKENIZER.encode_prompt(prompts.train[0].model_prompt) == TOKENIZER.encode_prompt(text)
+    assert dataclasses.asdict(prompts.train[0]) == {"prompt": text, "answer": "72", "chat": (("user", text),)}
+
+
+def test_verls_math_parquet_is_used_directly(tmp_path: Path) -> None:
+    """verl's math preprocessing stores the \\boxed{} content of the solution as ground_truth."""
+    row = _verl_gsm8k_row(0, "What is 1/4 + 1/4?", "\\frac{1}{2}")
+    row.update(data_source="DigitalLearningGmbH/MATH-lighteval", extra_info={"split": "train", "index": 0})
+    prompts = _load("math", _as_parquet([row], tmp_path), answer_key="reward_model.ground_truth")
+    assert prompts.train[0].answer == "\\frac{1}{2}"
+    assert envs.build("math").score(prompts.train[0], "so \\boxed{0.5}", finished=True).correct
+
+
+def test_nemo_rls_chat_rows_are_used_directly_the_answer_turn_left_out_of_the_prompt(tmp_path: Path) -> None:
+    """NeMo-RL's GSM8K rows: the question as a user turn, the extracted answer as the assistant's."""
+    rows = [
+        {
+            "messages": [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "72"}],
+            "task_name": "gsm8k",
+        }
+    ]
+    path = _as_parquet(rows, tmp_path)
+    for answer_key in ("messages.1.content", "messages.-1.content"):
+        prompts = _load("gsm8k", path, prompt_key="messages", answer_key=answer_key)
+        assert prompts.train == [Example(QUESTION, "72", (("user", QUESTION),))]
+
+
+def test_numeric_answers_are_read_as_their_numbers(tmp_path: Path) -> None:
+    rows: list[Any] = [
+        {"prompt": "a", "answer": 72},
+        {"prompt": "b", "answer": 0.5},
+        {"prompt": "c", "answer": True},
+        {"prompt": "d", "answer": None},
+    ]
+    prompts = _load("gsm8k", _write(tmp_path / "t.jsonl", rows))
+    assert [(e.prompt, e.answer) for e in prompts.train] == [("a", "72"), ("b", "0.5")]
+    assert "(first: line 3: 'answer' is a bool, not a string or a number)" in (prompts.summary(1000) or "")
+    parquet = _as_parquet([{"prompt": "a", "answer": 72}, {"prompt": "b", "answer": 1200}], tmp_path)
+    assert [e.answer for e in _load("gsm8k", parquet).train] == ["72", "1200"]  # an int64 column
+
+
+def test_a_missing_nested_key_or_a_bad_chat_is_a_bad_row_saying_where_it_stopped(tmp_path: Path) -> None:
+    rows: list[Any] = [
+        {"prompt": "ok", "reward_model": {"ground_truth": "1"}},
+        {"prompt": "no truth", "reward_model": {"style": "rule"}},
+        {"prompt": [{"role": "system", "content": "be brief"}], "reward_model": {"ground_truth": "1"}},
+        {"prompt": [{"role": "user"}], "reward_model": {"ground_truth": "1"}},
+        {"prompt": ["a", "list"], "reward_model": {"ground_truth": "1"}},
+        {
+            "prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "two turns"}],
+            "reward_model": {"ground_truth": "1"},
+        },
+    ]
+    path = _write(tmp_path / "t.jsonl", rows)
+    prompts = _load("gsm8k", path, answer_key="reward_model.ground_truth")
+    assert [e.prompt for e in prompts.train] == ["ok"]
+    summary = prompts.summary(1000) or ""
+    assert (
+        "5 bad row(s) skipped (first: line 2: has no 'reward_model.ground_truth' ('reward_model' holds keys: "
+        "style); set data.answerKey to the column (a dotted path for a nested one) that holds the reference "
+        "answer)"
+    ) in summary
+    reasons = [
+        data.RowMapping("prompt", "reward_model.ground_truth", str).example(datafiles.Row("r", row))
+        for row in rows[2:5]
+    ]
+    assert reasons == [
+        "'prompt' has no user turn (roles: system)",
+        "'prompt' item 0 is not a chat message ({role, content}, both strings); got a dict",
+        "'prompt' item 0 is not a chat message ({role, content}, both strings); got a str",
+    ]
+    # Two turns need a chat template, which the tiny model's tokenizer has not.
+    with pytest.raises(ValueError, match=r"chat messages of 2 turns \(system, user\) need a chat template"):
+        TOKENIZER.encode_prompt((("system", "be brief"), ("user", "two turns")))

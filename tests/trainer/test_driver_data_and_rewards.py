@@ -112,7 +112,8 @@ def test_gsm8k_rows_train_with_a_user_reward_function_and_the_skipped_rows_are_r
         assert doc["state"] == "succeeded" and doc["rewardFailures"] == 0
         assert doc["dataWarning"] == (
             f"data.trainPath {train}: 1 bad row(s) skipped (first: line 49: 'question' is an int, not a "
-            f"string), 12 prompt(s) over data.maxPromptLength (100 tokens) skipped; 36 of 49 rows used"
+            f"string or chat messages (a list of {{role, content}})), 12 prompt(s) over data.maxPromptLength "
+            f"(100 tokens) skipped; 36 of 49 rows used"
         )
         assert "asyncgrpo_reward_failures_total 0" in _get(port, "/metrics")
     finally:
@@ -126,14 +127,15 @@ def test_a_reward_function_that_always_fails_stops_the_run_and_is_counted_never_
 ) -> None:
     port = _free_port()
     job = _gsm8k_job(tmp_path, GSM8K, steps=3, function=f"{FUNCTIONS}:always_raises")
+    # The untrained tiny model's responses run to maxNewTokens; truncated ones reach the function
+    # only with scoreTruncated (otherwise they are rewarded 0 without a call).
+    job["spec"]["trainer"]["env"]["scoreTruncated"] = True
     proc = _start(job, tmp_path, ray_address, port=port, grace=60)
     try:
         last = _until(proc, "asyncgrpo: training failed")[-1]
-        assert "RewardFailuresError: step 1: " in last
-        assert (
-            "more than 10% of numPromptsPerStep 4); scoring failed 2 times; last: ValueError: no reward"
-            in last
-        )
+        assert "RewardFailuresError: 5 of the last 5 prompt groups scored were dropped" in last
+        assert "(10% of 4 x numPromptsPerStep 4, at least 4); the last, for step " in last
+        assert last.rstrip().endswith("scoring failed 2 times; last: ValueError: no reward for you")
         doc = json.loads(_get(port, "/progress"))
         assert doc["state"] == "failed" and doc["rewardFailures"] >= 1 and doc["step"] == 0
         assert f"asyncgrpo_reward_failures_total {doc['rewardFailures']}" in _get(port, "/metrics")

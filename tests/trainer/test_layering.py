@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 PURE = [
     "asyncgrpo_trainer.algorithms.advantages",
     "asyncgrpo_trainer.algorithms.losses",
@@ -23,8 +25,10 @@ def test_pure_modules_do_not_import_ray() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_reward_workers_do_not_import_torch() -> None:
-    """Reward actor processes import only the environments: no torch start-up cost per job."""
-    code = "import sys, asyncgrpo_trainer.rewards; print('torch' in sys.modules)"
+@pytest.mark.parametrize("module", ["asyncgrpo_trainer.rewards", "asyncgrpo_trainer.reward_function"])
+def test_reward_workers_and_the_drivers_function_check_do_not_import_torch(module: str) -> None:
+    """Reward actor processes import only the environments, and the driver's child process that
+    checks env.function only that: no torch start-up cost per job or per check."""
+    code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "False"

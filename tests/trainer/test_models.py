@@ -203,6 +203,27 @@ def test_prompts_use_the_chat_template_with_the_system_prompt_and_stop_at_any_eo
     assert chat.decode([*four, endoftext, *four]) == "4"
 
 
+def test_a_chat_prompt_is_rendered_by_the_template_its_own_system_turn_before_the_system_prompt(
+    checkpoints: dict[str, Path],
+) -> None:
+    path = str(checkpoints["qwen2-tied"])
+    chat = CheckpointTokenizer(path, system_prompt="Answer briefly.")
+
+    def rendered(prompt: Any) -> str:
+        return str(chat._tok.decode(chat.encode_prompt(prompt)))
+
+    def turns(*texts: str) -> str:
+        return "".join(f"<|im_start|>{t}<|im_end|>\n" for t in texts) + "<|im_start|>assistant\n"
+
+    assert rendered((("user", "2+2?"),)) == rendered("2+2?")  # one user turn is the text prompt
+    own = (("system", "Think first."), ("user", "2+2?"))
+    assert rendered(own) == turns("system\nThink first.", "user\n2+2?")  # not two system turns
+    plain = CheckpointTokenizer(path, chat_template=False)
+    assert plain._tok.decode(plain.encode_prompt((("user", "2+2?"),))) == "2+2?"
+    with pytest.raises(ValueError, match="need a chat template"):
+        plain.encode_prompt(own)
+
+
 def test_llama_prompts_start_with_one_bos(checkpoints: dict[str, Path]) -> None:
     tok = CheckpointTokenizer(str(checkpoints["llama3-untied"]))
     bos = tok._tok.bos_token_id

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from asyncgrpo_api import rules
 from asyncgrpo_api.v1alpha1.job import AsyncGRPOJobSpec
-from asyncgrpo_trainer import cluster, data, driver, megatron_workers, weights, workers
+from asyncgrpo_trainer import cluster, data, driver, megatron_workers, reward_function, weights, workers
 from asyncgrpo_trainer import rewards as reward_workers
 from asyncgrpo_trainer.envs.base import Example
 from asyncgrpo_trainer.models import recipe
@@ -254,7 +254,7 @@ def derived(manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
         m.setattr(megatron_workers, "start_megatron_policy_group", rec.stub("megatron", (Stub("policy"), [])))
         m.setattr(workers, "start_generation_group", rec.stub("generation", (Stub("generation"), [])))
         m.setattr(reward_workers, "RewardPool", rec.stub("rewards", StubRewards("rewards")))
-        m.setattr(reward_workers, "load_function", rec.stub("function", None))
+        m.setattr(reward_function, "check", rec.stub("function", None))
         m.setattr(data, "load_prompts", rec.stub("data", data.Prompts([Example("1234=", "4321")], [], [])))
         m.setattr(driver, "RolloutManager", rec.stub("rollout", Stub("rollout")))
         m.setattr(weights, "build", rec.stub("weights", Stub("weights")))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import ray
 
-from asyncgrpo_trainer import rewards
+from asyncgrpo_trainer import reward_function, rewards
 from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.envs.base import Example, Score
 
@@ -95,5 +96,40 @@ def test_a_stuck_function_is_cut_at_the_deadline_its_worker_replaced_and_the_poo
 )
 def test_a_reward_function_that_cannot_be_used_is_invalid_data(spec: str, message: str) -> None:
     with pytest.raises(InvalidDataError) as err:
-        rewards.load_function(spec)
+        reward_function.check(spec)
     assert message in str(err.value)
+
+
+def test_the_driver_checks_the_function_without_running_user_code_in_its_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, FUNCTIONS, raising=False)
+    reward_function.check(f"{FUNCTIONS}:exact")
+    assert FUNCTIONS not in sys.modules  # imported in a child process, not here
+
+
+def _actor(function: str, *, score_truncated: bool = False) -> rewards.RewardActor:
+    """The reward actor's class in this process (Ray only hosts it)."""
+    return rewards.RewardActor("reverse", f"{FUNCTIONS}:{function}", score_truncated)
+
+
+def test_a_truncated_response_is_rewarded_0_without_the_function_that_ignores_truncation() -> None:
+    """`exact` rewards the right digits however the response ended: a policy that writes the answer
+    and never stops would collect full reward from it."""
+    actor = _actor("exact")
+    scores = actor.score(Example("1234=", "4321"), ["4321", "4321", "43"], [True, False, False])
+    assert scores == [Score(1.0, True), Score(0.0, False), Score(0.0, False)]
+
+
+def test_score_truncated_hands_truncated_responses_to_the_function() -> None:
+    actor = _actor("exact", score_truncated=True)
+    scores = actor.score(Example("1234=", "4321"), ["4321", "43"], [False, False])
+    assert scores == [Score(1.0, False), Score(0.25, False)]  # the function's rewards; never correct
+
+
+def test_a_function_that_takes_the_stop_reason_gets_finished_or_truncated() -> None:
+    actor = _actor("half_for_truncated", score_truncated=True)
+    scores = actor.score(Example("1234=", "4321"), ["4321", "4321"], [True, False])
+    assert [s.reward for s in scores] == [1.0, 0.5]
+    assert reward_function.load(f"{FUNCTIONS}:takes_keywords").takes_stop_reason
+    assert not reward_function.load(f"{FUNCTIONS}:exact").takes_stop_reason

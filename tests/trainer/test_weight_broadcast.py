@@ -1,12 +1,16 @@
-"""Refit over the collective path (weights.BroadcastSynchronizer), on CPU where it runs over gloo:
-a whole run through it leaves every engine with exactly the policy's weights; the
+"""Refit over the collective path (weights.BroadcastSynchronizer), on CPU where `weightSync.transport:
+nccl` runs it over gloo (the same code NCCL runs on GPUs): `asyncgrpo run` of such a job trains and
+reports gloo, and a whole run through it leaves every engine with exactly the policy's weights; the
 bucket plan both sides derive from the recipe fits both models; fp32 master weights arrive cast to
-the engines' bf16, in place; and the transport rules of weightSync.transport (admission rejects
-`nccl` on CPU pools, so the run swaps the synchronizer in: the same code `nccl` runs on GPUs)."""
+the engines' bf16, in place. Which transport a job runs: tests/api/test_rules.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,6 @@ import pytest
 import ray
 import torch
 
-from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
 from asyncgrpo_trainer import controller, driver, weights
 from asyncgrpo_trainer.backends.cuda_train import Recipe
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, refit_plan, serve_store
@@ -36,14 +39,44 @@ def _engine_state(actor: Any) -> tuple[dict[str, torch.Tensor], Any]:
 
 
 @pytest.mark.trainer
+def test_asyncgrpo_run_of_a_cpu_job_with_nccl_refits_over_gloo(tmp_path: Path) -> None:
+    job = jobs.manifest(
+        "async-in-order", steps=3, checkpoint_dir=str(tmp_path / "ckpt"), weightSync={"transport": "nccl"}
+    )
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", driver.USAGE_STATS_ENV)}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "asyncgrpo"), "run", "job.json", "--jsonl", "steps.jsonl"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    steps = [e for e in lines if e["event"] == "step"]
+    assert [e["step"] for e in steps] == [1, 2, 3]
+    assert {e["refit_transport"] for e in steps} == {"gloo"}
+
+
+@pytest.mark.trainer
 def test_a_run_refitting_by_broadcast_leaves_every_engine_with_exactly_the_policy_weights(
     ray_address: str, tmp_path: Path
 ) -> None:
-    job = jobs.manifest("async-in-order", steps=3, checkpoint_dir=str(tmp_path), name="bcast")
+    job = jobs.manifest(
+        "async-in-order",
+        steps=3,
+        checkpoint_dir=str(tmp_path),
+        name="bcast",
+        weightSync={"transport": "nccl"},
+    )
     job["spec"]["cluster"]["generationWorkers"]["replicas"] = 2
     built = driver.build(driver.parse_job(job))
     try:
-        assert built.args.weights.transport == "object-store"  # auto on CPU
+        assert isinstance(built.args.weights, weights.BroadcastSynchronizer)  # nccl on CPU: over gloo
+        # Buckets of 4 KiB, below what bucketSizeMB can ask for, so the tiny model takes several.
         built.args.weights = weights.BroadcastSynchronizer(
             built.args.policy, built.args.generation, bucket_bytes=4096, timeout_seconds=120
         )
@@ -121,31 +154,3 @@ def test_fp32_master_weights_arrive_cast_to_the_engines_bf16_in_place() -> None:
     for name, p in engine.named_parameters():
         assert p.data_ptr() == before[name]  # written in place
         assert torch.equal(p.detach(), masters[name].detach().to(torch.bfloat16)), name
-
-
-@pytest.mark.parametrize(
-    ("transport", "on_gpus", "colocated", "backend", "expected"),
-    [
-        ("auto", True, False, "torch", "broadcast"),
-        ("auto", True, True, "torch", "cuda-ipc"),
-        ("auto", True, True, "megatron", "object-store"),
-        ("auto", False, False, "torch", "object-store"),
-        ("nccl", True, False, "torch", "broadcast"),
-        ("cuda-ipc", True, True, "torch", "cuda-ipc"),
-        ("object-store", True, False, "torch", "object-store"),
-    ],
-)
-def test_transport_rules(transport: str, on_gpus: bool, colocated: bool, backend: str, expected: str) -> None:
-    spec = WeightSyncSpec.model_validate({"transport": transport})
-    assert weights.transport_of(spec, on_gpus=on_gpus, colocated=colocated, backend=backend) == expected
-
-
-def test_nccl_on_cpu_pools_or_colocated_gpu_pools_is_rejected_naming_the_field() -> None:
-    job = jobs.manifest("sync", steps=1, checkpoint_dir="/tmp/x", weightSync={"transport": "nccl"})
-    with pytest.raises(driver.SpecError, match=r"weightSync\.transport: nccl needs GPUs"):
-        driver.parse_job(job)
-    job["spec"]["trainer"]["generation"]["colocated"] = True
-    job["spec"]["cluster"]["generationWorkers"]["replicas"] = 0
-    job["spec"]["cluster"]["policyWorkers"]["gpusPerReplica"] = 1
-    with pytest.raises(driver.SpecError, match=r"weightSync\.transport"):
-        driver.check_supported(driver.parse_job(job))

@@ -70,6 +70,17 @@ def test_sync_mode_with_force_in_order_is_admitted_with_a_warning() -> None:
     )
 
 
+def test_a_field_the_configuration_ignores_is_returned_as_an_admission_warning() -> None:
+    manifest = copy.deepcopy(SYNC_WITH_FORCE_IN_ORDER)
+    manifest["spec"]["trainer"].setdefault("loss", {})["klType"] = "k1"
+    decision = review("CREATE", new=manifest, old=None)
+    assert decision.allowed
+    assert (
+        "spec.trainer.loss.klType: is ignored while loss.referencePolicyKlPenalty is 0 (no KL term); set the "
+        "penalty or remove it"
+    ) in decision.warnings
+
+
 def test_warnings_are_single_lines_because_http_headers_carry_them() -> None:
     decision = review("CREATE", new=SYNC_WITH_FORCE_IN_ORDER, old=None)
     assert decision.warnings

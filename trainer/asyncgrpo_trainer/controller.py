@@ -9,7 +9,8 @@ it holds a capacity permit (maxBufferedRollouts: in flight plus waiting to be tr
 in-flight permit (maxInflightPrompts) and the refit gate is open. Each group is a task that
 reserves a buffer slot, runs the rollout manager (deadline + retries) and commits the whole group.
 A group whose scoring failed twice is dropped (`_drop`): never trained on, counted in
-rewardFailures, and replaced by the loader's next prompt for the same step.
+rewardFailures (against the step it was dispatched for), and replaced by the loader's next prompt
+for the same step. Drops beyond the failure budget (`FailureBudget`) fail the run.
 
 Train pump: one loop iteration is one RL step and one optimizer step. It evicts groups that can
 no longer be trained on, selects whole groups (at least minGroupsForStreamingTrain per chunk) and
@@ -42,6 +43,11 @@ import ray
 import torch
 
 from asyncgrpo_api import outputs
+from asyncgrpo_api.v1alpha1.trainer import (
+    REWARD_FAILURE_FRACTION,
+    REWARD_FAILURE_MIN_GROUPS,
+    REWARD_FAILURE_WINDOW_STEPS,
+)
 from asyncgrpo_trainer import checkpoint, runlog
 from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.backends import policy, sampling
@@ -66,11 +72,35 @@ class StallError(RuntimeError):
 
 
 class RewardFailuresError(RuntimeError):
-    """More than MAX_FAILED_GROUP_FRACTION of a step's groups were dropped for failed scoring."""
+    """More groups were dropped for failed scoring than the failure budget allows."""
 
 
-MAX_FAILED_GROUP_FRACTION = 0.1
-"""Dropped groups (scoring failed twice) one step may see, as a fraction of numPromptsPerStep."""
+class FailureBudget:
+    """The dropped groups a run tolerates: at most max(REWARD_FAILURE_MIN_GROUPS,
+    REWARD_FAILURE_FRACTION x window) among the last window = REWARD_FAILURE_WINDOW_STEPS x P
+    groups scored. A window of groups rather than of one step keeps the rate meaningful at any P
+    (and a step's drops are not all known while it is assembled: groups for later steps are scored
+    meanwhile); the minimum keeps a small job alive through a flaky call, while a scorer failing
+    most calls still exhausts it within a few steps."""
+
+    def __init__(self, prompts_per_step: int) -> None:
+        self.window = REWARD_FAILURE_WINDOW_STEPS * prompts_per_step
+        self.limit = max(REWARD_FAILURE_MIN_GROUPS, int(REWARD_FAILURE_FRACTION * self.window))
+        self.prompts_per_step = prompts_per_step
+        self.recent: collections.deque[bool] = collections.deque(maxlen=self.window)
+
+    def scored(self, *, dropped: bool) -> bool:
+        """Record one group's outcome; whether the drops in the window are still within budget."""
+        self.recent.append(dropped)
+        return sum(self.recent) <= self.limit
+
+    def describe(self) -> str:
+        return (
+            f"{sum(self.recent)} of the last {len(self.recent)} prompt groups scored were dropped for "
+            f"failed scoring, more than the failure budget of {self.limit} in any {self.window} "
+            f"({REWARD_FAILURE_FRACTION:.0%} of {REWARD_FAILURE_WINDOW_STEPS} x numPromptsPerStep "
+            f"{self.prompts_per_step}, at least {REWARD_FAILURE_MIN_GROUPS})"
+        )
 
 
 @dataclass(frozen=True)
@@ -110,7 +140,7 @@ class ResumeState:
     step: int
     batch_index: int
     buffer: dict[str, Any]
-    pending: list[tuple[dict[str, str], int | None]]
+    pending: list[tuple[dict[str, Any], int | None]]
     loader: dict[str, Any]
     counters: dict[str, float]
     validation_reward: float | None
@@ -183,7 +213,9 @@ class SingleController:
         self.validation_accuracy: float | None = None
         self.gen_logprob_error: float | None = None
         """The engine-vs-policy log-prob gate of the newest step that had fresh rows."""
-        self.step_reward_failures = 0  # groups dropped while the current step is assembled
+        self.failure_budget = FailureBudget(self.s.prompts_per_step)
+        self.step_reward_failures: collections.Counter[int] = collections.Counter()
+        """Dropped groups by the trainer version of the step they were dispatched for."""
         self.last_checkpoint_step: int | None = None
         self.exported: str | None = None  # the final Hugging Face directory, once written
         self.records: list[dict[str, Any]] = []
@@ -383,6 +415,7 @@ class SingleController:
             record = await self.a.rollout.run_group(slot.example, gid, restamp)
             self.buffer.commit(gid, record, end_version=self.gen_version)
             committed = True
+            self.failure_budget.scored(dropped=False)
             self.counters["groups_committed"] += 1
             self.counters["tokens_generated"] += record.num_tokens
             if record.last_version != record.first_version:
@@ -404,23 +437,20 @@ class SingleController:
             self.inflight_sem.release()
 
     def _drop(self, slot: Slot, exc: RewardFailedError) -> None:
-        """A group whose scoring failed twice: never trained on, counted, and replaced by the next
-        prompt (with the same target step), so that every step still trains on P groups. More than
-        MAX_FAILED_GROUP_FRACTION of P in one step fails the run: a scorer that fails that often is
-        broken, and training around it would quietly skew the data."""
+        """A group whose scoring failed twice: never trained on, counted against the step it was
+        dispatched for (the step being assembled when the sampler stamps none), and replaced by the
+        next prompt (with the same target step), so that every step still trains on P groups.
+        Drops beyond the failure budget fail the run: a scorer that fails that often is broken, and
+        training around it would quietly skew the data towards the prompts it can score."""
+        step = self.version if slot.target_step is None else slot.target_step
         self.counters["reward_failures"] += 1
-        self.step_reward_failures += 1
-        log.warning("group %d dropped: %s", slot.group_id, exc)
+        self.step_reward_failures[step] += 1
+        log.warning("group %d (step %d) dropped: %s", slot.group_id, step + 1, exc)
         self.pending.appendleft((self.a.loader.next_example(), slot.target_step))
         self.changed.fire()
-        limit = MAX_FAILED_GROUP_FRACTION * self.s.prompts_per_step
-        if self.step_reward_failures > limit and not self.failure.done():
+        if not self.failure_budget.scored(dropped=True) and not self.failure.done():
             self.failure.set_exception(
-                RewardFailuresError(
-                    f"step {self.version + 1}: {self.step_reward_failures} prompt groups failed scoring "
-                    f"(more than {MAX_FAILED_GROUP_FRACTION:.0%} of numPromptsPerStep "
-                    f"{self.s.prompts_per_step}); {exc}"
-                )
+                RewardFailuresError(f"{self.failure_budget.describe()}; the last, for step {step + 1}: {exc}")
             )
 
     # --- train side -----------------------------------------------------------------------------
@@ -487,7 +517,7 @@ class SingleController:
         step["training"] += time.perf_counter() - t0
         trained_at = self.version
         self.version += 1  # no await between the bump and closing the gate in _refit
-        reward_failures, self.step_reward_failures = self.step_reward_failures, 0
+        reward_failures = self.step_reward_failures.pop(trained_at, 0)
         t0 = time.perf_counter()
         await self._refit()
         step["refit"] += time.perf_counter() - t0
@@ -581,7 +611,7 @@ class SingleController:
 
         async def one(i: int, example: Example) -> Score | None:
             out = await self.a.generation.generate(
-                tok.encode_prompt(example.prompt), 1, self.a.validation_params, i
+                tok.encode_prompt(example.model_prompt), 1, self.a.validation_params, i
             )
             texts = [tok.decode(r) for r in out.response_ids]
             try:
@@ -615,7 +645,7 @@ class SingleController:
             "step": step,
             "batch_index": self.batch_index,
             "buffer": self.buffer.state_dict(),
-            "pending": [({"prompt": e.prompt, "answer": e.answer}, t) for e, t in self.pending],
+            "pending": [(dataclasses.asdict(e), t) for e, t in self.pending],
             "loader": self.a.loader.state_dict(),
             "counters": dict(self.counters),
             "validation_reward": self.validation_reward,

@@ -8,11 +8,19 @@ is validationPath's first numValidationPrompts usable rows; without validationPa
 trainPath, numValidationPrompts rows of the training file drawn with the job seed, which are then
 never trained on; with neither, the environment's built-in validation set.
 
-Skipped rows. A row without the key, with a value that is not a non-empty string, or without a
-reference answer is a bad row; a prompt longer than data.maxPromptLength tokens (or one the
-tokenizer cannot encode) is skipped too. Both are counted per source and reported once, as one
-line (`SourceReport.summary`), by the driver's log and the status message. A source with no usable
-row fails the job at start with `InvalidDataError`, naming the field, the file and its first bad row.
+Rows as people have them. A key may be a dotted path into nested objects and lists
+(`reward_model.ground_truth`, `messages.1.content`); a prompt may be text or chat messages (a list
+of {role, content}, up to its last user turn: `Example.chat`, which the tokenizer renders with the
+chat template); an answer may be text or a number. So the Parquet files of verl's GSM8K/MATH
+preprocessing (prompt = [{role: user, ...}], reward_model = {ground_truth: "72"}) and NeMo-RL's
+chat rows (messages = [user question, assistant answer]) are used as they are, by key mapping.
+
+Skipped rows. A row without the key, with a prompt that is not non-empty text or chat messages, an
+answer that is not text or a number, or without a reference answer is a bad row; a prompt longer
+than data.maxPromptLength tokens (or one the tokenizer cannot encode) is skipped too. Both are
+counted per source and reported once, as one line (`SourceReport.summary`), by the driver's log and
+the status message. A source with no usable row fails the job at start with `InvalidDataError`,
+naming the field, the file and its first bad row.
 
 The loader yields batches of P prompts forever, reshuffling every epoch with a seed derived from
 the job seed and the epoch, so its whole state is (epoch, position) and a resumed run continues
@@ -21,6 +29,7 @@ with exactly the prompts an uninterrupted run would have seen next. Only the rol
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +38,7 @@ from typing import Any
 from asyncgrpo_trainer import datafiles
 from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.envs.base import Environment, Example
-from asyncgrpo_trainer.models.tokenizer import Tokenizer
+from asyncgrpo_trainer.models.tokenizer import Chat, Tokenizer
 
 BUILTIN_TRAIN_SIZE = 4096
 
@@ -83,10 +92,14 @@ class RowMapping:
                 raise _BadRowError(
                     f"is {_kind(row.value)}, not an object with {self.prompt_key!r} and {self.answer_key!r}"
                 )
-            prompt = _text(row.value, self.prompt_key, "promptKey", "prompt")
-            answer = _text(row.value, self.answer_key, "answerKey", "reference answer")
+            prompt, chat = _prompt(
+                _lookup(row.value, self.prompt_key, "promptKey", "prompt"), self.prompt_key
+            )
+            answer = _answer(
+                _lookup(row.value, self.answer_key, "answerKey", "reference answer"), self.answer_key
+            )
             try:
-                return Example(prompt, self.reference(answer))
+                return Example(prompt, self.reference(answer), chat)
             except ValueError as exc:
                 raise _BadRowError(f"{self.answer_key!r} {exc}") from None
         except _BadRowError as exc:
@@ -97,18 +110,88 @@ class _BadRowError(Exception):
     """Why a row cannot become an Example."""
 
 
-def _text(row: Mapping[Any, Any], key: str, field: str, what: str) -> str:
-    if key not in row:
-        keys = ", ".join(sorted(str(k) for k in row)) or "none"
-        raise _BadRowError(
-            f"has no {key!r} (its keys: {keys}); set data.{field} to the column that holds the {what}"
-        )
-    value = row[key]
-    if not isinstance(value, str):
-        raise _BadRowError(f"{key!r} is {_kind(value)}, not a string")
-    if not value.strip():
-        raise _BadRowError(f"{key!r} is empty")
+def _lookup(row: Mapping[Any, Any], key: str, field: str, what: str) -> Any:
+    """row[key], or along a dotted path: `reward_model.ground_truth` (a nested object, as verl's
+    files hold it), `messages.1.content` (a list index, as NeMo-RL's chat rows hold the answer).
+    A column whose own name has dots is found first."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    walked: list[str] = []
+    for part in key.split("."):
+        if isinstance(value, Mapping) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and _index(part, len(value)) is not None:
+            value = value[int(part)]
+        else:
+            if isinstance(value, Mapping):
+                found = f"keys: {', '.join(sorted(str(k) for k in value)) or 'none'}"
+            elif isinstance(value, list):
+                found = f"a list of {len(value)}"
+            else:
+                found = _kind(value)
+            where = f"{'.'.join(walked)!r} holds {found}" if walked else f"its {found}"
+            path = " (a dotted path for a nested one)" if "." in key else ""
+            raise _BadRowError(
+                f"has no {key!r} ({where}); set data.{field} to the column{path} that holds the {what}"
+            )
+        walked.append(part)
     return value
+
+
+def _index(part: str, length: int) -> int | None:
+    """`part` as an index into a list of `length` (negative from the end), or None."""
+    try:
+        i = int(part)
+    except ValueError:
+        return None
+    return i if -length <= i < length else None
+
+
+def _prompt(value: Any, key: str) -> tuple[str, Chat]:
+    """(text, chat) of a prompt: a non-empty string, or chat messages (a list of {role, content}).
+    Turns after the last user turn are dropped: in NeMo-RL's rows the assistant turn that follows
+    the question is its reference answer, not part of the prompt."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise _BadRowError(f"{key!r} is empty")
+        return value, ()
+    if not isinstance(value, list) or not value:
+        raise _BadRowError(
+            f"{key!r} is {_kind(value)}, not a string or chat messages (a list of {{role, content}})"
+        )
+    turns: list[tuple[str, str]] = []
+    for n, message in enumerate(value):
+        if not (
+            isinstance(message, Mapping)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise _BadRowError(
+                f"{key!r} item {n} is not a chat message ({{role, content}}, both strings); got "
+                f"{_kind(message)}"
+            )
+        turns.append((message["role"], message["content"]))
+    users = [n for n, (role, _) in enumerate(turns) if role == "user"]
+    if not users:
+        raise _BadRowError(f"{key!r} has no user turn (roles: {', '.join(r for r, _ in turns)})")
+    chat = tuple(turns[: users[-1] + 1])
+    if not chat[-1][1].strip():
+        raise _BadRowError(f"{key!r} ends with an empty user turn")
+    return chat[-1][1], chat
+
+
+def _answer(value: Any, key: str) -> str:
+    """The answer text: a non-empty string, or a number (written as Python writes it: 72, 0.5)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise _BadRowError(f"{key!r} is empty")
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise _BadRowError(f"{key!r} is {value}, not a finite number")
+        return str(value)
+    raise _BadRowError(f"{key!r} is {_kind(value)}, not a string or a number")
 
 
 def _kind(value: Any) -> str:
@@ -129,7 +212,7 @@ def fits(
     out: list[Example] = []
     for where, example in examples:
         try:
-            length = len(tokenizer.encode_prompt(example.prompt))
+            length = len(tokenizer.encode_prompt(example.model_prompt))
         except ValueError as exc:  # the tiny model's character tokenizer has a fixed alphabet
             report.skip(where, f"the prompt cannot be tokenized: {exc}")
             continue

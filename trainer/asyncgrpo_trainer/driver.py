@@ -2,10 +2,10 @@
 
 Setup order (nothing heavy is built inside the controller actor, which only receives built
 objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> tokenizer and model
-recipe, the data files and the reward function's import (`read_inputs`, no Ray needed) -> Ray ->
+recipe, the data files and the reward function's check (`read_inputs`, no Ray needed) -> Ray ->
 placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in parallel) and
 reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
-weight synchronizer (its transport per `weights.transport_of`) ->
+weight synchronizer (its transport per `rules.refit_transport`) ->
 restore the latest checkpoint if there is one -> SingleControllerActor.
 
 Exit codes are the operator's contract (asyncgrpo_api.exitcodes, `exit_code`): 0 when training
@@ -46,6 +46,7 @@ from asyncgrpo_trainer import (
     envs,
     megatron_workers,
     progress,
+    reward_function,
     runlog,
     specmap,
     tracking,
@@ -129,18 +130,6 @@ def check_supported(job: AsyncGRPOJob) -> None:
     t = job.spec.trainer
     if t.generation.backend == "vllm":
         vllm_engine.check_available()
-    if t.weight_sync.transport == "nccl" and t.generation.colocated and _on_gpus(job):
-        raise SpecError(
-            "spec.trainer.weightSync.transport: nccl cannot connect a colocated engine to the policy "
-            "rank on its own GPU (generation.colocated: true); use auto or object-store"
-        )
-
-
-def _on_gpus(job: AsyncGRPOJob) -> bool:
-    cl = job.spec.cluster
-    return cl.policy_workers.gpus_per_replica > 0 and (
-        job.spec.trainer.generation.colocated or cl.generation_workers.gpus_per_replica > 0
-    )
 
 
 def _start_torch_policy(
@@ -236,16 +225,17 @@ class Inputs:
 
 
 def read_inputs(job: AsyncGRPOJob) -> Inputs:
-    """The model, tokenizer and data files, and a check that env.function imports: all that only the
-    files can show to be wrong (InvalidModelError, InvalidDataError). No Ray is needed, so `execute`
-    calls it before Ray starts and such a job fails in seconds, whatever the state of the cluster."""
+    """The model, tokenizer and data files, and a check (in a child process) that env.function loads:
+    all that only the files can show to be wrong (InvalidModelError, InvalidDataError). No Ray is
+    needed, so `execute` calls it before Ray starts and such a job fails in seconds, whatever the
+    state of the cluster."""
     check_supported(job)
     t = job.spec.trainer
     env = envs.build(t.env.name)
     model, tokenizer = model_of(job, env)
     prompts = load_prompts(job, env, tokenizer)
     if t.env.function is not None:
-        reward_workers.load_function(t.env.function)
+        reward_function.check(t.env.function)
     return Inputs(model, tokenizer, prompts)
 
 
@@ -275,7 +265,11 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
         rewards = reward_workers.RewardPool(
-            t.env.name, t.env.function, t.env.num_workers, t.env.timeout_seconds
+            t.env.name,
+            t.env.function,
+            t.env.num_workers,
+            t.env.timeout_seconds,
+            score_truncated=t.env.score_truncated,
         )
         rollout = RolloutManager(
             generation_group,
@@ -294,12 +288,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             rewards=rewards,
             rollout=rollout,
             weights=weights.build(
-                t.weight_sync,
-                policy_group,
-                generation_group,
-                on_gpus=_on_gpus(job),
-                colocated=t.generation.colocated,
-                backend=t.policy.backend,
+                t.weight_sync, policy_group, generation_group, transport=rules.refit_transport(job)
             ),
             loader=data.PromptLoader(
                 prompts.train, t.grpo.num_prompts_per_step, t.grpo.seed, shuffle=t.data.shuffle

@@ -1,8 +1,12 @@
 """Reward workers: Ray actors that score responses, and the pool in front of them.
 
 A reward actor scores with the environment (`env.name`); with `env.function` set, the reward is
-the user's function instead, called as function(prompt, response, reference_answer) -> float,
-while the environment still says whether a response is correct (the accuracy every run reports).
+the user's function instead (`reward_function`: how it is called, with the stop reason when it
+takes one), while the environment still says whether a response is correct (the accuracy every run
+reports). The environment's truncation rule holds for a function too: a response cut at
+maxNewTokens is rewarded 0 without calling it, unless env.scoreTruncated hands it to the function.
+Without that rule a function that only compares answers rewards a policy that writes the answer
+and never stops (tried: reward 0.995, exact-match accuracy 0.01).
 
 One scoring call is one prompt group's N responses. The pool gives each call to an idle actor, so
 its deadline (env.timeoutSeconds) measures the scoring and not a queue. A call that raises is
@@ -20,17 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-import math
-import numbers
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import ray
 
-from asyncgrpo_trainer import envs
-from asyncgrpo_trainer.datafiles import InvalidDataError
+from asyncgrpo_trainer import envs, reward_function
 from asyncgrpo_trainer.envs.base import Example, Score
 
 log = logging.getLogger(__name__)
@@ -38,74 +37,59 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 2
 """A scoring call and one retry."""
 
-RewardFunction = Callable[[str, str, str], float]
-
 
 class RewardFailedError(RuntimeError):
     """Scoring a group failed twice (timed out or raised); the group is dropped."""
 
 
-def load_function(spec: str) -> RewardFunction:
-    """The function named by env.function ("package.module:function"), or InvalidDataError saying
-    why it cannot be used. The driver calls it before any worker starts, so that a function that is
-    not in the trainer image fails the job in seconds with InvalidData."""
-    module_name, _, name = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import runs arbitrary code: any error means "cannot be used"
-        raise InvalidDataError(
-            f"env.function: cannot import {module_name!r} ({type(exc).__name__}: {exc}); install the "
-            f"module in the trainer image or put it on its PYTHONPATH"
-        ) from exc
-    function = getattr(module, name, None)
-    if not callable(function):
-        found = "is not callable" if function is not None else "does not exist"
-        raise InvalidDataError(f"env.function: {spec}: {module_name}.{name} {found}")
-    return cast(RewardFunction, function)
-
-
-def as_reward(value: object, spec: str) -> float:
-    """A user function's return value as a reward; TypeError/ValueError (a failed call) otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{spec} returned {type(value).__name__} {value!r}; it must return a float")
-    reward = float(value)
-    if not math.isfinite(reward):
-        raise ValueError(f"{spec} returned {reward}; it must return a finite float")
-    return reward
-
-
 class RewardActor:
     """Scores responses with the environment and, when set, the user's function (module docstring)."""
 
-    def __init__(self, env_name: str, function: str | None) -> None:
+    def __init__(self, env_name: str, function: str | None, score_truncated: bool) -> None:
         self.env = envs.build(env_name)
-        self.spec = function
-        self.function = load_function(function) if function is not None else None
+        self.function = reward_function.load(function) if function is not None else None
+        self.score_truncated = score_truncated
         # A throwaway scoring imports what the environment loads on first use (math-verify takes
         # seconds), here at start and not inside the first call's deadline.
         self.env.score(Example("1", "1"), "1", finished=True)
 
     def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[Score]:
         scores = [self.env.score(example, r, finished=f) for r, f in zip(responses, finished, strict=True)]
-        if self.function is None or self.spec is None:
+        if self.function is None:
             return scores
         return [
-            Score(as_reward(self.function(example.prompt, r, example.answer), self.spec), s.correct)
-            for r, s in zip(responses, scores, strict=True)
+            Score(self._reward(self.function, example, r, f), s.correct)
+            for r, f, s in zip(responses, finished, scores, strict=True)
         ]
 
+    def _reward(
+        self, function: reward_function.RewardFunction, example: Example, response: str, finished: bool
+    ) -> float:
+        if not finished and not self.score_truncated:
+            return 0.0  # the environments' truncation rule (module docstring)
+        return function(example.prompt, response, example.answer, finished=finished)
 
-def start_actor(env_name: str, function: str | None) -> Any:
+
+def start_actor(env_name: str, function: str | None, score_truncated: bool) -> Any:
     """A new reward actor (no CPU reserved: scoring is short and bursty)."""
-    return ray.remote(num_cpus=0)(RewardActor).remote(env_name, function)
+    return ray.remote(num_cpus=0)(RewardActor).remote(env_name, function, score_truncated)
 
 
 class RewardPool:
     """The reward actors behind one `score` call with a deadline and one retry (module docstring)."""
 
-    def __init__(self, env_name: str, function: str | None, num_workers: int, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        env_name: str,
+        function: str | None,
+        num_workers: int,
+        timeout_seconds: float,
+        *,
+        score_truncated: bool = False,
+    ) -> None:
         self.env_name, self.function, self.timeout = env_name, function, timeout_seconds
-        self.actors = [start_actor(env_name, function) for _ in range(num_workers)]
+        self.score_truncated = score_truncated
+        self.actors = [self._start() for _ in range(num_workers)]
         self._idle: asyncio.Queue[Any] | None = None
 
     def _queue(self) -> asyncio.Queue[Any]:
@@ -148,11 +132,14 @@ class RewardPool:
         """A started actor in place of `actor`, which is killed. Its start is awaited here, so that
         it does not count against the next call's deadline."""
         ray.kill(actor, no_restart=True)
-        fresh = start_actor(self.env_name, self.function)
+        fresh = self._start()
         self.actors = [fresh if a is actor else a for a in self.actors]
         with contextlib.suppress(ray.exceptions.RayError):  # one that cannot start fails its next call
             await fresh.__ray_ready__.remote()
         return fresh
+
+    def _start(self) -> Any:
+        return start_actor(self.env_name, self.function, self.score_truncated)
 
     def ready(self) -> list[Any]:
         """Refs that resolve when every reward actor has started."""

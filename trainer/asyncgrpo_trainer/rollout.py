@@ -63,7 +63,7 @@ class RolloutManager:
     async def _generate(
         self, example: Example, seed: int
     ) -> tuple[list[int], generation.Generated, list[str]]:
-        prompt_ids = self.tokenizer.encode_prompt(example.prompt)
+        prompt_ids = self.tokenizer.encode_prompt(example.model_prompt)
         out = await self.generation.generate(prompt_ids, self.n, self.params, seed)
         return prompt_ids, out, [self.tokenizer.decode(r) for r in out.response_ids]
 

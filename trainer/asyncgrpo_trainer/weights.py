@@ -3,7 +3,7 @@
 The synchronizer assumes global updates (all engines load the same version atomically from the
 controller's point of view); mixed ages are handled per group by the buffer's start versions.
 Three transports sit behind the same `sync` call, chosen by `spec.trainer.weightSync.transport`
-(`transport_of`); every engine (torch or vLLM) implements the receiving side of each
+(`asyncgrpo_api.rules.refit_transport`); every engine (torch or vLLM) implements the receiving side of each
 (`generation.GenerationWorker`):
 
 - broadcast: policy rank 0 broadcasts its parameters to every engine in packed buckets
@@ -26,14 +26,13 @@ import abc
 import asyncio
 import itertools
 import time
-from typing import Literal
 
+from asyncgrpo_api.rules import RefitTransport
 from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
 from asyncgrpo_trainer.backends.nccl_sync import RefitSpec
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
 MiB = 1 << 20
-Transport = Literal["broadcast", "cuda-ipc", "object-store"]
 
 
 class WeightSynchronizer(abc.ABC):
@@ -151,31 +150,10 @@ class CudaIpcSynchronizer(WeightSynchronizer):
         )
 
 
-def transport_of(spec: WeightSyncSpec, *, on_gpus: bool, colocated: bool, backend: str) -> Transport:
-    """auto: the broadcast between separate GPU pools, CUDA IPC between a torch policy rank and the
-    engine colocated on its GPU, else the object store; nccl: the broadcast (over gloo on CPU);
-    cuda-ipc and object-store: themselves. The admission rules refuse nccl with colocated GPU
-    pools and cuda-ipc without them (or with the Megatron policy, whose ranks hold shards)."""
-    if spec.transport == "object-store":
-        return "object-store"
-    if spec.transport == "nccl":
-        return "broadcast"
-    if spec.transport == "cuda-ipc" or (on_gpus and colocated and backend == "torch"):
-        return "cuda-ipc"
-    return "broadcast" if on_gpus and not colocated else "object-store"
-
-
 def build(
-    spec: WeightSyncSpec,
-    policy: PolicyGroup,
-    generation: GenerationGroup,
-    *,
-    on_gpus: bool,
-    colocated: bool,
-    backend: str,
+    spec: WeightSyncSpec, policy: PolicyGroup, generation: GenerationGroup, *, transport: RefitTransport
 ) -> WeightSynchronizer:
-    """The synchronizer `spec` asks for; see `transport_of`."""
-    transport = transport_of(spec, on_gpus=on_gpus, colocated=colocated, backend=backend)
+    """The synchronizer of `transport` (`asyncgrpo_api.rules.refit_transport` of the job)."""
     if transport == "object-store":
         return ObjectStoreSynchronizer(policy, generation, spec.timeout_seconds)
     if transport == "cuda-ipc":

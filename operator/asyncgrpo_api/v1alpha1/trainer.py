@@ -290,7 +290,9 @@ class WeightSyncSpec(ApiModel):
         default="auto",
         description="auto: a bucketed NCCL broadcast between separate GPU pools, CUDA IPC between a "
         "torch policy rank and the engine colocated on its GPU, Ray's object store otherwise "
-        "(CPU; a colocated Megatron policy). nccl on CPU pools runs the same broadcast over gloo.",
+        "(CPU; a colocated Megatron policy). nccl: the broadcast, over NCCL when both pools have GPUs "
+        "and over gloo when neither has (the same code); admission refuses it when only one has, and "
+        "with generation colocated on GPUs.",
     )
     bucket_size_mb: int = Field(
         default=512,
@@ -321,12 +323,17 @@ class DataSpec(ApiModel):
         "of trainPath (never trained on), or uses the built-in validation set without trainPath.",
     )
     prompt_key: DataKey = Field(
-        default="prompt", description="Column (key) of a row holding the prompt text, e.g. question."
+        default="prompt",
+        description="Column (key) of a row holding the prompt, e.g. question: text, or chat messages (a list "
+        "of {role, content}, as in verl's prompt column; turns after the last user turn are left out). A "
+        "dotted path reaches into nested objects and lists (messages).",
     )
     answer_key: DataKey = Field(
         default="answer",
-        description="Column (key) of a row holding the reference answer, e.g. solution; the environment "
-        "takes the answer from it (gsm8k: the number after ####; math: the last \\boxed{}).",
+        description="Column (key) of a row holding the reference answer, text or a number, e.g. solution, "
+        "reward_model.ground_truth (verl's files) or messages.1.content (NeMo-RL's); a dotted path reaches "
+        "into nested objects and lists. The environment takes the answer from it (gsm8k: the number after "
+        "####; math: the last \\boxed{}).",
     )
     num_validation_prompts: int = Field(
         default=32, ge=0, le=1_000_000, description="Held-out prompts scored at each validation."
@@ -337,15 +344,26 @@ class DataSpec(ApiModel):
     )
     chat_template: bool | None = Field(
         default=None,
-        description="Wrap each prompt in the checkpoint tokenizer's chat template (one user turn, "
-        "generation prompt appended). Unset: true when the tokenizer has a template. Pretrained "
-        "models only; the tiny model's character tokenizer has none.",
+        description="Wrap each prompt in the checkpoint tokenizer's chat template (one user turn, or the "
+        "row's chat messages; generation prompt appended); without it a chat prompt must be one user turn. "
+        "Unset: true when the tokenizer has a template. Pretrained models only; the tiny model's character "
+        "tokenizer has none.",
     )
     system_prompt: str | None = Field(
         default=None,
         max_length=65536,
-        description="System turn before each prompt when the chat template is applied.",
+        description="System turn before each prompt when the chat template is applied, unless the row's "
+        "chat messages start with their own.",
     )
+
+
+REWARD_FAILURE_FRACTION = 0.1
+"""The share of recently scored prompt groups that may be dropped (scoring failed twice)."""
+REWARD_FAILURE_WINDOW_STEPS = 4
+"""The failure budget's window: the last this many x numPromptsPerStep groups scored."""
+REWARD_FAILURE_MIN_GROUPS = 4
+"""Drops every window allows whatever its fraction: 10% of a small job's window is below one
+group, and a single flaky call must not fail a job with numPromptsPerStep 4."""
 
 
 class EnvSpec(ApiModel):
@@ -361,9 +379,17 @@ class EnvSpec(ApiModel):
     function: RewardFunction | None = Field(
         default=None,
         description='A reward function of your own, "package.module:function", importable in the trainer '
-        "image: called as function(prompt, response, reference_answer) -> float in the reward workers. "
-        "It replaces the environment's reward; the environment still reads the data and measures "
-        "accuracy.",
+        "image: called as function(prompt, response, reference_answer) -> float in the reward workers "
+        '(only there), with the keyword stop_reason ("finished" or "truncated") when its signature takes '
+        "it. It replaces the environment's reward; the environment still reads the data and measures "
+        "accuracy. A response cut at generation.maxNewTokens is rewarded 0 without calling it, as the "
+        "environments score it, unless scoreTruncated.",
+    )
+    score_truncated: bool = Field(
+        default=False,
+        description="Hand responses cut at generation.maxNewTokens to env.function (with stop_reason "
+        '"truncated" when it takes it) instead of rewarding them 0. A function that only compares '
+        "answers then rewards a policy that writes the answer and never stops.",
     )
     num_workers: int = Field(default=1, ge=1, le=1024, description="Reward worker actors.")
     timeout_seconds: float = Field(
@@ -372,7 +398,9 @@ class EnvSpec(ApiModel):
         le=3600,
         description="Deadline of scoring one prompt group's responses in a reward worker. A call past it, "
         "or one that raises, is retried once; then the group is dropped (status.progress.rewardFailures), "
-        "never trained on, and replaced by the next prompt.",
+        "never trained on, and replaced by the next prompt for the same step. The run fails when more "
+        f"than max({REWARD_FAILURE_MIN_GROUPS}, {REWARD_FAILURE_FRACTION:.0%}) of the last "
+        f"{REWARD_FAILURE_WINDOW_STEPS} x numPromptsPerStep groups scored were dropped.",
     )
 
 

@@ -16,13 +16,23 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
+from asyncgrpo_trainer.models.tokenizer import Chat, Prompt
+
 
 @dataclass(frozen=True)
 class Example:
     """One prompt and its reference answer."""
 
     prompt: str
+    """The prompt's text: what reward functions get (for a chat prompt, its last user turn)."""
     answer: str
+    chat: Chat = ()
+    """The prompt as the row gave it when that was chat messages; empty for a text prompt."""
+
+    @property
+    def model_prompt(self) -> Prompt:
+        """What the tokenizer encodes: the chat messages when there are any, else the text."""
+        return self.chat or self.prompt
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,13 @@ reward is 1.0 or 0.0, and a response cut at maxNewTokens is wrong. The built-in 
 generated word problems so that a job with env math runs without a dataset volume; real runs point
 data.trainPath at a file.
 
-math-verify guards each parse and comparison with a SIGALRM deadline (MATH_VERIFY_SECONDS; an
-expression sympy cannot settle in time counts as not equal), which works only on a process's main
-thread: the reward actors score there. Elsewhere (a thread of a test or a tool) the deadline is
-off, and the reward pool's env.timeoutSeconds is the bound.
+math-verify guards each parse and comparison with a SIGALRM deadline (MATH_VERIFY_SECONDS), which
+works only on a process's main thread: the reward actors score there. Elsewhere (a thread of a test
+or a tool) the deadline is off, and the reward pool's env.timeoutSeconds is the bound. A parse or
+comparison that times out or raises is `MathVerifyError`, a failed scoring call (retried, then the
+group dropped), never a wrong answer: a 0 for an answer the checker could not settle would be
+trained on as if the policy had been wrong. A reference answer is parsed once and cached only when
+the parse succeeded, so one timed-out parse does not fail every later group of that prompt.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import functools
 import logging
 import random
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from asyncgrpo_trainer.envs.base import Environment, Example, Score
 from asyncgrpo_trainer.models.tokenizer import PRINTABLE
 
+_T = TypeVar("_T")
 INSTRUCTION = " Put the final answer in \\boxed{}."
 
 
@@ -65,18 +70,51 @@ def _math_verify() -> Any:
     return math_verify
 
 
+class MathVerifyError(RuntimeError):
+    """math-verify timed out or raised while parsing or comparing: this call could not score."""
+
+
+def _checked(what: str, call: Callable[[], _T]) -> _T:
+    """`call` (a math-verify parse or verify with raise_on_error) with its timeout, a BaseException
+    there, and its errors turned into MathVerifyError naming `what` it was doing."""
+    from math_verify.errors import TimeoutException  # noqa: PLC0415  (imported with math-verify)
+
+    try:
+        return call()
+    except TimeoutException as exc:
+        raise MathVerifyError(f"math-verify timed out {what} (after {MATH_VERIFY_SECONDS}s)") from exc
+    except Exception as exc:
+        raise MathVerifyError(f"math-verify failed {what}: {type(exc).__name__}: {exc}") from exc
+
+
 @functools.lru_cache(maxsize=4096)
 def _parsed_reference(reference: str) -> list[Any]:
     # A reference is an answer, not prose: parsed as LaTeX in math mode ("\\frac{1}{2}", "5\\sqrt{2}").
-    parsed: list[Any] = _math_verify().parse(f"${reference}$", parsing_timeout=_deadline())
+    # lru_cache keeps only returned values: a parse that raised is tried again by the next call.
+    what = f"parsing the reference answer {reference[:60]!r}"
+    mv = _math_verify()
+    parsed: list[Any] = _checked(
+        what, lambda: mv.parse(f"${reference}$", parsing_timeout=_deadline(), raise_on_error=True)
+    )
+    if not parsed:
+        raise MathVerifyError(f"math-verify found no answer {what}")
     return parsed
 
 
 def answers_match(response: str, reference: str) -> bool:
-    """Whether math-verify finds the answer of `response` equivalent to `reference`."""
+    """Whether math-verify finds the answer of `response` equivalent to `reference`; MathVerifyError
+    when it could not tell (module docstring)."""
     mv = _math_verify()
-    predicted = mv.parse(response, parsing_timeout=_deadline())
-    return bool(mv.verify(_parsed_reference(reference), predicted, timeout_seconds=_deadline()))
+    predicted = _checked(
+        "parsing the response", lambda: mv.parse(response, parsing_timeout=_deadline(), raise_on_error=True)
+    )
+    gold = _parsed_reference(reference)
+    return bool(
+        _checked(
+            f"comparing the response with {reference[:60]!r}",
+            lambda: mv.verify(gold, predicted, timeout_seconds=_deadline(), raise_on_error=True),
+        )
+    )
 
 
 class MathEnvironment(Environment):

@@ -18,6 +18,27 @@ from typing import Any, Protocol
 
 from asyncgrpo_trainer.models.directory import GENERATION_CONFIG, InvalidModelError, read_json
 
+Chat = tuple[tuple[str, str], ...]
+"""A prompt given as chat messages: (role, content) turns, ending with a user turn."""
+Prompt = str | Chat
+"""A prompt as a data row gives it: text, or chat messages (`envs.base.Example.model_prompt`)."""
+
+
+def plain_text(prompt: Prompt) -> str:
+    """The text of a prompt for a tokenizer without a chat template: the text itself, or the content
+    of a chat's only turn when that is a user turn; ValueError otherwise, since turns and roles
+    cannot be written without a template."""
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) == 1 and prompt[0][0] == "user":
+        return prompt[0][1]
+    roles = ", ".join(role for role, _ in prompt)
+    raise ValueError(
+        f"chat messages of {len(prompt)} turns ({roles}) need a chat template, and this tokenizer is used "
+        "without one (the tiny model's, or data.chatTemplate false); give one user turn or a checkpoint "
+        "with a chat template"
+    )
+
 
 class Tokenizer(Protocol):
     """What the trainer asks of a tokenizer (the tiny model's or a checkpoint's own)."""
@@ -33,8 +54,9 @@ class Tokenizer(Protocol):
         """Tokens that end a response (generation stops on any of them)."""
         ...
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """Token ids of a prompt as the model is given it (template, system prompt, BOS applied)."""
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt as the model is given it (template, system prompt, BOS applied);
+        ValueError when it cannot be encoded (a bad row)."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -78,8 +100,8 @@ class CharTokenizer:
     def eos_ids(self) -> tuple[int, ...]:
         return (self.eos_id,)
 
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text)
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        return self.encode(plain_text(prompt))
 
     def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
         """Token ids of `text`; characters outside the alphabet are an error, not silently dropped."""
@@ -107,7 +129,8 @@ class CheckpointTokenizer:
     """A checkpoint's own tokenizer (transformers AutoTokenizer over the directory's files).
 
     Prompts go through the tokenizer's chat template when `chat_template` is true (None: when the
-    tokenizer has one), as one user turn after an optional system turn, with the generation prompt
+    tokenizer has one), as one user turn (or the row's own chat messages) after an optional system
+    turn (data.systemPrompt, unless the messages start with their own), with the generation prompt
     appended; otherwise the text is encoded with the tokenizer's own special tokens (a BOS where
     the family adds one). A response ends at any of `eos_ids`: the ids generation_config.json names
     plus the tokenizer's EOS token. The tokenizer is loaded lazily in each process, so the object
@@ -168,11 +191,12 @@ class CheckpointTokenizer:
     def eos_ids(self) -> tuple[int, ...]:
         return self._eos
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
         if not self.chat_template:
-            return list(self._tok(text, add_special_tokens=True)["input_ids"])
-        messages = [{"role": "user", "content": text}]
-        if self.system_prompt:
+            return list(self._tok(plain_text(prompt), add_special_tokens=True)["input_ids"])
+        turns = (("user", prompt),) if isinstance(prompt, str) else prompt
+        messages = [{"role": role, "content": content} for role, content in turns]
+        if self.system_prompt and messages[0]["role"] != "system":  # a row's own system turn wins
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         rendered = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self._tok(rendered, add_special_tokens=False)["input_ids"])
