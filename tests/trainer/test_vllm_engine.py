@@ -137,16 +137,20 @@ def test_a_cancelled_generation_is_aborted_in_the_engine(engine: Engine) -> None
     assert not engine.run(cancel_midway())
 
 
-def _changed(build: recipe.ModelBuild, seed: int) -> tuple[policy.TorchPolicyWorker, dict[str, torch.Tensor]]:
-    """A policy whose weights differ from the checkpoint's (one optimizer step on random rows)."""
-    worker = _policy(build)
-    g = torch.Generator().manual_seed(seed)
+def _train_step(worker: policy.TorchPolicyWorker, g: torch.Generator) -> None:
+    """One optimizer step on random rows: the policy's weights move away from where they were."""
     rows = [
         policy.TrainRow(PROMPT, torch.randint(3, 300, (4,), generator=g).tolist(), [-6.0] * 4, advantage=a)
         for a in (1.0, -1.0, 0.5, -0.5)
     ]
     worker.train_chunk(rows)
     worker.finish_step()
+
+
+def _changed(build: recipe.ModelBuild, seed: int) -> tuple[policy.TorchPolicyWorker, dict[str, torch.Tensor]]:
+    """A policy whose weights differ from the checkpoint's (one optimizer step on random rows)."""
+    worker = _policy(build)
+    _train_step(worker, torch.Generator().manual_seed(seed))
     return worker, worker.weights()
 
 
@@ -208,3 +212,22 @@ def test_a_refit_during_a_generation_lands_between_engine_steps(engine: Engine) 
     assert out.first_version < 3 and out.last_version == 3
     assert all(len(r) == 480 for r in out.response_ids)
     assert all(math.isfinite(x) for row in out.logprobs for x in row)
+
+
+def test_every_refit_of_a_policy_that_keeps_training_lands_in_vllm(engine: Engine) -> None:
+    """Not only the first refit: a policy trained step after step is refit after each step, and
+    each time the engine samples exactly its distribution, while the weights one step older explain
+    the same samples worse (issue 25 ruled out refits that stop reaching vLLM's CPU weights)."""
+    worker, _ = _changed(engine.build, seed=21)
+    g = torch.Generator().manual_seed(21)
+    params = sampling.SamplingParams(max_new_tokens=10, temperature=1.0, ignore_eos=True)
+    for version in range(10, 15):
+        before = worker.weights()
+        _train_step(worker, g)
+        engine.run(engine.worker.load_weights(worker.weights(), version=version))
+        out = engine.run(engine.worker.generate(PROMPT, 8, params, seed=version))
+        assert out.first_version == out.last_version == version
+        gate = _gate(worker, out)
+        older = _policy(engine.build)
+        older.model.load_state_dict(before)
+        assert gate <= 1.05 and _gate(older, out) > gate, (version, gate)
