@@ -1,0 +1,59 @@
+"""The real node's share of this machine's network: its bridge, forwarding, and an egress guard.
+
+Why a module of its own: this is the only machine-wide state the local cluster changes (the rest
+lives in its state folder), so it is set up and undone in one place. The bridge is made before
+the CNI bridge plugin runs (the plugin adopts it) because its address is the node's IP, where the
+kubelet and CoreDNS listen before any pod exists. Pods may reach each other, Services and this
+machine, and nothing else: the guard drops forwarded packets from the pod range that would leave
+by any interface but the bridge, so no pod traffic is ever sent off the machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+from pathlib import Path
+
+from tests.cluster.config import BRIDGE, REAL_NODE_IP, REAL_POD_CIDR
+
+GUARD_CHAIN = "ASYNCGRPO-POD-EGRESS"
+SYSCTLS = {
+    "net/ipv4/ip_forward": "1",  # pod -> Service -> pod on the same bridge is routed
+    "net/bridge/bridge-nf-call-iptables": "1",  # kube-proxy's DNAT seen on bridged replies
+}
+
+
+def _run(*argv: str, check: bool = True) -> bool:
+    return subprocess.run(argv, capture_output=True, check=check).returncode == 0
+
+
+def _iptables(*args: str, check: bool = True) -> bool:
+    return _run("iptables", "-w", "5", *args, check=check)
+
+
+def setup() -> None:
+    """Make the bridge with the node's IP, turn forwarding on and install the egress guard."""
+    for key, value in SYSCTLS.items():
+        Path("/proc/sys", key).write_text(value)
+    if not Path("/sys/class/net", BRIDGE).exists():
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    prefix = ipaddress.ip_network(REAL_POD_CIDR).prefixlen
+    _run("ip", "addr", "replace", f"{REAL_NODE_IP}/{prefix}", "dev", BRIDGE)
+    _run("ip", "link", "set", BRIDGE, "up")
+    if not _iptables("-n", "-L", GUARD_CHAIN, check=False):
+        _iptables("-N", GUARD_CHAIN)
+    _iptables("-F", GUARD_CHAIN)
+    _iptables("-A", GUARD_CHAIN, "-s", REAL_POD_CIDR, "!", "-o", BRIDGE, "-j", "DROP")
+    if not _iptables("-C", "FORWARD", "-j", GUARD_CHAIN, check=False):
+        _iptables("-I", "FORWARD", "1", "-j", GUARD_CHAIN)
+
+
+def teardown() -> None:
+    """Undo `setup` (the sysctls stay: other software may rely on forwarding once it is on)."""
+    while _iptables("-D", "FORWARD", "-j", GUARD_CHAIN, check=False):
+        pass
+    if _iptables("-n", "-L", GUARD_CHAIN, check=False):
+        _iptables("-F", GUARD_CHAIN)
+        _iptables("-X", GUARD_CHAIN)
+    if Path("/sys/class/net", BRIDGE).exists():
+        _run("ip", "link", "del", BRIDGE)
