@@ -127,8 +127,8 @@ def optional_targets() -> dict[str, Target]:
     }
 
 
-NODE_COMPONENTS = ("containerd", "cni-plugins", "cri-tools", "coredns", "kubelet")
-"""The real node's builds, quickest first: the first ones let `up --real-node` be tried early."""
+NODE_COMPONENTS = ("containerd", "cni-plugins", "cri-tools", "kubelet", "coredns")
+"""The real node's builds, in the order a node comes up (DNS is needed last)."""
 
 
 def targets() -> list[Target]:

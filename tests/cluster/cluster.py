@@ -482,41 +482,46 @@ class LocalCluster:
                 timings[what] = round(time.monotonic() - t0, 2)
                 _log(f"real node: {what} after {timings[what]:.1f} s")
 
-            for name in REAL_NODE_PROCESSES:
-                self._forget(name)
-            n = node_mod.NodePaths(self.paths.node)
-            node_mod.cleanup(n, binaries.bin)  # what a crashed node may have left
-            if n.root.exists():
-                shutil.rmtree(n.root)
-            hostnet.setup()
-            node_mod.prepare(n, self.paths.pki, binaries)
-            corefile = n.root / "Corefile"
-            corefile.write_text(dns.corefile(self.kubeconfig))
-            api = self.api
-            api.apply(
-                f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{node_mod.NODE_ROLE_BINDING}",
-                json.dumps(node_mod.node_role_binding()),
-            )
-            base = f"/api/v1/namespaces/{dns.NAMESPACE}"
-            api.apply(f"{base}/services/{dns.SERVICE}", json.dumps(dns.service()))
-            slice_ = dns.endpoint_slice()
-            api.apply(
-                f"/apis/discovery.k8s.io/v1/namespaces/{dns.NAMESPACE}/endpointslices/{slice_['metadata']['name']}",
-                json.dumps(slice_),
-            )
-            ctrd = self._start(node_mod.containerd(binaries, n))
-            self._wait(lambda: node_mod.containerd_ready(binaries, n), "containerd's socket", [ctrd])
-            mark("containerd ready")
-            for archive in [binaries.pause_image, *sorted(n.images.glob("*.tar"))]:
-                node_mod.import_image(binaries, n, archive)
-            mark("images imported")
-            rest = [
-                self._start(dns.coredns(binaries.binary("coredns"), corefile)),
-                self._start(node_mod.kube_proxy(binaries, n)),
-                self._start(node_mod.kubelet(binaries, n)),
-            ]
-            self._wait_ready([ctrd, *rest])
-            self._wait(self._real_node_ready, f"node {REAL_NODE_NAME} Ready", [ctrd, *rest])
+            try:
+                for name in REAL_NODE_PROCESSES:
+                    self._forget(name)
+                n = node_mod.NodePaths(self.paths.node)
+                if n.root.exists():  # what a crashed node may have left
+                    node_mod.cleanup(n, binaries.bin)
+                    hostnet.teardown(n.saved_tunables)
+                    shutil.rmtree(n.root)
+                n.root.mkdir(parents=True)
+                hostnet.setup(n.saved_tunables)
+                node_mod.prepare(n, self.paths.pki, binaries)
+                n.corefile.write_text(dns.corefile(self.kubeconfig))
+                api = self.api
+                api.apply(
+                    f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{node_mod.NODE_ROLE_BINDING}",
+                    json.dumps(node_mod.node_role_binding()),
+                )
+                base = f"/api/v1/namespaces/{dns.NAMESPACE}"
+                api.apply(f"{base}/services/{dns.SERVICE}", json.dumps(dns.service()))
+                slice_ = dns.endpoint_slice()
+                api.apply(
+                    f"/apis/discovery.k8s.io/v1/namespaces/{dns.NAMESPACE}/endpointslices/{slice_['metadata']['name']}",
+                    json.dumps(slice_),
+                )
+                ctrd = self._start(node_mod.containerd(binaries, n))
+                self._wait(lambda: node_mod.containerd_ready(binaries, n), "containerd's socket", [ctrd])
+                mark("containerd ready")
+                for archive in [binaries.pause_image, *sorted(n.images.glob("*.tar"))]:
+                    node_mod.import_image(binaries, n, archive)
+                mark("images imported")
+                rest = [
+                    self._start(dns.coredns(binaries.binary("coredns"), n.corefile)),
+                    self._start(node_mod.kube_proxy(binaries, n)),
+                    self._start(node_mod.kubelet(binaries, n)),
+                ]
+                self._wait_ready([ctrd, *rest])
+                self._wait(self._real_node_ready, f"node {REAL_NODE_NAME} Ready", [ctrd, *rest])
+            except BaseException:
+                self._stop_real_node()  # never leave half a node running; logs stay
+                raise
             mark("node ready")
             info = self.info()
             info.setdefault("timings", {})["real-node"] = timings
@@ -556,7 +561,7 @@ class LocalCluster:
                 stopped.append(name)
         if n.root.exists():
             node_mod.cleanup(n, bin_dir)
-            hostnet.teardown()
+            hostnet.teardown(n.saved_tunables)
         self.pidfile.clear()
         for rec in records:
             if rec.name not in REAL_NODE_PROCESSES:

@@ -1,7 +1,11 @@
-"""The real node's share of this machine's network: its bridge, forwarding, and an egress guard.
+"""The machine-wide state the real node changes: its bridge, forwarding, an egress guard, and
+the kernel settings the kubelet overwrites.
 
 Why a module of its own: this is the only machine-wide state the local cluster changes (the rest
-lives in its state folder), so it is set up and undone in one place. The bridge is made before
+lives in its state folder), so it is set up and undone in one place. The kubelet sets six kernel
+tunables at start (vm.overcommit_memory=1, kernel.panic_on_oops=1, ...; there is no setting to
+only warn, and `protectKernelDefaults` makes it refuse to start instead), so their values are
+saved before it starts and written back by `down`: other work shares this machine. The bridge is made before
 the CNI bridge plugin runs (the plugin adopts it) because its address is the node's IP, where the
 kubelet and CoreDNS listen before any pod exists. Pods may reach each other, Services and this
 machine, and nothing else: the guard drops forwarded packets from the pod range that would leave
@@ -11,12 +15,22 @@ by any interface but the bridge, so no pod traffic is ever sent off the machine.
 from __future__ import annotations
 
 import ipaddress
+import json
 import subprocess
 from pathlib import Path
 
 from tests.cluster.config import BRIDGE, REAL_NODE_IP, REAL_POD_CIDR
 
 GUARD_CHAIN = "ASYNCGRPO-POD-EGRESS"
+KUBELET_TUNABLES = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+"""What the kubelet's container manager sets (pkg/kubelet/cm setupKernelTunables, v1.36)."""
 SYSCTLS = {
     "net/ipv4/ip_forward": "1",  # pod -> Service -> pod on the same bridge is routed
     "net/bridge/bridge-nf-call-iptables": "1",  # kube-proxy's DNAT seen on bridged replies
@@ -31,8 +45,11 @@ def _iptables(*args: str, check: bool = True) -> bool:
     return _run("iptables", "-w", "5", *args, check=check)
 
 
-def setup() -> None:
-    """Make the bridge with the node's IP, turn forwarding on and install the egress guard."""
+def setup(saved_tunables: Path) -> None:
+    """Save the kernel tunables the kubelet will change, make the bridge with the node's IP,
+    turn forwarding on and install the egress guard."""
+    values = {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_TUNABLES}
+    saved_tunables.write_text(json.dumps(values))
     for key, value in SYSCTLS.items():
         Path("/proc/sys", key).write_text(value)
     if not Path("/sys/class/net", BRIDGE).exists():
@@ -48,8 +65,13 @@ def setup() -> None:
         _iptables("-I", "FORWARD", "1", "-j", GUARD_CHAIN)
 
 
-def teardown() -> None:
-    """Undo `setup` (the sysctls stay: other software may rely on forwarding once it is on)."""
+def teardown(saved_tunables: Path) -> None:
+    """Undo `setup` and restore the kernel tunables (forwarding stays on: other software may
+    rely on it once it is on)."""
+    if saved_tunables.is_file():
+        for key, value in json.loads(saved_tunables.read_text()).items():
+            Path("/proc/sys", key).write_text(value)
+        saved_tunables.unlink()
     while _iptables("-D", "FORWARD", "-j", GUARD_CHAIN, check=False):
         pass
     if _iptables("-n", "-L", GUARD_CHAIN, check=False):

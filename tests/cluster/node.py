@@ -118,6 +118,16 @@ class NodePaths:
         return self.root / "resolv.conf"
 
     @property
+    def corefile(self) -> Path:
+        """CoreDNS's configuration (tests/cluster/dns.py)."""
+        return self.root / "Corefile"
+
+    @property
+    def saved_tunables(self) -> Path:
+        """The kernel tunables as they were before the kubelet started (hostnet.py)."""
+        return self.root / "kernel-tunables.json"
+
+    @property
     def images(self) -> Path:
         return self.root / "images"
 
