@@ -494,18 +494,7 @@ class LocalCluster:
                 hostnet.setup(n.saved_tunables)
                 node_mod.prepare(n, self.paths.pki, binaries)
                 n.corefile.write_text(dns.corefile(self.kubeconfig))
-                api = self.api
-                api.apply(
-                    f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{node_mod.NODE_ROLE_BINDING}",
-                    json.dumps(node_mod.node_role_binding()),
-                )
-                base = f"/api/v1/namespaces/{dns.NAMESPACE}"
-                api.apply(f"{base}/services/{dns.SERVICE}", json.dumps(dns.service()))
-                slice_ = dns.endpoint_slice()
-                api.apply(
-                    f"/apis/discovery.k8s.io/v1/namespaces/{dns.NAMESPACE}/endpointslices/{slice_['metadata']['name']}",
-                    json.dumps(slice_),
-                )
+                self._apply_real_node_objects()
                 ctrd = self._start(node_mod.containerd(binaries, n))
                 self._wait(lambda: node_mod.containerd_ready(binaries, n), "containerd's socket", [ctrd])
                 mark("containerd ready")
@@ -528,6 +517,16 @@ class LocalCluster:
             info["real_node"] = str(binaries.root)
             self.paths.info.write_text(json.dumps(info, indent=1))
             return timings
+
+    def _apply_real_node_objects(self) -> None:
+        """The node's RBAC binding, and the kube-dns Service with its EndpointSlice (dns.py)."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+        self.api.apply(f"{rbac}/{node_mod.NODE_ROLE_BINDING}", json.dumps(node_mod.node_role_binding()))
+        ns = f"namespaces/{dns.NAMESPACE}"
+        self.api.apply(f"/api/v1/{ns}/services/{dns.SERVICE}", json.dumps(dns.service()))
+        slice_ = dns.endpoint_slice()
+        name = slice_["metadata"]["name"]
+        self.api.apply(f"/apis/discovery.k8s.io/v1/{ns}/endpointslices/{name}", json.dumps(slice_))
 
     def import_image(self, archive: Path) -> None:
         """Import an image archive into the running real node's containerd (no registry here)."""
