@@ -148,7 +148,9 @@ def _kubeconfig(p: pki_mod.Pki, crt: Path, key: Path) -> str:
 
 def containerd_config(b: NodeLayout, n: NodePaths) -> str:
     """containerd's config (version 3): its own root, state and socket; CRI with runc on cgroupfs,
-    the pinned local sandbox image, our CNI folders; the streaming server on loopback."""
+    the pinned local sandbox image, our CNI folders; the streaming server on loopback. Containers'
+    OOM score adjustments are clamped at containerd's own (0): this machine withholds
+    CAP_SYS_RESOURCE, without which runc fails to start a sandbox at the kubelet's -998."""
     cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
     return f"""\
 version = 3
@@ -167,6 +169,7 @@ state = "{n.containerd_state}"
     sandbox = "{SANDBOX_IMAGE}"
 
 [{cri_runtime}]
+  restrict_oom_score_adj = true
   [{cri_runtime}.containerd]
     default_runtime_name = "runc"
     [{cri_runtime}.containerd.runtimes.runc]
@@ -226,6 +229,7 @@ def kubelet_config(n: NodePaths, p: pki_mod.Pki) -> dict[str, Any]:
         "podLogsDir": str(n.pod_logs),
         "registerWithTaints": [TAINT],
         "failSwapOn": False,
+        "oomScoreAdj": 0,  # not -999: no CAP_SYS_RESOURCE here (see containerd_config)
         "nodeLeaseDurationSeconds": NODE_GRACE_SECONDS,
         "nodeStatusUpdateFrequency": "5s",
         "imageGCHighThresholdPercent": 100,
@@ -247,6 +251,7 @@ def kube_proxy_config(n: NodePaths) -> dict[str, Any]:
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "mode": "iptables",
+        "oomScoreAdj": 0,
         "clientConnection": {"kubeconfig": str(n.proxy_kubeconfig)},
         "hostnameOverride": REAL_NODE_NAME,
         "clusterCIDR": REAL_POD_CIDR,
