@@ -11,6 +11,7 @@ to a hostPath volume. Needs root (as the node does) and `apt-get install busybox
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ POD_START_TIMEOUT = 120.0  # the first pod on a loaded 2-core machine: sandbox, 
 @pytest.fixture(scope="session")
 def real_node(local_cluster: LocalCluster) -> LocalCluster:
     """The real node running on the session's control plane (built and started on first use)."""
+    missing = [str(f) for f in (node.BUSYBOX, Path(node.RUNC)) if not f.is_file()]
+    if missing or os.geteuid() != 0:
+        pytest.fail(f"the real node needs root and {missing}: apt-get install busybox-static runc")
     local_cluster.start_real_node(build_node())
     return local_cluster
 
