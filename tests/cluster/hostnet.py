@@ -31,6 +31,14 @@ KUBELET_TUNABLES = (
     "kernel/keys/root_maxbytes",
 )
 """What the kubelet's container manager sets (pkg/kubelet/cm setupKernelTunables, v1.36)."""
+KUBELET_CHAINS = (
+    ("filter", "KUBE-FIREWALL"),  # jumped to from INPUT and OUTPUT
+    ("filter", "KUBE-KUBELET-CANARY"),
+    ("mangle", "KUBE-KUBELET-CANARY"),
+    ("nat", "KUBE-KUBELET-CANARY"),
+    ("mangle", "KUBE-IPTABLES-HINT"),
+)
+"""The chains the kubelet makes in both families (`kube-proxy --cleanup` removes only its own)."""
 SYSCTLS = {
     "net/ipv4/ip_forward": "1",  # pod -> Service -> pod on the same bridge is routed
     "net/bridge/bridge-nf-call-iptables": "1",  # kube-proxy's DNAT seen on bridged replies
@@ -66,8 +74,8 @@ def setup(saved_tunables: Path) -> None:
 
 
 def teardown(saved_tunables: Path) -> None:
-    """Undo `setup` and restore the kernel tunables (forwarding stays on: other software may
-    rely on it once it is on)."""
+    """Undo `setup`, restore the kernel tunables (forwarding stays on: other software may rely on
+    it once it is on) and remove the kubelet's iptables chains."""
     if saved_tunables.is_file():
         for key, value in json.loads(saved_tunables.read_text()).items():
             Path("/proc/sys", key).write_text(value)
@@ -79,3 +87,10 @@ def teardown(saved_tunables: Path) -> None:
         _iptables("-X", GUARD_CHAIN)
     if Path("/sys/class/net", BRIDGE).exists():
         _run("ip", "link", "del", BRIDGE)
+    for tool in ("iptables", "ip6tables"):
+        for hook in ("INPUT", "OUTPUT"):
+            while _run(tool, "-w", "5", "-D", hook, "-j", "KUBE-FIREWALL", check=False):
+                pass
+        for table, chain in KUBELET_CHAINS:
+            if _run(tool, "-w", "5", "-t", table, "-F", chain, check=False):
+                _run(tool, "-w", "5", "-t", table, "-X", chain, check=False)
