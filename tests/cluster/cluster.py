@@ -80,6 +80,11 @@ def _probe(url: str, ctx: ssl.SSLContext | None) -> bool:
         return False
 
 
+def _runs_a_kubelet(state: Path) -> bool:
+    """Whether the cluster in `state` has a live kubelet (it holds the machine's real node)."""
+    return any(r.name == "kubelet" and is_alive(r) for r in PidFile(state / "pids.json").load())
+
+
 @dataclass
 class LocalCluster:
     """A control plane whose state (PKI, etcd data, logs, PIDs, kubeconfig) lives in one folder."""
@@ -482,12 +487,16 @@ class LocalCluster:
                 timings[what] = round(time.monotonic() - t0, 2)
                 _log(f"real node: {what} after {timings[what]:.1f} s")
 
+            for name in REAL_NODE_PROCESSES:
+                self._forget(name)
             try:
-                for name in REAL_NODE_PROCESSES:
-                    self._forget(name)
+                hostnet.claim(self.paths.root, _runs_a_kubelet)
+            except RuntimeError as err:
+                raise ClusterError(str(err)) from None
+            try:
                 n = node_mod.NodePaths(self.paths.node)
                 if n.root.exists():  # what a crashed node may have left
-                    node_mod.cleanup(n, binaries.bin)
+                    node_mod.cleanup(n, binaries.bin, machine_wide=True)
                     hostnet.teardown(n.saved_tunables)
                     shutil.rmtree(n.root)
                 n.root.mkdir(parents=True)
@@ -559,8 +568,11 @@ class LocalCluster:
             if name in by_name and name != "kubelet" and stop(by_name[name]):
                 stopped.append(name)
         if n.root.exists():
-            node_mod.cleanup(n, bin_dir)
-            hostnet.teardown(n.saved_tunables)
+            ours = hostnet.owned_by(self.paths.root)  # else another cluster's node: leave it be
+            node_mod.cleanup(n, bin_dir, machine_wide=ours)
+            if ours:
+                hostnet.teardown(n.saved_tunables)
+                hostnet.release(self.paths.root)
         self.pidfile.clear()
         for rec in records:
             if rec.name not in REAL_NODE_PROCESSES:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.cluster.config import BRIDGE, REAL_NODE_IP, REAL_POD_CIDR
@@ -51,6 +52,34 @@ def _run(*argv: str, check: bool = True) -> bool:
 
 def _iptables(*args: str, check: bool = True) -> bool:
     return _run("iptables", "-w", "5", *args, check=check)
+
+
+OWNER_FILE = Path("/run/asyncgrpo-real-node")
+"""Names the state folder of the cluster whose real node holds this machine's network."""
+
+
+def claim(state: Path, holds: Callable[[Path], bool]) -> None:
+    """Take the machine's one real node for the cluster in `state`, or raise if another live
+    cluster has it (`holds(other_state)`: its kubelet still runs). Two kube-proxies would fight
+    over the same iptables chains, and two nodes over the bridge and the DNS address."""
+    if OWNER_FILE.is_file():
+        other = Path(OWNER_FILE.read_text().strip())
+        if other != state and holds(other):
+            raise RuntimeError(
+                f"the cluster in {other} runs this machine's real node; one per machine: "
+                f"`ASYNCGRPO_CLUSTER_STATE={other} python -m tests.cluster down` first"
+            )
+    OWNER_FILE.write_text(f"{state}\n")
+
+
+def owned_by(state: Path) -> bool:
+    """Whether the machine's real node is unclaimed or the cluster in `state` holds it."""
+    return not OWNER_FILE.is_file() or Path(OWNER_FILE.read_text().strip()) == state
+
+
+def release(state: Path) -> None:
+    if OWNER_FILE.is_file() and owned_by(state):
+        OWNER_FILE.unlink()
 
 
 def setup(saved_tunables: Path) -> None:

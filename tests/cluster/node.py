@@ -413,14 +413,18 @@ def _remove_pod_cgroups() -> None:
                     time.sleep(0.05)
 
 
-def cleanup(n: NodePaths, bin_dir: Path | None) -> None:
-    """After the node's processes stopped: kill our leftover shims and pods, unmount, and remove
-    kube-proxy's iptables rules (`kube-proxy --cleanup`)."""
+def cleanup(n: NodePaths, bin_dir: Path | None, *, machine_wide: bool) -> None:
+    """After the node's processes stopped: kill our leftover shims and unmount under our folder;
+    and when this cluster held the machine's node (`machine_wide`), kill what is left in the
+    kubelet's cgroups and remove kube-proxy's iptables rules (`kube-proxy --cleanup`)."""
     for pid in _pids_of_our_shims(n):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    _remove_pod_cgroups()
+    if machine_wide:
+        _remove_pod_cgroups()
     _unmount_under(n.root)
+    if not machine_wide:
+        return
     if bin_dir is not None and (bin_dir / "kube-proxy").is_file():
         argv = [str(bin_dir / "kube-proxy"), "--cleanup"]
         subprocess.run(argv, capture_output=True, check=False, timeout=60)

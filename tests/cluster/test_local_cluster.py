@@ -8,11 +8,12 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tests.cluster import kueue, oci, pki
+from tests.cluster import hostnet, kueue, oci, pki
 from tests.cluster.build import (
     COLD_BUILD_SECONDS,
     NODE_COMPONENTS,
@@ -181,3 +182,20 @@ def test_build_progress_says_what_is_left_for_the_part_and_the_whole() -> None:
     assert progress.left_after("kubernetes", 900.0) == (0.0, 290.0)  # past its estimate: the rest
     assert progress.left_after("kwok", 50.0) == (200.0, 200.0)
     assert set(COLD_BUILD_SECONDS) == {t.component for t in targets()} | set(optional_targets())
+
+
+def test_one_real_node_per_machine_a_live_holder_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostnet, "OWNER_FILE", tmp_path / "owner")
+    a, b = tmp_path / "a", tmp_path / "b"
+    hostnet.claim(a, holds=lambda _: True)
+    hostnet.claim(a, holds=lambda _: True)  # again: its own
+    with pytest.raises(RuntimeError, match="one per machine"):
+        hostnet.claim(b, holds=lambda other: other == a)
+    assert hostnet.owned_by(a) and not hostnet.owned_by(b)
+    hostnet.claim(b, holds=lambda _: False)  # a's kubelet is gone: b takes over
+    hostnet.release(a)  # not a's any more: kept
+    assert hostnet.owned_by(b)
+    hostnet.release(b)
+    assert hostnet.owned_by(a)
