@@ -505,10 +505,10 @@ class LocalCluster:
                 n.corefile.write_text(dns.corefile(self.kubeconfig))
                 self._apply_real_node_objects()
                 ctrd = self._start(node_mod.containerd(binaries, n))
-                self._wait(lambda: node_mod.containerd_ready(binaries, n), "containerd's socket", [ctrd])
+                self._wait(lambda: node_mod.containerd_ready(binaries.bin, n), "containerd's socket", [ctrd])
                 mark("containerd ready")
                 for archive in [binaries.pause_image, *sorted(n.images.glob("*.tar"))]:
-                    node_mod.import_image(binaries, n, archive)
+                    node_mod.import_image(binaries.bin, n, archive)
                 mark("images imported")
                 rest = [
                     self._start(dns.coredns(binaries.binary("coredns"), n.corefile)),

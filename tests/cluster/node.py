@@ -336,30 +336,25 @@ def pod_placement() -> dict[str, Any]:
     }
 
 
-def _ctr(b: NodeLayout | Path, n: NodePaths, *args: str, timeout: float = 600) -> str:
-    bin_dir = b.bin if isinstance(b, NodeLayout) else b
+def _ctr(bin_dir: Path, n: NodePaths, *args: str, timeout: float = 600) -> str:
     argv = [str(bin_dir / "ctr"), f"--address={n.socket}", f"--namespace={CRI_NAMESPACE}", *args]
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=timeout).stdout
 
 
-def containerd_ready(b: NodeLayout, n: NodePaths) -> bool:
+def containerd_ready(bin_dir: Path, n: NodePaths) -> bool:
     if not n.socket.exists():
         return False
     try:
-        _ctr(b, n, "version", timeout=10)
+        _ctr(bin_dir, n, "version", timeout=10)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return False
     return True
 
 
-def import_image(b: NodeLayout | Path, n: NodePaths, archive: Path) -> None:
+def import_image(bin_dir: Path, n: NodePaths, archive: Path) -> None:
     """Import an image archive (OCI or docker-archive, e.g. `buildah push ... oci-archive:`) into
     the CRI namespace, unpacked for the CRI's snapshotter, so pods start it without a pull."""
-    _ctr(b, n, "images", "import", "--snapshotter=overlayfs", str(archive))
-
-
-def images(b: NodeLayout | Path, n: NodePaths) -> list[str]:
-    return _ctr(b, n, "images", "list", "--quiet").split()
+    _ctr(bin_dir, n, "images", "import", "--snapshotter=overlayfs", str(archive))
 
 
 def remove_pods(bin_dir: Path, n: NodePaths) -> None:
