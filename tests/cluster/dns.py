@@ -1,7 +1,7 @@
 """Cluster DNS for the real node: CoreDNS as a process, behind the kube-dns Service.
 
-Why a process and not a pod: CoreDNS watches the API server, which listens on 127.0.0.1 only,
-out of a pod's reach. So it runs on this machine, listening on the node's IP (the bridge's
+Why a process and not a pod: it needs no image (no registry serves one here) and answers before
+the node's first pod starts. So it runs on this machine, listening on the node's IP (the bridge's
 address, which pods reach directly), and the kube-dns Service at CLUSTER_DNS_IP, the nameserver
 the kubelet writes into every pod's resolv.conf, has no selector but an EndpointSlice naming that
 address: kube-proxy forwards pods' queries there as it would to CoreDNS pods. It answers for

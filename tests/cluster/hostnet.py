@@ -1,5 +1,5 @@
 """The machine-wide state the real node changes: its bridge, forwarding, an egress guard, and
-the kernel settings the kubelet overwrites.
+the kernel settings the kubelet overwrites; and the path from pods to the API server.
 
 Why a module of its own: this is the only machine-wide state the local cluster changes (the rest
 lives in its state folder), so it is set up and undone in one place. The kubelet sets six kernel
@@ -10,6 +10,12 @@ the CNI bridge plugin runs (the plugin adopts it) because its address is the nod
 kubelet and CoreDNS listen before any pod exists. Pods may reach each other, Services and this
 machine, and nothing else: the guard drops forwarded packets from the pod range that would leave
 by any interface but the bridge, so no pod traffic is ever sent off the machine.
+
+The API server listens on 127.0.0.1 only, and an EndpointSlice may not name a loopback address, so
+kube-proxy cannot send the `kubernetes` Service's traffic there. A DNAT rule does: pods' packets to
+its ClusterIP, port 443, go to the API server's port on 127.0.0.1 (route_localnet on the bridge
+lets them; its certificate names 10.96.0.1 and kubernetes.default.svc). So in-cluster clients
+(a service account's token, KUBERNETES_SERVICE_HOST) work in the node's pods.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.cluster.config import BRIDGE, REAL_NODE_IP, REAL_POD_CIDR
+from tests.cluster.config import BRIDGE, HOST, PORTS, REAL_NODE_IP, REAL_POD_CIDR
 
 GUARD_CHAIN = "ASYNCGRPO-POD-EGRESS"
+API_CHAIN = "ASYNCGRPO-POD-API"
+API_SERVICE = ("10.96.0.1", "443")  # the `kubernetes` Service: first address of SERVICE_CIDR
 KUBELET_TUNABLES = (
     "vm/overcommit_memory",
     "vm/panic_on_oom",
@@ -100,6 +108,32 @@ def setup(saved_tunables: Path) -> None:
     _iptables("-A", GUARD_CHAIN, "-s", REAL_POD_CIDR, "!", "-o", BRIDGE, "-j", "DROP")
     if not _iptables("-C", "FORWARD", "-j", GUARD_CHAIN, check=False):
         _iptables("-I", "FORWARD", "1", "-j", GUARD_CHAIN)
+    Path("/proc/sys/net/ipv4/conf", BRIDGE, "route_localnet").write_text("1")
+    if not _iptables("-t", "nat", "-n", "-L", API_CHAIN, check=False):
+        _iptables("-t", "nat", "-N", API_CHAIN)
+    _iptables("-t", "nat", "-F", API_CHAIN)
+    to = f"{HOST}:{PORTS['kube-apiserver']}"
+    dst, port = API_SERVICE
+    _iptables(
+        "-t",
+        "nat",
+        "-A",
+        API_CHAIN,
+        "-i",
+        BRIDGE,
+        "-d",
+        dst,
+        "-p",
+        "tcp",
+        "--dport",
+        port,
+        "-j",
+        "DNAT",
+        "--to-destination",
+        to,
+    )
+    if not _iptables("-t", "nat", "-C", "PREROUTING", "-j", API_CHAIN, check=False):
+        _iptables("-t", "nat", "-I", "PREROUTING", "1", "-j", API_CHAIN)
 
 
 def teardown(saved_tunables: Path) -> None:
@@ -114,6 +148,11 @@ def teardown(saved_tunables: Path) -> None:
     if _iptables("-n", "-L", GUARD_CHAIN, check=False):
         _iptables("-F", GUARD_CHAIN)
         _iptables("-X", GUARD_CHAIN)
+    while _iptables("-t", "nat", "-D", "PREROUTING", "-j", API_CHAIN, check=False):
+        pass
+    if _iptables("-t", "nat", "-n", "-L", API_CHAIN, check=False):
+        _iptables("-t", "nat", "-F", API_CHAIN)
+        _iptables("-t", "nat", "-X", API_CHAIN)
     if Path("/sys/class/net", BRIDGE).exists():
         _run("ip", "link", "del", BRIDGE)
     for tool in ("iptables", "ip6tables"):
