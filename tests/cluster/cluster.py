@@ -556,10 +556,12 @@ class LocalCluster:
         undo its mounts, iptables rules and bridge. Returns the names stopped."""
         records = self.records()
         by_name = {r.name: r for r in records}
+        n = node_mod.NodePaths(self.paths.node)
+        if not n.root.exists() and not set(by_name) & set(REAL_NODE_PROCESSES):
+            return []
         stopped = []
         ctrd = by_name.get("containerd")
         bin_dir = Path(ctrd.argv[0]).parent if ctrd is not None else None
-        n = node_mod.NodePaths(self.paths.node)
         if "kubelet" in by_name and stop(by_name["kubelet"]):
             stopped.append("kubelet")
         if ctrd is not None and bin_dir is not None and is_alive(ctrd):
