@@ -302,16 +302,17 @@ COLD_BUILD_SECONDS: dict[str, float] = {
     "kuberay": 304.0,
     "helm": 201.0,
     "kueue": 330.0,
-    "kubelet": 444.0,
-    "containerd": 300.0,
-    "cni-plugins": 60.0,
-    "cri-tools": 180.0,
-    "coredns": 300.0,
+    "kubelet": 573.0,
+    "containerd": 404.0,
+    "cni-plugins": 15.0,
+    "cri-tools": 108.0,
+    "coredns": 117.0,
 }
 """Seconds of each cold `go build` on a 2-core machine: the five default ones as recorded in
 build-times.jsonl by the first build on this project's machine (2026-12-01, 23.4 min in all,
-module downloads included); Kueue's from its CPU time (389 s user+sys, docs/benchmarks.md). Only
-the progress output's estimate of what is left uses them; this machine's own records win."""
+module downloads included); Kueue's from its CPU time (389 s user+sys, docs/benchmarks.md); the
+real node's from its cold build with an empty GOCACHE (2026-12-02, 20.3 min in all, load 7-12).
+Only the progress output's estimate of what is left uses them; this machine's own records win."""
 PROGRESS_EVERY_SECONDS = 30.0
 
 
