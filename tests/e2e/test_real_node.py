@@ -5,8 +5,9 @@ minutes cold) and starts it on the session's control plane. The pods run Debian'
 imported into containerd as an image (no registry, no pull). What a user's cluster does and kwok
 cannot: a container runs and logs, gets an address from the bridge, finds another pod through a
 Service by its DNS name (kube-proxy and CoreDNS), reaches the API server through the `kubernetes`
-Service, is OOMKilled over its memory limit, and writes to a hostPath volume. Needs root (as the
-node does) and `apt-get install busybox-static runc`.
+Service, is OOMKilled over its memory limit, and writes to a hostPath volume; and an image archive
+imported while the node runs starts without a pull. Needs root (as the node does) and
+`apt-get install busybox-static runc`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import node
+from tests.cluster import node, oci
 from tests.cluster.build import build_node
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.config import (
@@ -184,3 +185,17 @@ def test_a_pod_reaches_the_api_server_through_the_kubernetes_service(
     wait_pod(kube_api, namespace, "in-cluster", {"Succeeded"})
     reply = real_node.kubectl("logs", "-n", namespace, "in-cluster")
     assert "Client sent an HTTP request to an HTTPS server" in reply
+
+
+def test_an_image_archive_imported_while_the_node_runs_starts_without_a_pull(
+    real_node: LocalCluster, kube_api: Api, namespace: str, tmp_path: Path
+) -> None:
+    image = f"{oci.LOCAL_REGISTRY}/imported:{secrets.token_hex(4)}"
+    archive = tmp_path / "imported.tar"
+    oci.write_image(archive, image, {"bin/busybox": node.BUSYBOX}, entrypoint=["/bin/busybox"])
+    real_node.import_image(archive)  # what `python -m tests.cluster import-image` does
+    pod = busybox_pod("imported", "unused")
+    pod["spec"]["containers"][0].update(image=image, command=["/bin/busybox", "echo", "imported"])
+    create_pod(kube_api, namespace, pod)
+    wait_pod(kube_api, namespace, "imported", {"Succeeded"})
+    assert real_node.kubectl("logs", "-n", namespace, "imported").strip() == "imported"
