@@ -5,11 +5,13 @@ Why a module of its own: this is the only machine-wide state the local cluster c
 lives in its state folder), so it is set up and undone in one place. The kubelet sets six kernel
 tunables at start (vm.overcommit_memory=1, kernel.panic_on_oops=1, ...; there is no setting to
 only warn, and `protectKernelDefaults` makes it refuse to start instead), so their values are
-saved before it starts and written back by `down`: other work shares this machine. The bridge is made before
-the CNI bridge plugin runs (the plugin adopts it) because its address is the node's IP, where the
-kubelet and CoreDNS listen before any pod exists. Pods may reach each other, Services and this
-machine, and nothing else: the guard drops forwarded packets from the pod range that would leave
-by any interface but the bridge, so no pod traffic is ever sent off the machine.
+saved before it starts and written back by `down`: other work shares this machine.
+
+The bridge is made before the CNI bridge plugin runs (the plugin adopts it) because its address
+is the node's IP, where the kubelet and CoreDNS listen before any pod exists. Pods may reach each
+other, Services and this machine, and nothing else: the guard drops forwarded packets from the pod
+range that would leave by any interface but the bridge, so no pod traffic is ever sent off the
+machine.
 
 The API server listens on 127.0.0.1 only, and an EndpointSlice may not name a loopback address, so
 kube-proxy cannot send the `kubernetes` Service's traffic there. A DNAT rule does: pods' packets to
@@ -26,11 +28,11 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.cluster.config import BRIDGE, HOST, PORTS, REAL_NODE_IP, REAL_POD_CIDR
+from tests.cluster.config import BRIDGE, HOST, PORTS, REAL_NODE_IP, REAL_POD_CIDR, SERVICE_CIDR
 
 GUARD_CHAIN = "ASYNCGRPO-POD-EGRESS"
 API_CHAIN = "ASYNCGRPO-POD-API"
-API_SERVICE = ("10.96.0.1", "443")  # the `kubernetes` Service: first address of SERVICE_CIDR
+API_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))  # the `kubernetes` Service
 KUBELET_TUNABLES = (
     "vm/overcommit_memory",
     "vm/panic_on_oom",
@@ -92,7 +94,7 @@ def release(state: Path) -> None:
 
 def setup(saved_tunables: Path) -> None:
     """Save the kernel tunables the kubelet will change, make the bridge with the node's IP,
-    turn forwarding on and install the egress guard."""
+    turn forwarding on, install the egress guard and the pods' path to the API server."""
     values = {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_TUNABLES}
     saved_tunables.write_text(json.dumps(values))
     for key, value in SYSCTLS.items():
@@ -112,26 +114,9 @@ def setup(saved_tunables: Path) -> None:
     if not _iptables("-t", "nat", "-n", "-L", API_CHAIN, check=False):
         _iptables("-t", "nat", "-N", API_CHAIN)
     _iptables("-t", "nat", "-F", API_CHAIN)
+    match = ["-i", BRIDGE, "-d", API_SERVICE_IP, "-p", "tcp", "--dport", "443"]
     to = f"{HOST}:{PORTS['kube-apiserver']}"
-    dst, port = API_SERVICE
-    _iptables(
-        "-t",
-        "nat",
-        "-A",
-        API_CHAIN,
-        "-i",
-        BRIDGE,
-        "-d",
-        dst,
-        "-p",
-        "tcp",
-        "--dport",
-        port,
-        "-j",
-        "DNAT",
-        "--to-destination",
-        to,
-    )
+    _iptables("-t", "nat", "-A", API_CHAIN, *match, "-j", "DNAT", "--to-destination", to)
     if not _iptables("-t", "nat", "-C", "PREROUTING", "-j", API_CHAIN, check=False):
         _iptables("-t", "nat", "-I", "PREROUTING", "1", "-j", API_CHAIN)
 
