@@ -1,4 +1,4 @@
-"""CLI: python -m tests.cluster build|up|down|status|logs|env|restart|prune.
+"""CLI: python -m tests.cluster build|up|down|status|logs|env|restart|prune|import-image.
 
 `up` builds first when the binaries are missing, so `python -m tests.cluster up` is the one command
 a developer or the demo needs. The processes outlive the CLI; `down` stops them by recorded PID.
@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.cluster.build import BuildError, build, build_optional, layout, stale_layouts
+from tests.cluster.build import BuildError, build, build_node, build_optional, layout, stale_layouts
 from tests.cluster.cluster import ClusterError, LocalCluster
 from tests.cluster.processes import log_tail
 
@@ -22,6 +22,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     print(out.bin)
     if args.kueue:
         print(build_optional("kueue", force=args.force).bin)
+    if args.real_node:
+        print(build_node(force=args.force).bin)
     return 0
 
 
@@ -30,7 +32,19 @@ def _cmd_up(args: argparse.Namespace) -> int:
     cluster.up(build())
     if args.kueue:
         cluster.start_kueue(build_optional("kueue"))
+    if args.real_node:
+        cluster.start_real_node(build_node())
     print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def _cmd_import_image(args: argparse.Namespace) -> int:
+    cluster = LocalCluster.from_env()
+    if not cluster.real_node_running():
+        print("no real node: `python -m tests.cluster up --real-node`", file=sys.stderr)
+        return 1
+    for archive in args.archives:
+        cluster.import_image(archive)
     return 0
 
 
@@ -117,13 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("build", help="build the binaries (no-op when cached); prints the bin folder")
     p.add_argument("--force", action="store_true", help="rebuild even if present")
     p.add_argument("--kueue", action="store_true", help="also build Kueue (optional component)")
+    p.add_argument("--real-node", action="store_true", help="also build the real node (optional)")
     p.set_defaults(fn=_cmd_build)
     p = sub.add_parser("up", help="build if needed, start everything, print the KUBECONFIG")
     p.add_argument("--kueue", action="store_true", help="also build (once) and start Kueue with a GPU queue")
+    p.add_argument("--real-node", action="store_true", help="also build (once) and start the real node")
     p.set_defaults(fn=_cmd_up)
     sub.add_parser("kueue", help="build (once) and start Kueue on the live control plane").set_defaults(
         fn=_cmd_kueue
     )
+    p = sub.add_parser("import-image", help="import image archives (OCI or docker) into the real node")
+    p.add_argument("archives", nargs="+", type=Path)
+    p.set_defaults(fn=_cmd_import_image)
     p = sub.add_parser("down", help="stop the recorded processes (logs are kept)")
     p.add_argument("--purge", action="store_true", help="also delete the state folder")
     p.set_defaults(fn=_cmd_down)

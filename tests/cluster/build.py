@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.cluster import oci
 from tests.cluster.config import GOMOD_DIR, VERSIONS_FILE, cache_root, components
 
 K8S_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
@@ -82,13 +83,52 @@ def kueue_ldflags(version: str) -> str:
 
 
 def optional_targets() -> dict[str, Target]:
-    """Builds that run only on request, keyed by component (see `build_optional`)."""
+    """Builds that run only on request, keyed by component (see `build_optional`, `build_node`)."""
     c = components()
+    cni = "github.com/containernetworking/plugins/plugins"
+    ctrd = "github.com/containerd/containerd/v2"
+    ctrd_bins = ("containerd", "containerd-shim-runc-v2", "ctr")
+    cni_bins = {"bridge": "main", "host-local": "ipam", "loopback": "main", "portmap": "meta"}
     return {
         "kueue": Target(
             "kueue", ("sigs.k8s.io/kueue/cmd/kueue",), ("kueue",), kueue_ldflags(c["kueue"].version)
-        )
+        ),
+        "kubelet": Target(
+            "kubelet",
+            ("k8s.io/kubernetes/cmd/kubelet", "k8s.io/kubernetes/cmd/kube-proxy"),
+            ("kubelet", "kube-proxy"),
+            k8s_ldflags(c["kubelet"].version),
+            tags="selinux,notest",  # the control plane's tags: its Go build cache is reused
+        ),
+        "containerd": Target(
+            "containerd",
+            tuple(f"{ctrd}/cmd/{b}" for b in ctrd_bins),
+            ctrd_bins,
+            f"-s -w -X '{ctrd}/version.Version={c['containerd'].version}'",
+        ),
+        "cni-plugins": Target(
+            "cni-plugins",
+            tuple(f"{cni}/{kind}/{b}" for b, kind in cni_bins.items()),
+            tuple(cni_bins),
+            "-s -w",
+        ),
+        "cri-tools": Target(
+            "cri-tools",
+            ("sigs.k8s.io/cri-tools/cmd/crictl",),
+            ("crictl",),
+            f"-s -w -X 'sigs.k8s.io/cri-tools/pkg/version.Version={c['cri-tools'].version}'",
+        ),
+        "coredns": Target(
+            "coredns",
+            ("asyncgrpo.dev/localcluster/coredns",),
+            ("coredns",),
+            "-s -w",  # its version is a constant in coremain
+        ),
     }
+
+
+NODE_COMPONENTS = ("containerd", "cni-plugins", "cri-tools", "kubelet", "coredns")
+"""The real node's builds, in the order a node comes up (DNS is needed last)."""
 
 
 def targets() -> list[Target]:
@@ -262,11 +302,17 @@ COLD_BUILD_SECONDS: dict[str, float] = {
     "kuberay": 304.0,
     "helm": 201.0,
     "kueue": 330.0,
+    "kubelet": 573.0,
+    "containerd": 404.0,
+    "cni-plugins": 15.0,
+    "cri-tools": 108.0,
+    "coredns": 117.0,
 }
 """Seconds of each cold `go build` on a 2-core machine: the five default ones as recorded in
 build-times.jsonl by the first build on this project's machine (2026-12-01, 23.4 min in all,
-module downloads included); Kueue's from its CPU time (389 s user+sys, docs/benchmarks.md). Only
-the progress output's estimate of what is left uses them; this machine's own records win."""
+module downloads included); Kueue's from its CPU time (389 s user+sys, docs/benchmarks.md); the
+real node's from its cold build with an empty GOCACHE (2026-12-02, 20.3 min in all, load 7-12).
+Only the progress output's estimate of what is left uses them; this machine's own records win."""
 PROGRESS_EVERY_SECONDS = 30.0
 
 
@@ -451,9 +497,90 @@ def build_optional(name: str, force: bool = False) -> OptionalLayout:
     return out
 
 
+PAUSE_TAG = "3.10.2"  # upstream's build/pause/Makefile TAG for the pinned Kubernetes
+PAUSE_CC = ("gcc", "-Os", "-static", "-Wall", "-Werror", f"-DVERSION=v{PAUSE_TAG}-asyncgrpo")
+"""The pod sandbox's `pause`, compiled as upstream does from the k8s.io/kubernetes module's
+build/pause/linux/pause.c: no registry serves registry.k8s.io/pause here (gcc and libc6-dev)."""
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where the real node's build lives: <cache>/node-<hash>/bin (binaries and CNI plugins) and
+    share/pause.tar (the sandbox image, an OCI archive for `ctr images import`)."""
+
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def pause_image(self) -> Path:
+        return self.root / "share" / "pause.tar"
+
+    def binary(self, name: str) -> Path:
+        return self.bin / name
+
+    def complete(self) -> bool:
+        bins = [b for n in NODE_COMPONENTS for b in optional_targets()[n].binaries]
+        return all(self.binary(b).is_file() for b in bins) and self.pause_image.is_file()
+
+
+def node_layout() -> NodeLayout:
+    """The real node's cache folder for the current pins (it may not exist yet)."""
+    h = hashlib.sha256(repr(PAUSE_CC).encode())
+    for name in NODE_COMPONENTS:
+        h.update(optional_hash(name).encode())
+    return NodeLayout(cache_root() / f"node-{h.hexdigest()[:16]}")
+
+
+def build_pause(out: NodeLayout) -> None:
+    """Compile pause statically and wrap it in a FROM-scratch image archive."""
+    src = module_dir("kubelet") / "build" / "pause" / "linux" / "pause.c"
+    subprocess.run([*PAUSE_CC, "-o", str(out.binary("pause")), str(src)], check=True)
+    out.pause_image.parent.mkdir(parents=True, exist_ok=True)
+    oci.write_image(
+        out.pause_image,
+        f"{oci.LOCAL_REGISTRY}/pause:{PAUSE_TAG}",
+        {"pause": out.binary("pause")},
+        entrypoint=["/pause"],
+    )
+
+
+def build_node(force: bool = False) -> NodeLayout:
+    """Build the real node's binaries and sandbox image (a no-op when complete).
+
+    Why apart from `build`: only `up --real-node` and its tests need them, and kubelet alone is
+    minutes of compiling; the control plane and the kwok nodes never wait for it.
+    """
+    out = node_layout()
+    if out.complete() and not force:
+        return out
+    check_pins(list(NODE_COMPONENTS))
+    with _lock(out.root / ".lock"):
+        out.bin.mkdir(parents=True, exist_ok=True)
+        times: dict[str, float] = {}
+        todo = [
+            optional_targets()[n]
+            for n in NODE_COMPONENTS
+            if force or not all(out.binary(b).is_file() for b in optional_targets()[n].binaries)
+        ]
+        progress = Progress([t.component for t in todo], estimates())
+        for t in todo:
+            times[t.component] = round(build_target(t, out.bin, progress), 1)
+        if force or not out.pause_image.is_file():
+            build_pause(out)
+        if times:
+            record = {"go": go_version(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            with (out.root / "build-times.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+    _log(f"real node in {out.bin}")
+    return out
+
+
 def stale_layouts(keep: set[Path]) -> list[Path]:
     """Cache folders of earlier pins (hash-named), except the current ones and those in `keep`."""
-    current = {layout().root} | {optional_layout(n).root for n in optional_targets()}
+    current = {layout().root, node_layout().root} | {optional_layout("kueue").root}
     pattern = re.compile(r"^([a-z]+-)?[0-9a-f]{16}$")
     return [
         d

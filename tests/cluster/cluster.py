@@ -28,10 +28,11 @@ from typing import Any
 import yaml
 
 from tests.cluster import components as comp
-from tests.cluster import kueue
+from tests.cluster import dns, hostnet, kueue
+from tests.cluster import node as node_mod
 from tests.cluster import pki as pki_mod
-from tests.cluster.build import Layout, OptionalLayout
-from tests.cluster.config import HERE, HOST, PORTS, state_dir
+from tests.cluster.build import Layout, NodeLayout, OptionalLayout
+from tests.cluster.config import HERE, HOST, PORTS, REAL_NODE_NAME, state_dir
 from tests.cluster.nodes import default_nodes
 from tests.cluster.processes import (
     PidFile,
@@ -59,6 +60,8 @@ options:
 ---
 """
 UP_TIMEOUT = 180.0
+REAL_NODE_PROCESSES = ("kubelet", "kube-proxy", "coredns", "containerd")
+"""The real node's processes, in the order `down` stops them (the kubelet first: see node.py)."""
 
 
 class ClusterError(RuntimeError):
@@ -75,6 +78,11 @@ def _probe(url: str, ctx: ssl.SSLContext | None) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _runs_a_kubelet(state: Path) -> bool:
+    """Whether the cluster in `state` has a live kubelet (it holds the machine's real node)."""
+    return any(r.name == "kubelet" and is_alive(r) for r in PidFile(state / "pids.json").load())
 
 
 @dataclass
@@ -459,6 +467,120 @@ class LocalCluster:
             self.paths.info.write_text(json.dumps(info, indent=1))
             return timings
 
+    def real_node_running(self) -> bool:
+        return any(r.name == "kubelet" and is_alive(r) for r in self.records())
+
+    def start_real_node(self, binaries: NodeLayout) -> dict[str, float]:
+        """Start the real node on this live control plane (a no-op when it runs); see node.py.
+
+        In order: the bridge and egress guard, the node's files and certificates, the RBAC
+        binding and the kube-dns Service; containerd, then its images (pause, busybox); CoreDNS,
+        kube-proxy and the kubelet; until the node is Ready. Returns milestone seconds.
+        """
+        with self.locked():
+            if self.real_node_running():
+                return {}
+            t0 = time.monotonic()
+            timings: dict[str, float] = {}
+
+            def mark(what: str) -> None:
+                timings[what] = round(time.monotonic() - t0, 2)
+                _log(f"real node: {what} after {timings[what]:.1f} s")
+
+            for name in REAL_NODE_PROCESSES:
+                self._forget(name)
+            try:
+                hostnet.claim(self.paths.root, _runs_a_kubelet)
+            except RuntimeError as err:
+                raise ClusterError(str(err)) from None
+            try:
+                n = node_mod.NodePaths(self.paths.node)
+                if n.root.exists():  # what a crashed node may have left
+                    node_mod.cleanup(n, binaries.bin, machine_wide=True)
+                    hostnet.teardown(n.saved_tunables)
+                    shutil.rmtree(n.root)
+                n.root.mkdir(parents=True)
+                hostnet.setup(n.saved_tunables)
+                node_mod.prepare(n, self.paths.pki, binaries)
+                n.corefile.write_text(dns.corefile(self.kubeconfig))
+                self._apply_real_node_objects()
+                ctrd = self._start(node_mod.containerd(binaries, n))
+                self._wait(lambda: node_mod.containerd_ready(binaries.bin, n), "containerd's socket", [ctrd])
+                mark("containerd ready")
+                for archive in [binaries.pause_image, *sorted(n.images.glob("*.tar"))]:
+                    node_mod.import_image(binaries.bin, n, archive)
+                mark("images imported")
+                rest = [
+                    self._start(dns.coredns(binaries.binary("coredns"), n.corefile)),
+                    self._start(node_mod.kube_proxy(binaries, n)),
+                    self._start(node_mod.kubelet(binaries, n)),
+                ]
+                self._wait_ready([ctrd, *rest])
+                self._wait(self._real_node_ready, f"node {REAL_NODE_NAME} Ready", [ctrd, *rest])
+            except BaseException:
+                self._stop_real_node()  # never leave half a node running; logs stay
+                raise
+            mark("node ready")
+            info = self.info()
+            info.setdefault("timings", {})["real-node"] = timings
+            info["real_node"] = str(binaries.root)
+            self.paths.info.write_text(json.dumps(info, indent=1))
+            return timings
+
+    def _apply_real_node_objects(self) -> None:
+        """The node's RBAC binding, and the kube-dns Service with its EndpointSlice (dns.py)."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+        self.api.apply(f"{rbac}/{node_mod.NODE_ROLE_BINDING}", json.dumps(node_mod.node_role_binding()))
+        ns = f"namespaces/{dns.NAMESPACE}"
+        self.api.apply(f"/api/v1/{ns}/services/{dns.SERVICE}", json.dumps(dns.service()))
+        slice_ = dns.endpoint_slice()
+        name = slice_["metadata"]["name"]
+        self.api.apply(f"/apis/discovery.k8s.io/v1/{ns}/endpointslices/{name}", json.dumps(slice_))
+
+    def import_image(self, archive: Path) -> None:
+        """Import an image archive into the running real node's containerd (no registry here)."""
+        binaries = self.info().get("real_node")
+        if not binaries:
+            raise ClusterError(f"no real node recorded in {self.paths.root}")
+        node_mod.import_image(Path(binaries) / "bin", node_mod.NodePaths(self.paths.node), archive)
+
+    def _real_node_ready(self) -> bool:
+        try:
+            c = condition(self.api.get(f"/api/v1/nodes/{REAL_NODE_NAME}"), "Ready")
+        except ApiError:
+            return False
+        return c is not None and c["status"] == "True"
+
+    def _stop_real_node(self) -> list[str]:
+        """Stop the kubelet, remove its pods while containerd runs, stop the rest of the node and
+        undo its mounts, iptables rules and bridge. Returns the names stopped."""
+        records = self.records()
+        by_name = {r.name: r for r in records}
+        n = node_mod.NodePaths(self.paths.node)
+        if not n.root.exists() and not set(by_name) & set(REAL_NODE_PROCESSES):
+            return []
+        stopped = []
+        ctrd = by_name.get("containerd")
+        bin_dir = Path(ctrd.argv[0]).parent if ctrd is not None else None
+        if "kubelet" in by_name and stop(by_name["kubelet"]):
+            stopped.append("kubelet")
+        if ctrd is not None and bin_dir is not None and is_alive(ctrd):
+            node_mod.remove_pods(bin_dir, n)
+        for name in REAL_NODE_PROCESSES:
+            if name in by_name and name != "kubelet" and stop(by_name[name]):
+                stopped.append(name)
+        if n.root.exists():
+            ours = hostnet.owned_by(self.paths.root)  # else another cluster's node: leave it be
+            node_mod.cleanup(n, bin_dir, machine_wide=ours)
+            if ours:
+                hostnet.teardown(n.saved_tunables)
+                hostnet.release(self.paths.root)
+        self.pidfile.clear()
+        for rec in records:
+            if rec.name not in REAL_NODE_PROCESSES:
+                self.pidfile.add(rec)
+        return stopped
+
     def _forget(self, name: str) -> None:
         """Drop the records of a component that is no longer running."""
         records = self.records()
@@ -471,7 +593,7 @@ class LocalCluster:
 
     def down(self, *, purge: bool = False, quiet: bool = False) -> list[str]:
         """Stop the recorded processes, newest first; keep logs unless `purge` (then delete state)."""
-        stopped = []
+        stopped = self._stop_real_node()
         for rec in reversed(self.records()):
             if stop(rec):
                 stopped.append(rec.name)

@@ -81,6 +81,11 @@ class StatePaths:
         return self.root / "logs" / "audit.jsonl"
 
     @property
+    def node(self) -> Path:
+        """The real node's files (tests/cluster/node.py), when it runs."""
+        return self.root / "node"
+
+    @property
     def info(self) -> Path:
         """JSON with the binaries folder, timings and ports of the running cluster."""
         return self.root / "cluster.json"
@@ -189,6 +194,10 @@ def kube_apiserver(b: Layout, s: StatePaths) -> Spec:
         "--allow-privileged=true",
         "--endpoint-reconciler-type=none",  # a loopback endpoint for `kubernetes` would be rejected
         "--enable-priority-and-fairness=false",
+        # The real node's kubelet (logs, exec): dialled at its IP, as admin (its webhook asks us).
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={p.admin_crt}",
+        f"--kubelet-client-key={p.admin_key}",
         "--profiling=false",
         *_audit_flags(s),
         *_watch_cache_flags(),

@@ -32,6 +32,12 @@ _BASE_PORTS: dict[str, int] = {
     "ray-operator-probe": 16082,
     "kueue-webhook": 16093,
     "kueue-probe": 16081,
+    "kubelet": 16250,  # on NODE_IP (the API server dials it for logs and exec); the rest on HOST
+    "kubelet-healthz": 16248,
+    "kube-proxy-healthz": 16256,
+    "kube-proxy-metrics": 16249,
+    "coredns-health": 16054,
+    "coredns-ready": 16181,
 }
 PORTS: dict[str, int] = {name: port + PORT_OFFSET for name, port in _BASE_PORTS.items()}
 
@@ -46,6 +52,17 @@ HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"  # kwok's fake pod IPs; kept apart from the service range
 NODE_IP = "10.250.0.1"
+
+# The real node (tests/cluster/node.py). Its network is machine-wide (a bridge, iptables rules), so
+# one machine runs at most one real node, whatever the port offset. Its pods get addresses from
+# REAL_POD_CIDR on the bridge, whose own address (the first of the range) is the node's IP: the
+# kubelet serves there and CoreDNS listens there, behind the kube-dns Service at CLUSTER_DNS_IP.
+REAL_NODE_NAME = "real-node-0"
+REAL_POD_CIDR = "10.245.0.0/24"
+REAL_NODE_IP = "10.245.0.1"
+BRIDGE = "agrpo0"
+CLUSTER_DNS_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
 
 
 @dataclass(frozen=True)

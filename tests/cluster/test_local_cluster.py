@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tests.cluster import kueue, pki
+from tests.cluster import hostnet, kueue, oci, pki
 from tests.cluster.build import (
     COLD_BUILD_SECONDS,
+    NODE_COMPONENTS,
     Progress,
     build_hash,
     check_pins,
     helm_ldflags,
     k8s_ldflags,
+    node_layout,
     optional_layout,
     optional_targets,
     targets,
@@ -29,9 +34,37 @@ from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, 
 
 def test_versions_toml_matches_every_gomod() -> None:
     check_pins()
-    assert set(components()) == {"kubernetes", "etcd", "kwok", "kuberay", "helm", "kueue"}
-    assert [c.name for c in components().values() if c.optional] == ["kueue"]
+    default = {"kubernetes", "etcd", "kwok", "kuberay", "helm"}
+    optional = {"kueue", *NODE_COMPONENTS}
+    assert set(components()) == default | optional
+    assert {c.name for c in components().values() if c.optional} == optional
     assert kubernetes_version().startswith("v1.")
+
+
+def test_the_real_nodes_kubelet_is_the_control_planes_version_and_cached_apart() -> None:
+    assert components()["kubelet"].version == kubernetes_version()
+    assert components()["kubelet"].module == components()["kubernetes"].module
+    assert node_layout().root.name.startswith("node-")
+    assert build_hash() not in node_layout().root.name
+
+
+def test_an_oci_archive_names_its_image_and_holds_the_files_and_links(tmp_path: Path) -> None:
+    exe = tmp_path / "tool"
+    exe.write_bytes(b"#!/bin/sh\n")
+    exe.chmod(0o755)
+    out = tmp_path / "image.tar"
+    files, links = {"bin/tool": exe}, {"bin/t": "tool"}
+    oci.write_image(out, "localhost/x/tool:1", files, entrypoint=["/bin/tool"], links=links)
+    with tarfile.open(out) as tar:
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        (manifest_desc,) = index["manifests"]
+        assert manifest_desc["annotations"]["io.containerd.image.name"] == "localhost/x/tool:1"
+        blob = f"blobs/sha256/{manifest_desc['digest'].split(':')[1]}"
+        manifest = json.load(tar.extractfile(blob))  # type: ignore[arg-type]
+        layer = tar.extractfile(f"blobs/sha256/{manifest['layers'][0]['digest'].split(':')[1]}")
+        with tarfile.open(fileobj=layer) as fs:
+            assert fs.getmember("bin/tool").mode == 0o755
+            assert fs.getmember("bin/t").linkname == "tool"
 
 
 def test_kueue_is_cached_apart_so_pinning_it_never_rebuilds_the_demos_components() -> None:
@@ -149,3 +182,20 @@ def test_build_progress_says_what_is_left_for_the_part_and_the_whole() -> None:
     assert progress.left_after("kubernetes", 900.0) == (0.0, 290.0)  # past its estimate: the rest
     assert progress.left_after("kwok", 50.0) == (200.0, 200.0)
     assert set(COLD_BUILD_SECONDS) == {t.component for t in targets()} | set(optional_targets())
+
+
+def test_one_real_node_per_machine_a_live_holder_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostnet, "OWNER_FILE", tmp_path / "owner")
+    a, b = tmp_path / "a", tmp_path / "b"
+    hostnet.claim(a, holds=lambda _: True)
+    hostnet.claim(a, holds=lambda _: True)  # again: its own
+    with pytest.raises(RuntimeError, match="one per machine"):
+        hostnet.claim(b, holds=lambda other: other == a)
+    assert hostnet.owned_by(a) and not hostnet.owned_by(b)
+    hostnet.claim(b, holds=lambda _: False)  # a's kubelet is gone: b takes over
+    hostnet.release(a)  # not a's any more: kept
+    assert hostnet.owned_by(b)
+    hostnet.release(b)
+    assert hostnet.owned_by(a)
