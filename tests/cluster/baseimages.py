@@ -101,7 +101,9 @@ def _remove_tree(tree: Path) -> None:
     if not tree.exists():
         return
     for mount in ("proc", "sys", "dev/pts", "dev"):
-        subprocess.run(["umount", "--recursive", "--lazy", str(tree / mount)], capture_output=True)
+        subprocess.run(
+            ["umount", "--recursive", "--lazy", str(tree / mount)], check=False, capture_output=True
+        )
     mounted = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     if any(m == str(tree) or m.startswith(f"{tree}/") for m in mounted):
         raise ImageError(f"{tree} still has mounts in it; unmount them and remove it by hand")
@@ -109,6 +111,6 @@ def _remove_tree(tree: Path) -> None:
 
 
 def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ImageError(f"{' '.join(cmd)} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")

@@ -11,6 +11,7 @@ vfs always works; the driver that worked is recorded in `storage-driver` and use
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from tests.cluster.config import cache_root
 
 DRIVERS = ("overlay", "vfs")
 APT_PACKAGES = ("buildah", "debootstrap", "runc")
-"""Debian's packages the image builds need; `images` says to install them when one is missing."""
+"""Debian's packages the image builds need; installed on first use (a fresh machine has none)."""
 
 
 class ImageError(RuntimeError):
@@ -39,11 +40,15 @@ def log(msg: str) -> None:
     print(f"[images] {msg}", file=sys.stderr, flush=True)
 
 
-def require_tools() -> None:
-    """Fail with the install command when buildah, debootstrap or runc is missing."""
-    missing = [t for t in APT_PACKAGES if shutil.which(t) is None]
-    if missing:
-        raise ImageError(f"{', '.join(missing)} missing: apt-get install -y {' '.join(APT_PACKAGES)}")
+def install_tools() -> None:
+    """apt-get install buildah, debootstrap and runc when one is missing (the builds run as root)."""
+    if all(shutil.which(t) for t in APT_PACKAGES):
+        return
+    log(f"installing {' '.join(APT_PACKAGES)} with apt-get ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *APT_PACKAGES]):
+        if subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+            raise ImageError(f"`{' '.join(cmd)}` failed; the image builds need {', '.join(APT_PACKAGES)}")
 
 
 def _base_args(driver: str) -> list[str]:
@@ -62,14 +67,14 @@ def _base_args(driver: str) -> list[str]:
 def _works(driver: str) -> bool:
     """Whether a container can be created and mounted with this driver (what a RUN step does)."""
     args = _base_args(driver)
-    made = subprocess.run([*args, "from", "scratch"], capture_output=True, text=True)
+    made = subprocess.run([*args, "from", "scratch"], check=False, capture_output=True, text=True)
     if made.returncode != 0:
         return False
     name = made.stdout.strip()
     try:
-        return subprocess.run([*args, "mount", name], capture_output=True).returncode == 0
+        return subprocess.run([*args, "mount", name], check=False, capture_output=True).returncode == 0
     finally:
-        subprocess.run([*args, "rm", name], capture_output=True)
+        subprocess.run([*args, "rm", name], check=False, capture_output=True)
 
 
 @cache
@@ -91,7 +96,7 @@ def driver() -> str:
 def buildah(*args: str, capture: bool = False) -> str:
     """Run buildah on our storage; its output when `capture`, else it streams to stderr."""
     cmd = [*_base_args(driver()), *args]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE if capture else sys.stderr, text=True)
+    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE if capture else sys.stderr, text=True)
     if proc.returncode != 0:
         raise ImageError(f"buildah failed (exit {proc.returncode}): {' '.join(cmd)}")
     return proc.stdout or ""
@@ -99,7 +104,7 @@ def buildah(*args: str, capture: bool = False) -> str:
 
 def has_image(ref: str) -> bool:
     cmd = [*_base_args(driver()), "inspect", "--type", "image", ref]
-    return subprocess.run(cmd, capture_output=True).returncode == 0
+    return subprocess.run(cmd, check=False, capture_output=True).returncode == 0
 
 
 @contextmanager
