@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -151,10 +152,19 @@ def build_image(image: Image, base: str, pins: str) -> Built:
         tmp.unlink(missing_ok=True)
         buildah("push", "--quiet", image.ref, f"docker-archive:{tmp}:{image.ref}")
         tmp.rename(archive)
+        _remove_older(image, archive)
         total = time.monotonic() - start
         log(f"{image.ref}: built in {built:.0f} s, exported in {total - built:.0f} s, {archive}")
         _record(image, archive, built, total)
         return Built(image.name, image.ref, archive, archive.stat().st_size)
+
+
+def _remove_older(image: Image, keep: Path) -> None:
+    """Delete the image's archives of earlier inputs: the trainer's is gigabytes, one per change."""
+    for old in images_root().glob(f"{image.name}-*.tar"):
+        if old != keep and re.fullmatch(rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.tar", old.name):
+            old.unlink()
+            old.with_suffix(".lock").unlink(missing_ok=True)
 
 
 def _record(image: Image, archive: Path, built: float, total: float) -> None:
