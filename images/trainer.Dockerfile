@@ -29,7 +29,7 @@ RUN apt-get update \
  && python3 -m venv "$VIRTUAL_ENV"
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 # cpu: torch's only Linux wheel on PyPI is the CUDA build, and its requirements pull about 3.5 GB
 # more (cuDNN, cuBLAS, NCCL, nvrtc, triton...). Its CPU build is not on PyPI, and without the CUDA
 # libraries its own shared libraries link, `import torch` fails. So torch goes in with --no-deps,
@@ -37,8 +37,8 @@ COPY pyproject.toml README.md ./
 # requirements, less nvrtc, nvtx, cuda-bindings and triton, which only GPU code loads; tests/chart/
 # test_images.py checks the list against torch's metadata); then the other requirements of the
 # project and its `trainer` extra, read from pyproject.toml without torch, so that pip never
-# resolves torch's requirements. A layer of its own, before the sources are copied: a code change
-# rebuilds only the layer below.
+# resolves torch's requirements. A layer of its own, before the sources (and README.md, which the
+# wheel's metadata includes) are copied: a code or README change rebuilds only the layers below.
 RUN if [ "$VARIANT" = cpu ]; then \
       python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(*p["dependencies"], *p["optional-dependencies"]["trainer"], sep="\n")' > /tmp/requirements.txt \
    && pip install --no-deps $(grep '^torch==' /tmp/requirements.txt) \
@@ -55,6 +55,7 @@ RUN if [ "$VARIANT" = cpu ]; then \
 # One wheel holds all three packages (hatch lists them); only the gpu extra's dependencies are
 # installed (cpu: none, they are in the layer above), so the operator's kopf is not, and the
 # trainer never imports it.
+COPY README.md ./
 COPY operator/ operator/
 COPY trainer/ trainer/
 RUN if [ "$VARIANT" = cpu ]; then \
