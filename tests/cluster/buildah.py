@@ -11,6 +11,7 @@ vfs always works; the driver that worked is recorded in `storage-driver` and use
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -105,6 +106,28 @@ def buildah(*args: str, capture: bool = False) -> str:
 def has_image(ref: str) -> bool:
     cmd = [*_base_args(driver()), "inspect", "--type", "image", ref]
     return subprocess.run(cmd, check=False, capture_output=True).returncode == 0
+
+
+def _diff_ids(image: str) -> list[str]:
+    inspected = json.loads(buildah("inspect", "--type", "image", image, capture=True))
+    return list(inspected["OCIv1"]["rootfs"]["diff_ids"])
+
+
+def prune(keep: list[str]) -> None:
+    """Remove the untagged images that no build of `keep` can reuse from the layer cache.
+
+    Why: `bud --layers` keeps an untagged image per step, and a changed dependency layer (the CPU
+    trainer's is about 5 GB) leaves the old one behind. A cached step of a kept image is one whose
+    layers are a prefix of that image's; every other untagged image is from an earlier input.
+    `buildah rmi --prune` would remove the cache of the current images too.
+    """
+    chains = [_diff_ids(ref) for ref in keep]
+    for image in json.loads(buildah("images", "--all", "--json", capture=True)):
+        if image["names"]:
+            continue
+        layers = _diff_ids(image["id"])
+        if not any(chain[: len(layers)] == layers for chain in chains):
+            buildah("rmi", image["id"], capture=True)
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from tests.cluster.baseimages import python_base
-from tests.cluster.buildah import buildah, images_root, install_tools, locked, log
+from tests.cluster.buildah import buildah, images_root, install_tools, locked, log, prune
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "asyncgrpo-operator"
@@ -122,9 +122,13 @@ def _build_config(pins: str) -> Path:
     return folder
 
 
+def archive_path(image: Image, base: str, pins: str) -> Path:
+    return images_root() / f"{image.name}-{image_hash(image, base, pins)}.tar"
+
+
 def build_image(image: Image, base: str, pins: str) -> Built:
     """The image's archive, building and exporting it unless the archive for its hash exists."""
-    archive = images_root() / f"{image.name}-{image_hash(image, base, pins)}.tar"
+    archive = archive_path(image, base, pins)
     with locked(archive.with_suffix(".lock")):
         if archive.is_file():
             return Built(image.name, image.ref, archive, archive.stat().st_size)
@@ -160,11 +164,11 @@ def build_image(image: Image, base: str, pins: str) -> Built:
 
 
 def _remove_older(image: Image, keep: Path) -> None:
-    """Delete the image's archives of earlier inputs: the trainer's is gigabytes, one per change."""
-    for old in images_root().glob(f"{image.name}-*.tar"):
-        if old != keep and re.fullmatch(rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.tar", old.name):
+    """Delete the image's archives (and locks) of earlier inputs: the trainer's is gigabytes."""
+    pattern = rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.(tar|lock|tmp)"
+    for old in images_root().glob(f"{image.name}-*"):
+        if old.stem != keep.stem and re.fullmatch(pattern, old.name):
             old.unlink()
-            old.with_suffix(".lock").unlink(missing_ok=True)
 
 
 def _record(image: Image, archive: Path, built: float, total: float) -> None:
@@ -181,8 +185,13 @@ def _record(image: Image, archive: Path, built: float, total: float) -> None:
 
 
 def build_all() -> list[Built]:
-    """Both images' archives (the base and each image built only when missing)."""
+    """Both images' archives (the base and each image built only when missing); after a build,
+    the layer cache of earlier inputs is pruned."""
     install_tools()
     base = python_base()
     pins = constraints()
-    return [build_image(image, base, pins) for image in images()]
+    missing = [i for i in images() if not archive_path(i, base, pins).is_file()]
+    built = [build_image(image, base, pins) for image in images()]
+    if missing:
+        prune([base, *(b.ref for b in built)])
+    return built
