@@ -349,3 +349,12 @@ def test_the_cpu_trainer_installs_torchs_requirements_but_what_only_gpu_code_loa
     runs = " ".join(a for w, a in instructions(TRAINER) if w == "RUN")
     assert [r for r in expected if r not in runs] == []
     assert not [o for o in CPU_TORCH_OMITS if o in runs]
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR, TRAINER], ids=lambda p: p.name)
+def test_the_image_builder_hashes_every_path_the_dockerfile_copies(dockerfile: Path) -> None:
+    """tests/cluster/images.py keys an image's archive by the files its Dockerfile copies; a path
+    it missed would leave a stale archive in use after that path changed."""
+    from tests.cluster.images import copied_paths  # noqa: PLC0415
+
+    assert copied_paths(dockerfile) == copy_sources(dockerfile)
