@@ -133,7 +133,7 @@ def build_image(image: Image, base: str, pins: str) -> Built:
         if archive.is_file():
             return Built(image.name, image.ref, archive, archive.stat().st_size)
         config = _build_config(pins)
-        log(f"building {image.ref} from {image.dockerfile} ...")
+        log(f"building {image.ref} from {image.dockerfile}{_estimate(image)} ...")
         start = time.monotonic()
         args = [f"--build-arg={image.base_arg}={base}"] + [f"--build-arg={k}={v}" for k, v in image.args]
         buildah(
@@ -169,6 +169,23 @@ def _remove_older(image: Image, keep: Path) -> None:
     for old in images_root().glob(f"{image.name}-*"):
         if old.stem != keep.stem and re.fullmatch(pattern, old.name):
             old.unlink()
+
+
+COLD_BUILD_SECONDS = {"operator": 60.0, "trainer-cpu": 530.0}
+"""A cold build and export of each on the project's 2-core machine under load (docs/benchmarks.md);
+only the progress line uses them, and this machine's slower records win."""
+
+
+def _estimate(image: Image) -> str:
+    """`(at most about N min)` for the progress line: the slowest build of this image recorded
+    here (a cold one), else COLD_BUILD_SECONDS; the layer cache makes most builds much shorter."""
+    seconds = [COLD_BUILD_SECONDS[image.name]]
+    records = images_root() / "build-times.jsonl"
+    for line in records.read_text().splitlines() if records.is_file() else []:
+        record = json.loads(line)
+        if record.get("image") == image.ref:
+            seconds.append(float(record["total_seconds"]))
+    return f" (at most about {max(seconds) / 60:.0f} min: a cold build here; cached layers cut it)"
 
 
 def _record(image: Image, archive: Path, built: float, total: float) -> None:
