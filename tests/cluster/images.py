@@ -126,46 +126,43 @@ def archive_path(image: Image, base: str, pins: str) -> Path:
     return images_root() / f"{image.name}-{image_hash(image, base, pins)}.tar"
 
 
-def build_image(image: Image, base: str, pins: str) -> Built:
-    """The image's archive, building and exporting it unless the archive for its hash exists."""
+def build_image(image: Image, base: str, pins: str) -> Path:
+    """Build the image and export its archive (the caller holds the build lock)."""
     archive = archive_path(image, base, pins)
-    with locked(archive.with_suffix(".lock")):
-        if archive.is_file():
-            return Built(image.name, image.ref, archive, archive.stat().st_size)
-        config = _build_config(pins)
-        log(f"building {image.ref} from {image.dockerfile}{_estimate(image)} ...")
-        start = time.monotonic()
-        args = [f"--build-arg={image.base_arg}={base}"] + [f"--build-arg={k}={v}" for k, v in image.args]
-        buildah(
-            "bud",
-            "--layers",
-            "--network=host",
-            "--isolation=chroot",
-            f"-v={HOST_CA_BUNDLE}:{CA_IN_BUILD}:ro",
-            f"-v={config / 'pip.conf'}:{PIP_CONF_IN_BUILD}:ro",
-            f"-v={config / 'constraints.txt'}:{CONSTRAINTS_IN_BUILD}:ro",
-            *args,
-            "-f",
-            str(REPO / image.dockerfile),
-            "-t",
-            image.ref,
-            str(REPO),
-        )
-        built = time.monotonic() - start
-        tmp = archive.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        buildah("push", "--quiet", image.ref, f"docker-archive:{tmp}:{image.ref}")
-        tmp.rename(archive)
-        _remove_older(image, archive)
-        total = time.monotonic() - start
-        log(f"{image.ref}: built in {built:.0f} s, exported in {total - built:.0f} s, {archive}")
-        _record(image, archive, built, total)
-        return Built(image.name, image.ref, archive, archive.stat().st_size)
+    config = _build_config(pins)
+    log(f"building {image.ref} from {image.dockerfile}{_estimate(image)} ...")
+    start = time.monotonic()
+    args = [f"--build-arg={image.base_arg}={base}"] + [f"--build-arg={k}={v}" for k, v in image.args]
+    buildah(
+        "bud",
+        "--layers",
+        "--network=host",
+        "--isolation=chroot",
+        f"-v={HOST_CA_BUNDLE}:{CA_IN_BUILD}:ro",
+        f"-v={config / 'pip.conf'}:{PIP_CONF_IN_BUILD}:ro",
+        f"-v={config / 'constraints.txt'}:{CONSTRAINTS_IN_BUILD}:ro",
+        *args,
+        "-f",
+        str(REPO / image.dockerfile),
+        "-t",
+        image.ref,
+        str(REPO),
+    )
+    built = time.monotonic() - start
+    tmp = archive.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    buildah("push", "--quiet", image.ref, f"docker-archive:{tmp}:{image.ref}")
+    tmp.rename(archive)
+    _remove_older(image, archive)
+    total = time.monotonic() - start
+    log(f"{image.ref}: built in {built:.0f} s, exported in {total - built:.0f} s, {archive}")
+    _record(image, archive, built, total)
+    return archive
 
 
 def _remove_older(image: Image, keep: Path) -> None:
-    """Delete the image's archives (and locks) of earlier inputs: the trainer's is gigabytes."""
-    pattern = rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.(tar|lock|tmp)"
+    """Delete the image's archives of earlier inputs: the trainer's is gigabytes."""
+    pattern = rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.(tar|tmp)"
     for old in images_root().glob(f"{image.name}-*"):
         if old.stem != keep.stem and re.fullmatch(pattern, old.name):
             old.unlink()
@@ -202,13 +199,21 @@ def _record(image: Image, archive: Path, built: float, total: float) -> None:
 
 
 def build_all() -> list[Built]:
-    """Both images' archives (the base and each image built only when missing); after a build,
-    the layer cache of earlier inputs is pruned."""
+    """Both images' archives, each built only when the one for its inputs is missing; after a
+    build, the layer cache of earlier inputs is pruned.
+
+    Why one lock for all builds: they share buildah's storage, and pruning beside another build
+    (another checkout's, another test session's) could remove the step that build stands on.
+    """
     install_tools()
     base = python_base()
     pins = constraints()
-    missing = [i for i in images() if not archive_path(i, base, pins).is_file()]
-    built = [build_image(image, base, pins) for image in images()]
-    if missing:
-        prune([base, *(b.ref for b in built)])
-    return built
+    wanted = {image: archive_path(image, base, pins) for image in images()}
+    if not all(archive.is_file() for archive in wanted.values()):
+        with locked(images_root() / "build.lock"):
+            todo = [image for image, archive in wanted.items() if not archive.is_file()]
+            for image in todo:
+                build_image(image, base, pins)
+            if todo:
+                prune([base, *(image.ref for image in wanted)])
+    return [Built(i.name, i.ref, a, a.stat().st_size) for i, a in wanted.items()]
