@@ -136,6 +136,7 @@ def build_image(image: Image, base: str, pins: str) -> Path:
     buildah(
         "bud",
         "--layers",
+        "--force-rm",  # a failed step's container too: else it stays, mounted, in our storage
         "--network=host",
         "--isolation=chroot",
         f"-v={HOST_CA_BUNDLE}:{CA_IN_BUILD}:ro",
