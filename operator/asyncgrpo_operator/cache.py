@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from asyncgrpo_operator import naming
-from asyncgrpo_operator.observed import ClusterView, PodView
+from asyncgrpo_operator.observed import ClusterView, ConfigMapView, PodView
 
 Key = tuple[str, str]
 """(namespace, name) of a job."""
@@ -37,21 +37,6 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
-
-
-@dataclass(frozen=True)
-class ConfigMapView:
-    """A ConfigMap of a job: its name and data (the spec ConfigMap's data is compared to the spec)."""
-
-    name: str
-    data: Mapping[str, str]
-
-    @classmethod
-    def from_dict(cls, configmap: Mapping[str, Any]) -> ConfigMapView:
-        return cls(
-            name=str((configmap.get("metadata") or {}).get("name", "")),
-            data=dict(configmap.get("data") or {}),
-        )
 
 
 def version(obj: Mapping[str, Any]) -> int | None:

@@ -281,23 +281,34 @@ class Api:
         finally:
             response.release()
 
-    async def apply_configmap(self, manifest: Obj) -> Obj:
-        """Create the ConfigMap, or replace its data when it exists; returns it as written. An
-        existing one also gets the manifest's labels and owner: one left without them (by an older
-        operator, or by hand) would stay invisible to the ConfigMap watch, which selects on the
-        job-name label, and be rewritten on every pass."""
-        namespace = manifest["metadata"]["namespace"]
-        path = f"/api/v1/namespaces/{namespace}/configmaps"
-        created = await self._create(path, manifest)
-        if created is not None:
-            return created
-        meta = {
-            k: manifest["metadata"][k] for k in ("labels", "ownerReferences") if k in manifest["metadata"]
+    async def create_configmap(self, manifest: Obj) -> Obj | None:
+        """Create a ConfigMap; returns it as created, or None when one of that name exists."""
+        path = f"/api/v1/namespaces/{manifest['metadata']['namespace']}/configmaps"
+        return await self._create(path, manifest)
+
+    async def find_configmap(self, namespace: str, name: str) -> Obj | None:
+        """One ConfigMap by name, read with a list (the operator may list ConfigMaps, not get them)."""
+        items = await self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            query={"fieldSelector": f"metadata.name={name}"},
+        )
+        found = items.get("items") or []
+        return found[0] if found else None
+
+    async def replace_configmap_data(self, manifest: Obj, resource_version: str) -> Obj:
+        """Replace an existing ConfigMap's data and labels, failing with 409 if it changed since
+        `resource_version`: the caller checked at that version that the ConfigMap is its own, so
+        the write cannot land on one that changed hands since."""
+        meta = manifest["metadata"]
+        body = {
+            "metadata": {"resourceVersion": resource_version, "labels": meta.get("labels") or {}},
+            "data": manifest["data"],
         }
         return await self.request(
             "PATCH",
-            f"{path}/{manifest['metadata']['name']}",
-            body={"metadata": meta, "data": manifest["data"]},
+            f"/api/v1/namespaces/{meta['namespace']}/configmaps/{meta['name']}",
+            body=body,
             content_type=MERGE_PATCH,
             query={"fieldManager": naming.MANAGER},
         )

@@ -8,6 +8,8 @@ exception, because the objects are written by other controllers (KubeRay, the ku
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,6 +58,36 @@ class ContainerView:
                 message=str(wait.get("message") or ""),
             )
         return cls(name=name, state="unknown")
+
+
+def data_digest(data: Mapping[str, str]) -> str:
+    """A ConfigMap's data as a fixed-size fingerprint: the plan only asks whether the stored data
+    equals what it would write, so the cache keeps this instead of the data (which anyone who can
+    create ConfigMaps could make 1 MiB each)."""
+    return hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ConfigMapView:
+    """A job's spec ConfigMap: who controls it and a digest of its data (never the data)."""
+
+    name: str
+    owner_uid: str | None
+    """The controller owner's UID: only a ConfigMap whose owner is the job may be written."""
+    digest: str
+    resource_version: str
+    """What a write of its data is conditioned on, so that it cannot overwrite an object that
+    changed hands since it was read."""
+
+    @classmethod
+    def from_dict(cls, configmap: Mapping[str, Any]) -> ConfigMapView:
+        meta = configmap.get("metadata") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            owner_uid=_controller_uid(meta),
+            digest=data_digest(configmap.get("data") or {}),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -356,8 +388,9 @@ class Observation:
     now: datetime
     clusters: tuple[ClusterView, ...] = ()
     pods: tuple[PodView, ...] = ()
-    configmap_data: Mapping[str, str] | None = None
-    """The spec ConfigMap's data, or None when it does not exist."""
+    configmap: ConfigMapView | None = None
+    """The ConfigMap named like the job's spec ConfigMap, or None when it does not exist. It may be
+    someone else's (another owner, or none): the plan then writes nothing to it."""
     remembered_exit: DriverExit | None = None
     """A driver exit seen on a head pod that may be gone by now (KubeRay deletes dead heads)."""
     progress: ProgressReading | None = None

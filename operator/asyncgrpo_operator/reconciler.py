@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +41,7 @@ from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import (
     ClusterView,
+    ConfigMapView,
     CreateFailure,
     DriverExit,
     Observation,
@@ -167,18 +168,20 @@ class Reconciler:
             outcome = plan.plan(
                 job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
             )
-        written, failure = await self._apply(key, body, outcome, now, generation)
-        if failure is None:
+        written, refusal = await self._apply(key, body, outcome, now, generation)
+        if refusal is None:
             return outcome.requeue_after
-        # The API server refused the RayCluster: plan again on the world as this pass left it
-        # (its status written, its ConfigMap applied) with the API server's answer, so the pass
-        # already shows the refusal (condition and Event) and schedules the retry.
-        applied = [a.manifest["data"] for a in outcome.actions if isinstance(a, decision.ApplyConfigMap)]
-        after = replace(
-            observed,
-            create_failure=failure,
-            configmap_data=applied[-1] if applied else observed.configmap_data,
-        )
+        # The API server refused the RayCluster, or the spec ConfigMap's name is taken: plan again
+        # on the world as this pass left it (its status written, its ConfigMap applied) with what
+        # it found, so the pass already shows the refusal (condition and Event) and its retry.
+        if isinstance(refusal, ConfigMapView):
+            after = replace(observed, configmap=refusal)
+        else:
+            after = replace(
+                observed,
+                create_failure=refusal,
+                configmap=self.cache.configmap(key, naming.spec_configmap_name(name)),
+            )
         replanned = plan.plan(
             job, outcome.status, after, generation=generation, owner=owner, spec_errors=spec_errors
         )
@@ -224,7 +227,7 @@ class Reconciler:
             now=now,
             clusters=clusters,
             pods=pods,
-            configmap_data=configmap.data if configmap is not None else None,
+            configmap=configmap,
             remembered_exit=self.memory.exits.get(key),
             progress=poll.reading if poll is not None else None,
             progress_read_at=poll.read_at if poll is not None else None,
@@ -278,9 +281,11 @@ class Reconciler:
 
     async def _apply(
         self, key: Key, body: Mapping[str, Any], outcome: decision.Decision, now: datetime, generation: int
-    ) -> tuple[str, CreateFailure | None]:
+    ) -> tuple[str, Refusal | None]:
         """Write the status, act, post the events. Returns the job's resourceVersion afterwards and
-        the API server's refusal of a RayCluster create, if one was refused."""
+        what stopped an action, if anything did: the API server's refusal of a RayCluster create,
+        or the ConfigMap found in the way of the job's (the actions after it are not taken: the
+        RayCluster's pods would mount that ConfigMap as their spec)."""
         namespace, name = key
         meta = body["metadata"]
         resource_version = str(meta["resourceVersion"])
@@ -308,13 +313,12 @@ class Reconciler:
                     self.memory.forget(key)
                     return resource_version, None
                 raise
-        failures: list[CreateFailure] = []
-        for group in _groups(outcome.actions):
-            # Creates that follow each other (the ConfigMap and the RayCluster of an attempt) go
-            # out together; deletes stay in order. Pods wait for a missing ConfigMap volume, so
-            # the two creates need no order between them.
-            done = await asyncio.gather(*(self._act(key, meta, action, now, generation) for action in group))
-            failures += [f for f in done if f is not None]
+        refusal: Refusal | None = None
+        for action in outcome.actions:
+            stopped = await self._act(key, meta, action, now, generation)
+            refusal = refusal or stopped
+            if isinstance(stopped, ConfigMapView):
+                break
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
         self.memory.phases[key] = outcome.status.phase
         if outcome.progress_mark is not None:
@@ -336,23 +340,44 @@ class Reconciler:
             )
         # Events are independent of each other: post them together (one round trip, not one each).
         await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
-        return resource_version, failures[0] if failures else None
+        return resource_version, refusal
 
     async def _act(
         self, key: Key, meta: Mapping[str, Any], action: decision.Action, now: datetime, generation: int
-    ) -> CreateFailure | None:
+    ) -> Refusal | None:
         namespace, name = key
         if isinstance(action, decision.ApplyConfigMap):
-            self.cache.configmaps.apply(cache.MODIFIED, await self.api.apply_configmap(action.manifest))
-        elif isinstance(action, decision.CreateRayCluster):
+            return await self._apply_configmap(str(meta["uid"]), action)
+        if isinstance(action, decision.CreateRayCluster):
             return await self._create_raycluster(key, action.manifest, now, generation)
-        elif isinstance(action, decision.DeleteRayCluster):
+        if isinstance(action, decision.DeleteRayCluster):
             await self.api.delete_raycluster(namespace, action.name, action.uid)
             self.cache.mark_deleting(action.uid)
             log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
         elif isinstance(action, decision.DeleteJob):
             await self.api.delete_job(namespace, name, str(meta["uid"]))
             log.info("deleted job", extra=_fields(key, why=action.why))
+        return None
+
+    async def _apply_configmap(self, job_uid: str, action: decision.ApplyConfigMap) -> ConfigMapView | None:
+        """Create the spec ConfigMap, or replace the data of the job's own; returns the ConfigMap of
+        that name, untouched, when the job does not control it. The plan already leaves a foreign
+        one alone; this also covers one the cache does not hold (it holds only the operator's)."""
+        existing = action.existing
+        if existing is None:
+            created = await self.api.create_configmap(action.manifest)
+            if created is not None:
+                self.cache.configmaps.apply(cache.ADDED, created)
+                return None
+            meta = action.manifest["metadata"]
+            found = await self.api.find_configmap(meta["namespace"], meta["name"])
+            if found is None:  # deleted between the two calls: the pass is retried, and creates it
+                raise k8s.ApiError(409, f"ConfigMap {meta['name']} exists, then did not")
+            existing = ConfigMapView.from_dict(found)
+        if existing.owner_uid != job_uid:
+            return existing
+        written = await self.api.replace_configmap_data(action.manifest, existing.resource_version)
+        self.cache.configmaps.apply(cache.MODIFIED, written)
         return None
 
     async def _create_raycluster(
@@ -388,18 +413,8 @@ class Reconciler:
             log.warning("could not post event", extra=_fields(key, reason=event.reason, error=str(err)))
 
 
-_CREATES = (decision.ApplyConfigMap, decision.CreateRayCluster)
-
-
-def _groups(actions: Sequence[decision.Action]) -> list[list[decision.Action]]:
-    """Consecutive creates form one group (run concurrently); every other action is alone."""
-    groups: list[list[decision.Action]] = []
-    for action in actions:
-        if groups and isinstance(action, _CREATES) and all(isinstance(a, _CREATES) for a in groups[-1]):
-            groups[-1].append(action)
-        else:
-            groups.append([action])
-    return groups
+Refusal = CreateFailure | ConfigMapView
+"""What stops a pass's actions: see `Reconciler._apply`."""
 
 
 def _as_written(body: Mapping[str, Any], resource_version: str, outcome: decision.Decision) -> dict[str, Any]:

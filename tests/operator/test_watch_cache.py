@@ -298,7 +298,7 @@ class ConfirmingApi(RecordingApi):
         self.reads += 1
         return self.pods
 
-    async def apply_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def create_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return manifest
 
 
