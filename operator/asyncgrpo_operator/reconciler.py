@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from pydantic import ValidationError
 
 from asyncgrpo_api.rules import validate_manifest
@@ -47,7 +45,6 @@ from asyncgrpo_operator.observed import (
     Observation,
     PodView,
     ProgressMark,
-    ProgressReading,
     WorkloadView,
 )
 
@@ -67,20 +64,11 @@ class ConflictError(Exception):
 
 
 @dataclass
-class _Poll:
-    at: float
-    read_at: datetime
-    reading: ProgressReading | None
-    error: str | None
-
-
-@dataclass
 class Memory:
     """Facts a pass cannot re-read from the API (see the module docstring)."""
 
     exits: dict[Key, DriverExit] = field(default_factory=dict)
     marks: dict[Key, ProgressMark] = field(default_factory=dict)
-    polls: dict[Key, _Poll] = field(default_factory=dict)
     written: dict[Key, str] = field(default_factory=dict)
     """The resourceVersion of the job as this operator's last status write left it."""
     create_failures: dict[Key, CreateFailure] = field(default_factory=dict)
@@ -94,26 +82,26 @@ class Memory:
         self.phases.pop(key, None)
         self.exits.pop(key, None)
         self.marks.pop(key, None)
-        self.polls.pop(key, None)
         self.written.pop(key, None)
         self.create_failures.pop(key, None)
         self.conflicts.pop(key, None)
 
 
 class Reconciler:
-    """Runs passes; owns the API client, the HTTP session for /progress and the memory."""
+    """Runs passes; owns the API client and the memory, and tells the /progress poller which
+    drivers to read."""
 
     def __init__(
         self,
         api: k8s.Api,
-        session: aiohttp.ClientSession,
+        poller: progress.Poller,
         cache: Cache,
         memory: Memory | None = None,
         *,
         progress_url_template: str = progress.DEFAULT_URL_TEMPLATE,
     ) -> None:
         self.api = api
-        self.session = session
+        self.poller = poller
         self.cache = cache
         self.memory = memory or Memory()
         self.progress_url_template = progress.check_url_template(progress_url_template)
@@ -133,6 +121,7 @@ class Reconciler:
         body = self.cache.jobs.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.memory.forget(key)
+            self.poller.forget(key)
             return None
         if self.memory.conflicts.get(key) == str(body["metadata"].get("resourceVersion")):
             return CONFLICT_RECHECK_SECONDS  # the cache has not caught up with the job yet
@@ -218,7 +207,7 @@ class Reconciler:
             head = next(
                 (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
             )
-        poll = await self._poll(key, job, head, now) if job is not None else None
+        poll = self._poll(key, job, head, now) if job is not None else None
         workload = None
         if job is not None and job.kueue_queue_name is not None and current is not None:
             found = await self.api.list_workloads(namespace, current.uid)
@@ -258,24 +247,19 @@ class Reconciler:
             from_cache=False,
         )
 
-    async def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> _Poll | None:
-        """Read /progress while the driver runs, at most about once per pollSeconds."""
+    def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> progress.Poll | None:
+        """The latest /progress read while the driver runs (the poller reads it; a pass never
+        waits on the head pod), after telling the poller what to read."""
         driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
         if driver is None or driver.state != "running":
+            self.poller.forget(key)
             return None
         url = progress.progress_url(self.progress_url_template, key[0], key[1], head)
         if url is None:
-            return _Poll(time.monotonic(), now, None, "the head pod has no IP yet")
-        last = self.memory.polls.get(key)
-        clock = time.monotonic()
-        if last is not None and clock - last.at < job.spec.progress.poll_seconds * 0.8:
-            return last
-        try:
-            poll = _Poll(clock, now, await progress.read_progress(self.session, url), None)
-        except progress.ProgressError as exc:
-            poll = _Poll(clock, now, None, str(exc))
-        self.memory.polls[key] = poll
-        return poll
+            self.poller.forget(key)
+            return progress.Poll(now, None, "the head pod has no IP yet")
+        self.poller.track(key, url, job.spec.progress.poll_seconds)
+        return self.poller.latest(key)
 
     # --- write -------------------------------------------------------------------------------
 
@@ -325,7 +309,7 @@ class Reconciler:
             self.memory.marks[key] = outcome.progress_mark
         if outcome.status.phase in ("Succeeded", "Failed"):
             self.memory.exits.pop(key, None)
-            self.memory.polls.pop(key, None)
+            self.poller.forget(key)
         old_phase = (body.get("status") or {}).get("phase")
         if old_phase != outcome.status.phase or outcome.events:
             log.info(

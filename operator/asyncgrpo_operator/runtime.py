@@ -64,6 +64,8 @@ class Runtime:
     controller: Controller
     metrics: Metrics
     task: asyncio.Task[None]
+    poller: asyncio.Task[None]
+    """Reads the running drivers' /progress (progress.Poller), outside the passes."""
     informers: list[asyncio.Task[None]]
     elector: LeaseElector | None = None
     elector_task: asyncio.Task[None] | None = None
@@ -105,7 +107,8 @@ async def start(memo: Any) -> Runtime:
     namespaces = [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     cache = Cache(scopes=tuple(scopes))
-    reconciler = Reconciler(api, session, cache, progress_url_template=template)
+    poller = progress.Poller(session)
+    reconciler = Reconciler(api, poller, cache, progress_url_template=template)
 
     async def list_keys() -> list[Key]:
         """Every job, listed afresh: the resync's list also repairs the job cache."""
@@ -124,6 +127,7 @@ async def start(memo: Any) -> Runtime:
         is_active=((lambda: cache.synced() and elector.is_leader) if elector is not None else cache.synced),
         metrics=metrics,
     )
+    poller.changed = controller.enqueue  # a new /progress reading: a pass writes it
 
     def changed(keys: Iterable[Key]) -> None:
         for key in keys:
@@ -159,6 +163,7 @@ async def start(memo: Any) -> Runtime:
             )
             informers.append(asyncio.create_task(informer.run(), name=f"asyncgrpo-watch-{resource}"))
     task = asyncio.create_task(controller.run(), name="asyncgrpo-controller")
+    poller_task = asyncio.create_task(poller.run(), name="asyncgrpo-progress-poller")
     elector_task = (
         asyncio.create_task(elector.run(), name="asyncgrpo-leader") if elector is not None else None
     )
@@ -170,6 +175,7 @@ async def start(memo: Any) -> Runtime:
         controller=controller,
         metrics=metrics,
         task=task,
+        poller=poller_task,
         informers=informers,
         elector=elector,
         elector_task=elector_task,
@@ -199,6 +205,7 @@ async def stop(memo: Any) -> None:
     if not isinstance(runtime, Runtime):
         return
     await _cancel(runtime.task)
+    await _cancel(runtime.poller)
     for informer in runtime.informers:
         await _cancel(informer)
     if runtime.elector is not None:

@@ -235,7 +235,7 @@ def job_manifest(name: str, **spec: Any) -> JSON:
         "spec": {
             "image": "rayproject/ray:2.46.0",
             "backoffLimit": 2,
-            "progress": {"stallAfterSeconds": 30, "pollSeconds": 1},
+            "progress": {"stallAfterSeconds": 30, "pollSeconds": 2},
             "storage": {"checkpoints": {"emptyDir": {}, "mountPath": "/checkpoints"}},
             "cluster": {
                 "rayVersion": "2.46",

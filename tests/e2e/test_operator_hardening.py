@@ -265,7 +265,7 @@ def test_a_running_job_whose_spec_newer_rules_refuse_keeps_running_and_keeps_its
     spec = conditions(status)["SpecValid"]
     assert (spec["status"], spec["reason"]) == ("False", "AdmittedUnderOlderRules")
     assert "spec.cluster.head.resources.requests.cpu" in spec["message"]
-    time.sleep(3)  # several passes (pollSeconds 1)
+    time.sleep(5)  # several passes (pollSeconds 2)
     status = get_job(kube_api, namespace, "veteran")["status"]
     assert status["phase"] == "Running" and live_rayclusters(kube_api, namespace, "veteran") == ["veteran-0"]
     assert "AdmittedUnderOlderRules" in {e["reason"] for e in events(kube_api, namespace, "veteran")}
@@ -296,7 +296,7 @@ def test_a_jobs_progress_url_annotation_is_ignored(
             "progress read",
             lambda s: (s.get("progress") or {}).get("step") == 3,
         )
-        time.sleep(3)  # pollSeconds 1: several more reads
+        time.sleep(5)  # pollSeconds 2: several more reads
         assert elsewhere.hits == []
         assert f"/progress/{namespace}/curious" in driver_progress.hits
         assert status["progress"]["step"] == 3

@@ -94,6 +94,21 @@ def pod(owner: ClusterView, **fields: Any) -> PodView:
     return PodView.from_dict(raw_pod(owner, **fields))
 
 
+def raw_cluster(view: ClusterView) -> dict[str, Any]:
+    """The job's RayCluster `view` (namespace team), provisioned, as the API returns it."""
+    return {
+        "metadata": {
+            "name": view.name,
+            "namespace": "team",
+            "uid": view.uid,
+            "resourceVersion": "20",
+            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ATTEMPT_LABEL: "0"},
+            "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
+        },
+        "status": {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]},
+    }
+
+
 def raw_pod(
     owner: ClusterView,
     *,

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from asyncgrpo_operator import k8s, settings
+from asyncgrpo_operator import k8s, progress, settings
 from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.reconciler import Reconciler
 from tests.operator.builders import BASE_JOB
@@ -80,7 +80,7 @@ def cached(job: dict[str, Any]) -> Cache:
 async def one_pass() -> TimedApi:
     api = TimedApi(new_job())
     async with aiohttp.ClientSession() as session:
-        reconciler = Reconciler(api, session, cached(api.job))  # type: ignore[arg-type]
+        reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
         await reconciler.reconcile(("team", "demo"))
     return api
 
@@ -113,7 +113,7 @@ def test_the_echo_of_its_own_status_write_is_recognised_and_nothing_else() -> No
     async def scenario() -> tuple[bool, bool, bool]:
         api = TimedApi(new_job())
         async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(api, session, cached(api.job))  # type: ignore[arg-type]
+            reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
             before = reconciler.is_own_write(("team", "demo"), "written-1")
             await reconciler.reconcile(("team", "demo"))
             echo = reconciler.is_own_write(("team", "demo"), "written-1")
@@ -159,7 +159,7 @@ def test_a_refused_create_is_in_the_status_written_by_the_same_pass_with_one_war
     async def scenario() -> RefusingApi:
         api = RefusingApi(new_job())
         async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(api, session, cached(api.job))  # type: ignore[arg-type]
+            reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
             delay = await reconciler.reconcile(("team", "demo"))
         assert delay == 5.0  # the retry's backoff
         return api
@@ -203,7 +203,7 @@ def taken_pass(owner_uid: str) -> TakenConfigMapApi:
     async def scenario() -> TakenConfigMapApi:
         api = TakenConfigMapApi(new_job(), owner_uid)
         async with aiohttp.ClientSession() as session:
-            await Reconciler(api, session, cached(api.job)).reconcile(("team", "demo"))  # type: ignore[arg-type]
+            await Reconciler(api, progress.Poller(session), cached(api.job)).reconcile(("team", "demo"))  # type: ignore[arg-type]
         return api
 
     return asyncio.run(scenario())

@@ -16,13 +16,23 @@ import aiohttp
 import pytest
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Progress
-from asyncgrpo_operator import decision, k8s, naming, plan
+from asyncgrpo_operator import decision, k8s, naming, plan, progress
 from asyncgrpo_operator import informer as informer_module
 from asyncgrpo_operator.cache import ADDED, DELETED, MODIFIED, Cache, Index
 from asyncgrpo_operator.informer import Informer
 from asyncgrpo_operator.observed import PodView
 from asyncgrpo_operator.reconciler import Reconciler
-from tests.operator.builders import BASE_JOB, OWNER, at, cluster, healthy_pods, job, observe, raw_pod
+from tests.operator.builders import (
+    BASE_JOB,
+    OWNER,
+    at,
+    cluster,
+    healthy_pods,
+    job,
+    observe,
+    raw_cluster,
+    raw_pod,
+)
 
 JOB = ("team", "demo")
 
@@ -218,7 +228,7 @@ def apply_progress(stored_step: int, new_step: int) -> RecordingApi:
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(api, session, Cache())  # type: ignore[arg-type]
+            reconciler = Reconciler(api, progress.Poller(session), Cache())  # type: ignore[arg-type]
             await reconciler._apply(JOB, body, outcome, at(60), 1)
 
     asyncio.run(scenario())
@@ -308,30 +318,20 @@ def test_a_pass_reads_the_children_afresh_before_it_counts_a_head_pod_lost() -> 
     running = plan.plan(
         job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
     )
-    raw_cluster = {
-        "metadata": {
-            "name": rc.name,
-            "namespace": "team",
-            "uid": rc.uid,
-            "resourceVersion": "20",
-            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ATTEMPT_LABEL: "0"},
-            "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
-        },
-        "status": {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]},
-    }
+    provisioned = raw_cluster(rc)
     head, *workers = (raw_pod(rc, head=True), raw_pod(rc, group="policy"), raw_pod(rc, group="generation"))
     cache = Cache()
     body = {**job_body(7), "status": running.status.model_dump(mode="json", by_alias=True)}
     body["spec"]["trainer"]["policy"] = {"trainMicroBatchSize": 4}
     cache.jobs.apply(ADDED, body)
-    cache.clusters.apply(ADDED, raw_cluster)
+    cache.clusters.apply(ADDED, provisioned)
     for raw in workers:  # the head pod's event has not arrived yet
         cache.pods.apply(ADDED, raw)
-    api = ConfirmingApi([raw_cluster], [head, *workers])
+    api = ConfirmingApi([provisioned], [head, *workers])
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
-            await Reconciler(api, session, cache).reconcile(JOB)  # type: ignore[arg-type]
+            await Reconciler(api, progress.Poller(session), cache).reconcile(JOB)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
     assert api.reads == 2
