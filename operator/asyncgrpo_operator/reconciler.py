@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -63,6 +63,11 @@ class ConflictError(Exception):
     """The job changed between read and status write; the pass must be re-planned."""
 
 
+class NotLeadingError(Exception):
+    """This replica lost its lease during the pass: the pass stops before its next write, since
+    the replica that leads now may already act on the same job."""
+
+
 @dataclass
 class Memory:
     """Facts a pass cannot re-read from the API (see the module docstring)."""
@@ -99,8 +104,11 @@ class Reconciler:
         memory: Memory | None = None,
         *,
         progress_url_template: str = progress.DEFAULT_URL_TEMPLATE,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
+        self.may_act = may_act
+        """Whether this replica leads (leader.py), asked before every write."""
         self.poller = poller
         self.cache = cache
         self.memory = memory or Memory()
@@ -280,6 +288,7 @@ class Reconciler:
         deletes_job = any(isinstance(a, decision.DeleteJob) for a in outcome.actions)
         new_status = outcome.status_patch()
         if not deletes_job and _shown(new_status) != _shown(body.get("status") or {}):
+            self._check_leading(key)
             wrote = True
             try:
                 written = await self.api.patch_job_status(
@@ -299,6 +308,7 @@ class Reconciler:
                 raise
         refusal: Refusal | None = None
         for action in outcome.actions:
+            self._check_leading(key)
             stopped = await self._act(key, meta, action, now, generation)
             refusal = refusal or stopped
             if isinstance(stopped, ConfigMapView):
@@ -323,8 +333,14 @@ class Reconciler:
                 ),
             )
         # Events are independent of each other: post them together (one round trip, not one each).
+        if outcome.events:
+            self._check_leading(key)
         await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
         return resource_version, refusal
+
+    def _check_leading(self, key: Key) -> None:
+        if not self.may_act():
+            raise NotLeadingError(f"{key[0]}/{key[1]}: this replica no longer leads")
 
     async def _act(
         self, key: Key, meta: Mapping[str, Any], action: decision.Action, now: datetime, generation: int

@@ -108,7 +108,14 @@ async def start(memo: Any) -> Runtime:
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     cache = Cache(scopes=tuple(scopes))
     poller = progress.Poller(session)
-    reconciler = Reconciler(api, poller, cache, progress_url_template=template)
+    elector = _elector(api)
+    reconciler = Reconciler(
+        api,
+        poller,
+        cache,
+        progress_url_template=template,
+        may_act=(lambda: elector.is_leader) if elector is not None else (lambda: True),
+    )
 
     async def list_keys() -> list[Key]:
         """Every job, listed afresh: the resync's list also repairs the job cache."""
@@ -117,7 +124,6 @@ async def start(memo: Any) -> Runtime:
             cache.jobs.replace(jobs, version, namespace)
         return cache.jobs.keys()
 
-    elector = _elector(api)
     controller = Controller(
         reconcile=reconciler.reconcile,
         list_keys=list_keys,

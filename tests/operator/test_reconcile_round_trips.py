@@ -15,10 +15,11 @@ from typing import Any
 
 import aiohttp
 import kopf
+import pytest
 
 from asyncgrpo_operator import k8s, progress, settings
 from asyncgrpo_operator.cache import Cache
-from asyncgrpo_operator.reconciler import Reconciler
+from asyncgrpo_operator.reconciler import NotLeadingError, Reconciler
 from tests.operator.builders import BASE_JOB
 
 CALL_SECONDS = 0.05
@@ -223,3 +224,48 @@ def test_the_jobs_own_spec_configmap_unseen_by_the_cache_is_rewritten_at_the_ver
     names = [n for n, _, _ in api.calls]
     assert api.replaced == ["3"] and names.count("create_raycluster") == 1
     assert "ConfigMapNameTaken" not in [s.get("reason") for s in api.statuses]
+
+
+def test_a_replica_deposed_during_a_pass_makes_no_write_after_losing_the_lease() -> None:
+    """The lease expires while the status write is in flight: the ConfigMap, the RayCluster and
+    the events, which the replica that leads now may already be writing, are not."""
+    leading = True
+
+    class DeposingApi(TimedApi):
+        async def patch_job_status(self, *args: Any) -> dict[str, Any]:
+            nonlocal leading
+            leading = False
+            return await super().patch_job_status(*args)
+
+    async def scenario() -> DeposingApi:
+        api = DeposingApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(
+                api,  # type: ignore[arg-type]
+                progress.Poller(session),
+                cached(api.job),
+                may_act=lambda: leading,
+            )
+            with pytest.raises(NotLeadingError):
+                await reconciler.reconcile(("team", "demo"))
+        return api
+
+    api = asyncio.run(scenario())
+    assert [n for n, _, _ in api.calls] == ["patch_job_status"]
+
+
+def test_a_replica_that_does_not_lead_writes_nothing() -> None:
+    async def scenario() -> TimedApi:
+        api = TimedApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(
+                api,  # type: ignore[arg-type]
+                progress.Poller(session),
+                cached(api.job),
+                may_act=lambda: False,
+            )
+            with pytest.raises(NotLeadingError):
+                await reconciler.reconcile(("team", "demo"))
+        return api
+
+    assert asyncio.run(scenario()).calls == []
