@@ -8,8 +8,6 @@ exception, because the objects are written by other controllers (KubeRay, the ku
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -60,21 +58,16 @@ class ContainerView:
         return cls(name=name, state="unknown")
 
 
-def data_digest(data: Mapping[str, str]) -> str:
-    """A ConfigMap's data as a fixed-size fingerprint: the plan only asks whether the stored data
-    equals what it would write, so the cache keeps this instead of the data (which anyone who can
-    create ConfigMaps could make 1 MiB each)."""
-    return hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class ConfigMapView:
-    """A job's spec ConfigMap: who controls it and a digest of its data (never the data)."""
+    """A job's spec ConfigMap from its metadata alone: who controls it, and the digest of the data
+    the operator wrote (never the data: anyone who may create ConfigMaps could make each 1 MiB)."""
 
     name: str
     owner_uid: str | None
     """The controller owner's UID: only a ConfigMap whose owner is the job may be written."""
     digest: str
+    """Its `naming.SPEC_DIGEST_ANNOTATION` ("" when it has none: it is written again)."""
     resource_version: str
     """What a write of its data is conditioned on, so that it cannot overwrite an object that
     changed hands since it was read."""
@@ -85,7 +78,7 @@ class ConfigMapView:
         return cls(
             name=str(meta.get("name", "")),
             owner_uid=_controller_uid(meta),
-            digest=data_digest(configmap.get("data") or {}),
+            digest=str((meta.get("annotations") or {}).get(naming.SPEC_DIGEST_ANNOTATION) or ""),
             resource_version=str(meta.get("resourceVersion") or ""),
         )
 

@@ -96,7 +96,6 @@ from asyncgrpo_operator.observed import (
     Observation,
     PodView,
     ProgressMark,
-    data_digest,
 )
 
 __all__ = ["create_retry_seconds", "plan", "plan_invalid"]
@@ -313,7 +312,8 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     configmap_taken = _configmap_taken(ctx)
     existing = observed.configmap
     if configmap_taken is None and (
-        existing is None or existing.digest != data_digest(desired_configmap["data"])
+        existing is None
+        or existing.digest != desired_configmap["metadata"]["annotations"][naming.SPEC_DIGEST_ANNOTATION]
     ):
         draft.act(ApplyConfigMap(desired_configmap, existing))
 

@@ -28,7 +28,7 @@ from asyncgrpo_operator import k8s, naming, progress
 from asyncgrpo_operator import metrics as metrics_module
 from asyncgrpo_operator.cache import Cache, Key
 from asyncgrpo_operator.controller import Controller
-from asyncgrpo_operator.informer import Informer
+from asyncgrpo_operator.informer import Informer, Sink
 from asyncgrpo_operator.leader import LeaseElector, Timing
 from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.observed import DriverExit, PodView
@@ -152,11 +152,12 @@ async def start(memo: Any) -> Runtime:
 
     cache.pods.seen = pod_seen
     informers = []
-    for resource, index in (
-        (naming.RAYCLUSTER_PLURAL, cache.clusters),
-        ("pods", cache.pods),
-        ("configmaps", cache.configmaps),
-    ):
+    watched: tuple[tuple[str, Sink, str, bool], ...] = (
+        (naming.RAYCLUSTER_PLURAL, cache.clusters, naming.JOB_NAME_LABEL, False),
+        ("pods", cache.pods, naming.JOB_NAME_LABEL, False),
+        ("configmaps", cache.configmaps, naming.SPEC_CONFIGMAP_SELECTOR, True),
+    )
+    for resource, index, selector, metadata_only in watched:
         for scope in scopes:
             informer = Informer(
                 api,
@@ -166,6 +167,8 @@ async def start(memo: Any) -> Runtime:
                 changed=changed,
                 listed=functools.partial(cache.children_listed.add, (resource, scope)),
                 found_again=every_job,
+                label_selector=selector,
+                metadata_only=metadata_only,
             )
             informers.append(asyncio.create_task(informer.run(), name=f"asyncgrpo-watch-{resource}"))
     task = asyncio.create_task(controller.run(), name="asyncgrpo-controller")

@@ -20,7 +20,6 @@ from asyncgrpo_operator.observed import (
     Observation,
     PodView,
     ProgressReading,
-    data_digest,
 )
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -184,9 +183,8 @@ def terminated(exit_code: int, message: str = "") -> dict[str, Any]:
 def spec_configmap(the_job: AsyncGRPOJob, owner_uid: str | None = OWNER.uid) -> ConfigMapView:
     """The job's spec ConfigMap as the cache shows it: up to date, controlled by `owner_uid`."""
     manifest = manifests.spec_configmap(the_job, OWNER)
-    return ConfigMapView(
-        manifest["metadata"]["name"], owner_uid, data_digest(manifest["data"]), resource_version="7"
-    )
+    digest = manifest["metadata"]["annotations"][naming.SPEC_DIGEST_ANNOTATION]
+    return ConfigMapView(manifest["metadata"]["name"], owner_uid, digest, resource_version="7")
 
 
 def observe(

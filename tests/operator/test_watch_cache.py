@@ -134,7 +134,9 @@ class WatchApi:
         self.lists, self.watches = lists, watches
         self.calls: list[str] = []
 
-    async def list_all(self, path: str, label_selector: str | None = None) -> tuple[list[Any], str]:
+    async def list_all(
+        self, path: str, label_selector: str | None = None, *, metadata_only: bool = False
+    ) -> tuple[list[Any], str]:
         self.calls.append("list")
         if not self.lists:
             raise asyncio.CancelledError
@@ -143,7 +145,9 @@ class WatchApi:
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    async def watch(self, path: str, selector: str | None, version: str, timeout: int) -> AsyncIterator[Any]:
+    async def watch(
+        self, path: str, selector: str | None, version: str, timeout: int, *, metadata_only: bool = False
+    ) -> AsyncIterator[Any]:
         self.calls.append(f"watch@{version}")
         if not self.watches:
             raise asyncio.CancelledError
