@@ -8,11 +8,13 @@ exception, because the objects are written by other controllers (KubeRay, the ku
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from asyncgrpo_api.v1alpha1.job import MAX_PROGRESS_INT
 from asyncgrpo_operator import naming
 
 ContainerPhase = Literal["waiting", "running", "terminated", "unknown"]
@@ -271,16 +273,16 @@ class ProgressReading:
     def from_json(cls, doc: Mapping[str, Any]) -> ProgressReading:
         """Parse leniently: unknown keys are ignored, wrong types become unknown values."""
         return cls(
-            step=max(_int_or_none(doc.get("step")) or 0, 0),
-            max_steps=max(_int_or_none(doc.get("maxSteps")) or 0, 0),
-            policy_version=max(_int_or_none(doc.get("policyVersion")) or 0, 0),
+            step=_count(doc.get("step")) or 0,
+            max_steps=_count(doc.get("maxSteps")) or 0,
+            policy_version=_count(doc.get("policyVersion")) or 0,
             reward_mean=_rounded(_float_or_none(doc.get("rewardMean")), 4),
             accuracy=_rounded(_float_or_none(doc.get("accuracy")), 4),
             mean_staleness=_rounded(_float_or_none(doc.get("meanStaleness")), 3),
             tokens_per_second=_rounded(_float_or_none(doc.get("tokensPerSecond")), 1),
-            last_checkpoint_step=_int_or_none(doc.get("lastCheckpointStep")),
+            last_checkpoint_step=_count(doc.get("lastCheckpointStep")),
             validation_reward=_rounded(_float_or_none(doc.get("validationReward")), 4),
-            reward_failures=max(_int_or_none(doc.get("rewardFailures")) or 0, 0),
+            reward_failures=_count(doc.get("rewardFailures")) or 0,
             data_warning=str(doc["dataWarning"]) if doc.get("dataWarning") else None,
             validation_accuracy=_rounded(_float_or_none(doc.get("validationAccuracy")), 4),
             state=str(doc.get("state") or "starting"),
@@ -436,7 +438,18 @@ def _int_or_none(value: Any) -> int | None:
     return None
 
 
+def _count(value: Any) -> int | None:
+    """A count the driver reported, within what status.progress holds; None when it is none."""
+    number = _int_or_none(value)
+    return None if number is None else min(max(number, 0), MAX_PROGRESS_INT)
+
+
 def _float_or_none(value: Any) -> float | None:
+    """A finite number, else None (JSON has no infinity or NaN: the status could not be written)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
+    return number if math.isfinite(number) else None

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from asyncgrpo_api.v1alpha1 import Progress
 from asyncgrpo_operator import plan, progress
 from asyncgrpo_operator.cache import ADDED, Cache
 from asyncgrpo_operator.observed import PodView, ProgressReading
@@ -396,3 +397,30 @@ async def wait_for(ready: Callable[[], object], timeout: float = 5.0) -> None:
     while not ready():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+def test_absurd_figures_from_the_driver_become_figures_the_status_can_hold() -> None:
+    reading = ProgressReading.from_json(
+        {
+            "step": 10**30,
+            "maxSteps": -5,
+            "policyVersion": 2**63,
+            "rewardFailures": 10**19,
+            "lastCheckpointStep": 10**25,
+            "rewardMean": float("inf"),
+            "accuracy": float("nan"),
+            "tokensPerSecond": 10**400,
+        }
+    )
+    biggest = 2**53 - 1
+    assert (reading.step, reading.max_steps, reading.policy_version) == (biggest, 0, biggest)
+    assert (reading.reward_failures, reading.last_checkpoint_step) == (biggest, biggest)
+    assert (reading.reward_mean, reading.accuracy, reading.tokens_per_second) == (None, None, None)
+    status = Progress(
+        step=reading.step,
+        max_steps=reading.max_steps,
+        policy_version=reading.policy_version,
+        reward_failures=reading.reward_failures,
+        last_checkpoint_step=reading.last_checkpoint_step,
+    )
+    assert json.loads(status.model_dump_json(by_alias=True))["step"] == biggest
