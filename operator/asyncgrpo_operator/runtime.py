@@ -118,11 +118,7 @@ async def start(memo: Any) -> Runtime:
     )
 
     async def list_keys() -> list[Key]:
-        """Every job, listed afresh: the resync's list also repairs the job cache."""
-        for namespace in scopes:
-            jobs, version = await api.list_jobs(namespace)
-            cache.jobs.replace(jobs, version, namespace)
-        return cache.jobs.keys()
+        return await resync_keys(api, cache, scopes)
 
     controller = Controller(
         reconcile=reconciler.reconcile,
@@ -202,6 +198,17 @@ async def start(memo: Any) -> Runtime:
     memo[MEMO_KEY] = runtime
     log.info("controller started", extra={"namespaces": namespaces or "all", "progress_url": template})
     return runtime
+
+
+async def resync_keys(api: k8s.Api, cache: Cache, scopes: Iterable[str | None]) -> list[Key]:
+    """Every job, listed afresh (the list also repairs the job cache), and the jobs the list
+    dropped: deleted while their DELETE event was missed. Their pass finds them gone and forgets
+    them (their phase in the jobs-by-phase metric, their /progress reads)."""
+    dropped: set[Key] = set()
+    for namespace in scopes:
+        jobs, version = await api.list_jobs(namespace)
+        dropped |= cache.jobs.replace(jobs, version, namespace)
+    return cache.jobs.keys() + sorted(dropped)
 
 
 async def stop(memo: Any) -> None:

@@ -16,10 +16,11 @@ import aiohttp
 import pytest
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Progress
-from asyncgrpo_operator import decision, k8s, naming, plan, progress
+from asyncgrpo_operator import decision, k8s, naming, plan, progress, runtime
 from asyncgrpo_operator import informer as informer_module
 from asyncgrpo_operator.cache import ADDED, DELETED, MODIFIED, Cache, Index
 from asyncgrpo_operator.informer import Informer
+from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.observed import PodView
 from asyncgrpo_operator.reconciler import Reconciler
 from tests.operator.builders import (
@@ -341,3 +342,44 @@ def test_a_pass_reads_the_children_afresh_before_it_counts_a_head_pod_lost() -> 
     assert api.reads == 2
     assert all(p.get("restarts", 0) == 0 for p in api.patches)
     assert "demo-0-head" in [p.name for p in cache.pods.of(JOB)]
+
+
+def test_a_job_deleted_while_its_delete_event_was_missed_leaves_the_jobs_by_phase_metric() -> None:
+    """The resync's list no longer has the job: the job is counted by phase no more (it used to be
+    counted as Running until the operator restarted)."""
+
+    class ListingApi(RecordingApi):
+        def __init__(self) -> None:
+            super().__init__()
+            self.jobs: list[dict[str, Any]] = []
+
+        async def list_jobs(self, namespace: str | None = None) -> tuple[list[dict[str, Any]], str]:
+            return self.jobs, "50"
+
+    def running_jobs(metrics: Metrics) -> float:
+        value = metrics.registry.get_sample_value("asyncgrpo_jobs", {"phase": "Running"})
+        assert value is not None
+        return value
+
+    async def scenario() -> tuple[float, float]:
+        api = ListingApi()
+        api.jobs = [job_body(7)]
+        cache = Cache(scopes=("team",))
+        metrics = Metrics()
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(api, progress.Poller(session), cache)  # type: ignore[arg-type]
+            metrics.watch(
+                phases=reconciler.memory.phases.values,
+                queue_depth=lambda: 0,
+                in_flight=lambda: 0,
+                is_leader=lambda: True,
+            )
+            await runtime.resync_keys(api, cache, ["team"])  # type: ignore[arg-type]
+            reconciler.memory.phases[JOB] = "Running"  # as its last pass left it
+            before = running_jobs(metrics)
+            api.jobs = []  # deleted; the DELETE event never came
+            for key in await runtime.resync_keys(api, cache, ["team"]):  # type: ignore[arg-type]
+                await reconciler.reconcile(key)
+        return before, running_jobs(metrics)
+
+    assert asyncio.run(scenario()) == (1, 0)
