@@ -229,6 +229,22 @@ def test_cert_manager_switch_replaces_the_generated_secret(helm_bin: Path) -> No
     }
 
 
+def test_a_provided_certificate_renders_the_same_objects_on_every_helm_template(helm_bin: Path) -> None:
+    """Argo CD renders with `helm template`, where `lookup` finds nothing: a chart that generates
+    its certificate then renders a new CA on every refresh (and rotates it on every sync)."""
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+    values = {"webhook.tls.caBundle": ca, "webhook.tls.secretName": "my-webhook-tls"}
+    first, second = template(helm_bin, values), template(helm_bin, values)
+    assert first == second
+    assert not by_kind(first, "Secret")
+    assert webhook_entry(first)["clientConfig"]["caBundle"] == ca
+    pod = one(first, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == "my-webhook-tls"
+    with pytest.raises(HelmError, match="exclude each other"):
+        template(helm_bin, {**values, "webhook.tls.certManager.enabled": True})
+
+
 def test_cert_manager_can_use_an_existing_cluster_issuer(helm_bin: Path) -> None:
     objects = template(
         helm_bin,

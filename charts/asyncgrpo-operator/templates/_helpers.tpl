@@ -85,6 +85,9 @@ Checks the schema cannot express; each fails `helm install` with the value to fi
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail (printf "replicaCount %d needs leaderElection.enabled=true: without a leader every replica would reconcile every job" (int .Values.replicaCount)) }}
 {{- end }}
+{{- if and .Values.webhook.tls.certManager.enabled .Values.webhook.tls.caBundle }}
+{{- fail "webhook.tls.caBundle and webhook.tls.certManager.enabled exclude each other: with cert-manager, cainjector sets the caBundle" }}
+{{- end }}
 {{- if and .Values.webhook.tls.certManager.enabled .Values.webhook.tls.certManager.issuerRef }}
 {{- if not .Values.webhook.tls.certManager.issuerRef.name }}
 {{- fail "webhook.tls.certManager.issuerRef.name is required when issuerRef is set" }}
