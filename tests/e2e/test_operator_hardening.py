@@ -401,3 +401,47 @@ def test_the_operator_serves_prometheus_metrics(
     assert value(samples, "asyncgrpo_jobs", phase="Pending") == 0
     assert "asyncgrpo_workqueue_depth" in samples and "asyncgrpo_workqueue_in_flight" in samples
     assert value(samples, "asyncgrpo_leader") == 1
+
+
+# --- hostile heads (issue 27) ----------------------------------------------------------------------
+
+
+def progress_step(status: JSON) -> int | None:
+    step = (status.get("progress") or {}).get("step")
+    return int(step) if step is not None else None
+
+
+def test_heads_that_hang_or_flood_do_not_hold_up_a_healthy_jobs_status(
+    kube_api: Api,
+    namespace: str,
+    operator: OperatorProcess,
+    driver_progress: ProgressServer,
+) -> None:
+    """Four running jobs whose heads hang or send an endless body on /progress, and one healthy
+    job: each new step of the healthy driver is in its status within a few seconds (pollSeconds
+    2), and the operator stays up."""
+    hostile = {f"hangs-{i}": "hang" for i in range(2)} | {f"floods-{i}": "flood" for i in range(2)}
+    for name in [*hostile, "healthy"]:
+        create_job(kube_api, namespace, job_manifest(name))
+    for name in [*hostile, "healthy"]:
+        run_until_running(kube_api, namespace, name, driver_progress)
+    driver_progress.hostile = {(namespace, name): how for name, how in hostile.items()}
+    time.sleep(5)  # every hostile head read at least once, its reads failing
+    lags = []
+    for step in (5, 6, 7):
+        driver_progress.docs[(namespace, "healthy")] = {**driver_progress.doc, "step": step}
+        started = time.monotonic()
+        until(
+            kube_api,
+            namespace,
+            "healthy",
+            f"step {step}",
+            lambda s, n=step: (s.get("progress") or {}).get("step") == n,
+        )
+        lags.append(time.monotonic() - started)
+    print("healthy job's step in its status after (s):", [round(lag, 1) for lag in lags])
+    assert max(lags) < 8, lags
+    assert operator.proc is not None and operator.proc.poll() is None, "the operator exited"
+    for name in hostile:
+        status = get_job(kube_api, namespace, name)["status"]
+        assert status["phase"] == "Running", (name, status)
