@@ -15,6 +15,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from kubernetes_asyncio import client, config
 
 from asyncgrpo_operator import k8s, manifests, naming
 from asyncgrpo_operator.cache import Cache
@@ -26,10 +27,12 @@ FOREIGN = 100
 FOREIGN_BYTES = 512 << 10
 
 
-async def cache_configmaps(namespace: str) -> tuple[Cache, int]:
+async def cache_configmaps(kubeconfig: Path, namespace: str) -> tuple[Cache, int]:
     """The ConfigMaps the operator's watch caches in `namespace`, and the peak of memory allocated
     while it listed them."""
-    api = await k8s.Api.connect()
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    api = k8s.Api(client.ApiClient(configuration=configuration))
     cache = Cache(scopes=(namespace,))
     listed = asyncio.Event()
     informer = Informer(
@@ -58,7 +61,7 @@ async def cache_configmaps(namespace: str) -> tuple[Cache, int]:
 
 @pytest.mark.cluster
 def test_foreign_configmaps_with_a_jobs_label_are_neither_cached_nor_read(
-    kube_api: Api, kubeconfig: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
+    kube_api: Api, kubeconfig: Path, namespace: str
 ) -> None:
     path = f"/api/v1/namespaces/{namespace}/configmaps"
     for i in range(FOREIGN):
@@ -70,9 +73,8 @@ def test_foreign_configmaps_with_a_jobs_label_are_neither_cached_nor_read(
     ours = manifests.spec_configmap(job(), OWNER)  # job team/demo's, as the operator writes it
     ours["metadata"]["namespace"] = namespace
     kube_api.create(path, ours)
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
 
-    cache, peak = asyncio.run(cache_configmaps(namespace))
+    cache, peak = asyncio.run(cache_configmaps(kubeconfig, namespace))
 
     assert len(cache.configmaps) == 1, f"{len(cache.configmaps)} ConfigMaps cached"
     [view] = cache.configmaps.of((namespace, "demo"))

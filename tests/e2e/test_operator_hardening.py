@@ -10,7 +10,8 @@ would refuse can reach it, as they do when the webhook fails open or the rules c
 - a started job whose spec fails rules tightened since is kept running (SpecValid False);
 - a job's `asyncgrpo.dev/progress-url` annotation sends the operator nowhere;
 - a RayCluster with the job's name and labels but another owner is neither adopted nor deleted;
-- the operator's Prometheus /metrics, scraped.
+- the operator's Prometheus /metrics, scraped;
+- heads that hang or flood on /progress (40 and 4) do not hold up a healthy job's status.
 """
 
 from __future__ import annotations
@@ -411,36 +412,35 @@ def progress_step(status: JSON) -> int | None:
     return int(step) if step is not None else None
 
 
+HEAD_ONLY = {"policyWorkers": {"replicas": 0}, "generationWorkers": {"replicas": 0}}
+"""Jobs of a head pod alone: dozens fit on the fake CPU node next to other sessions' jobs."""
+
+
 def test_heads_that_hang_or_flood_do_not_hold_up_a_healthy_jobs_status(
     kube_api: Api,
     namespace: str,
     operator: OperatorProcess,
     driver_progress: ProgressServer,
 ) -> None:
-    """Four running jobs whose heads hang or send an endless body on /progress, and one healthy
-    job: each new step of the healthy driver is in its status within a few seconds (pollSeconds
-    2), and the operator stays up."""
-    hostile = {f"hangs-{i}": "hang" for i in range(2)} | {f"floods-{i}": "flood" for i in range(2)}
+    """40 running jobs whose heads accept /progress and never answer, 4 whose heads send an endless
+    body, and one healthy job: each new step of the healthy driver is in its status within one
+    pollSeconds (2) and a read (before issue 27 the hanging reads took the reconcile workers, 16,
+    and the healthy job's passes queued behind them), and the operator stays up."""
+    hostile = {f"hangs-{i}": "hang" for i in range(40)} | {f"floods-{i}": "flood" for i in range(4)}
     for name in [*hostile, "healthy"]:
-        create_job(kube_api, namespace, job_manifest(name))
+        create_job(kube_api, namespace, job_manifest(name, cluster=HEAD_ONLY))
     for name in [*hostile, "healthy"]:
         run_until_running(kube_api, namespace, name, driver_progress)
     driver_progress.hostile = {(namespace, name): how for name, how in hostile.items()}
-    time.sleep(5)  # every hostile head read at least once, its reads failing
+    time.sleep(5)  # every hostile head read, its reads failing
     lags = []
-    for step in (5, 6, 7):
+    for step in (5, 6, 7, 8):
         driver_progress.docs[(namespace, "healthy")] = {**driver_progress.doc, "step": step}
         started = time.monotonic()
-        until(
-            kube_api,
-            namespace,
-            "healthy",
-            f"step {step}",
-            lambda s, n=step: (s.get("progress") or {}).get("step") == n,
-        )
+        until(kube_api, namespace, "healthy", f"step {step}", lambda s, n=step: progress_step(s) == n)
         lags.append(time.monotonic() - started)
     print("healthy job's step in its status after (s):", [round(lag, 1) for lag in lags])
-    assert max(lags) < 8, lags
+    assert max(lags) < 5, lags
     assert operator.proc is not None and operator.proc.poll() is None, "the operator exited"
     for name in hostile:
         status = get_job(kube_api, namespace, name)["status"]
