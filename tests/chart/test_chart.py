@@ -171,7 +171,10 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
 ) -> None:
     objects = template(helm_bin, {"operator.watchNamespaces": ["team-a", "team-b"]})
     cluster_rules = operator_role(objects)["rules"]
-    assert {r for rule in cluster_rules for r in rule["resources"]} == {"customresourcedefinitions"}
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for rules in roles.values():
