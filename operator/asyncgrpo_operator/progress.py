@@ -146,10 +146,11 @@ class _Target:
 
 class Poller:
     """Reads the /progress of every job a pass asked for (`track`), each about once per its
-    pollSeconds (at least MIN_POLL_SECONDS), with at most `slots` reads at once, the earliest due
-    first. A failed read doubles the wait before the next one, up to MAX_BACKOFF_SECONDS, so heads
-    that hang cannot keep the slots from the others. `changed` is told which job has a result
-    that differs from its previous one (the work queue: a pass writes it to the status)."""
+    pollSeconds (at least MIN_POLL_SECONDS), with at most `slots` reads at once: heads whose last
+    read succeeded first, then the earliest due. A failed read doubles the wait before the next
+    one, up to MAX_BACKOFF_SECONDS, so heads that hang cannot keep the slots from the others.
+    `changed` is told which job has a result that differs from its previous one (the work queue:
+    a pass writes it to the status)."""
 
     def __init__(
         self,
@@ -191,21 +192,12 @@ class Poller:
         self._targets.pop(key, None)
         self._latest.pop(key, None)
 
-    def forget_all(self) -> None:
-        """Stop every read (this replica stopped reconciling)."""
-        self._targets.clear()
-        self._latest.clear()
-
     def latest(self, key: Key) -> Poll | None:
         """The job's latest result, or None before the first read ended."""
         return self._latest.get(key)
 
-    def tracked(self) -> int:
-        return len(self._targets)
-
     async def run(self) -> None:
-        """Start due reads while slots are free, until cancelled. Heads whose last read succeeded
-        go first, so a slot that frees up goes to a healthy job before a failing one."""
+        """Start due reads while slots are free, until cancelled."""
         async with asyncio.TaskGroup() as group:
             while True:
                 self._wake.clear()
