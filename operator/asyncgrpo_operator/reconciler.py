@@ -12,10 +12,12 @@ The status is written only when something `kubectl get` or `describe` shows chan
 figures last changed).
 
 Besides the cache, the only state kept between passes is what the API cannot give back: the exit
-of a head pod that KubeRay has deleted since, when the step last advanced (for Stalled), the last
-progress read (so frequent events do not hammer the driver), and the last refused RayCluster
-create (for its backoff). A refused create is planned again in the same pass, so the job shows the
-API server's message at once instead of after a retry. A conclusion the plan would draw from a
+of a head pod that KubeRay has deleted since, when the step last advanced (for Stalled), and the
+last refused RayCluster create (for its backoff). /progress is read by the poller (progress.py),
+never by a pass: a pass takes its latest reading, so a head that hangs holds up no pass.
+Every write is preceded by a check that this replica still leads (`may_act`). A refused create is
+planned again in the same pass, so the job shows the API server's message at once instead of
+after a retry. A conclusion the plan would draw from a
 child's absence (a lost head pod or RayCluster, which costs a restart) is made only on the job's
 children read afresh from the API server: the caches of pods and RayClusters may lag each other.
 """
