@@ -150,13 +150,15 @@ class Poller:
     read succeeded first, then the earliest due. A failed read doubles the wait before the next
     one, up to MAX_BACKOFF_SECONDS, so heads that hang cannot keep the slots from the others.
     `changed` is told which job has a result that differs from its previous one (the work queue:
-    a pass writes it to the status)."""
+    a pass writes it to the status). No read starts while `active` is False: a replica that lost
+    its lease stops reading the heads along with its passes."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         *,
         changed: Callable[[Key], None] = lambda _: None,
+        active: Callable[[], bool] = lambda: True,
         slots: int = SLOTS,
         timeout: float = READ_TIMEOUT_SECONDS,
         max_bytes: int = MAX_BODY_BYTES,
@@ -165,6 +167,7 @@ class Poller:
     ) -> None:
         self.session = session
         self.changed = changed
+        self.active = active
         self.slots = slots
         self.timeout = timeout
         self.max_bytes = max_bytes
@@ -202,7 +205,8 @@ class Poller:
             while True:
                 self._wake.clear()
                 now = self.clock()
-                idle = [(key, t) for key, t in self._targets.items() if not t.reading]
+                active = self.active()
+                idle = [(key, t) for key, t in self._targets.items() if active and not t.reading]
                 due = sorted((t.failures > 0, t.due, key) for key, t in idle if t.due <= now)
                 for _, _, key in due[: max(self.slots - self._busy, 0)]:
                     target = self._targets[key]

@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,14 +107,15 @@ async def start(memo: Any) -> Runtime:
     namespaces = [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     cache = Cache(scopes=tuple(scopes))
-    poller = progress.Poller(session)
     elector = _elector(api)
+    leading: Callable[[], bool] = (lambda: elector.is_leader) if elector is not None else (lambda: True)
+    poller = progress.Poller(session, active=leading)
     reconciler = Reconciler(
         api,
         poller,
         cache,
         progress_url_template=template,
-        may_act=(lambda: elector.is_leader) if elector is not None else (lambda: True),
+        may_act=leading,
     )
 
     async def list_keys() -> list[Key]:

@@ -426,3 +426,33 @@ def test_absurd_figures_from_the_driver_become_figures_the_status_can_hold() -> 
         last_checkpoint_step=reading.last_checkpoint_step,
     )
     assert json.loads(status.model_dump_json(by_alias=True))["step"] == biggest
+
+
+def test_a_replica_that_does_not_lead_reads_no_head_and_reads_again_once_it_leads() -> None:
+    async def scenario() -> tuple[int, int]:
+        hits: list[float] = []
+
+        async def ok(_: web.Request) -> web.Response:
+            hits.append(0.0)
+            return web.json_response(DOC)
+
+        runner, url = await serve(ok)
+        leading = False
+        try:
+            async with aiohttp.ClientSession() as session:
+                poller = progress.Poller(session, active=lambda: leading, min_interval=0.1)
+                poller.track(JOB, url, 0.1)
+                task = asyncio.create_task(poller.run())
+                await asyncio.sleep(0.5)
+                while_deposed = len(hits)
+                leading = True
+                await wait_for(lambda: hits)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await runner.cleanup()
+        return while_deposed, len(hits)
+
+    while_deposed, after = asyncio.run(scenario())
+    assert while_deposed == 0 and after >= 1
