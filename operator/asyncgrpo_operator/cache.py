@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from asyncgrpo_operator import naming
-from asyncgrpo_operator.observed import ClusterView, PodView
+from asyncgrpo_operator.observed import ClusterView, ConfigMapView, PodView
 
 Key = tuple[str, str]
 """(namespace, name) of a job."""
@@ -37,21 +37,6 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
-
-
-@dataclass(frozen=True)
-class ConfigMapView:
-    """A ConfigMap of a job: its name and data (the spec ConfigMap's data is compared to the spec)."""
-
-    name: str
-    data: Mapping[str, str]
-
-    @classmethod
-    def from_dict(cls, configmap: Mapping[str, Any]) -> ConfigMapView:
-        return cls(
-            name=str((configmap.get("metadata") or {}).get("name", "")),
-            data=dict(configmap.get("data") or {}),
-        )
 
 
 def version(obj: Mapping[str, Any]) -> int | None:
@@ -232,8 +217,9 @@ class Jobs:
         self._items[key] = _slim(obj)
         return True
 
-    def replace(self, objs: list[Obj], list_version: str, scope: str | None = None) -> None:
-        """A fresh list of `scope`: store it, and drop the jobs it lacks that are not newer."""
+    def replace(self, objs: list[Obj], list_version: str, scope: str | None = None) -> set[Key]:
+        """A fresh list of `scope`: store it, and drop the jobs it lacks that are not newer.
+        Returns the dropped jobs (deleted while their DELETE event went unseen)."""
         listed = set()
         for obj in objs:
             self.apply(MODIFIED, obj)
@@ -243,11 +229,14 @@ class Jobs:
             at: int | None = int(list_version)
         except ValueError:
             at = None
+        dropped: set[Key] = set()
         for key in [k for k in self._items if k not in listed and _in_scope(k[0], scope)]:
             stored = version(self._items[key])
             if at is None or stored is None or stored <= at:
                 self._gone.add(str(self._items.pop(key)["metadata"].get("uid") or ""))
+                dropped.add(key)
         self.listed.add(scope)
+        return dropped
 
 
 def _slim(obj: Obj) -> Obj:

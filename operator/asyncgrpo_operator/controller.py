@@ -10,7 +10,11 @@ every job (kopf#833), so a job could not be deleted while the operator is down. 
 - one key is never reconciled twice at the same time (passes for different jobs run in parallel),
 - a job's first pass goes ahead of the others: when many jobs are applied at once, each gets its
   RayCluster before the status updates of the jobs already provisioning (their pod events would
-  otherwise queue in front of it; with 50 jobs that doubled the p99 to a RayCluster).
+  otherwise queue in front of it; with 50 jobs that doubled the p99 to a RayCluster),
+- while `is_active` is False (another replica leads) no pass starts: the dispatcher holds the keys,
+  and a worker hands back a key already handed out, so a replica that lost its lease drains its
+  backlog without acting on it; a pass that was running stops before its next write (the
+  reconciler checks) and is queued again, not counted as a failure.
 """
 
 from __future__ import annotations
@@ -123,6 +127,10 @@ class Controller:
         loop = asyncio.get_running_loop()
         while True:
             _, _, key = await self._ready.get()
+            if not self.is_active():
+                self._running.discard(key)
+                self.enqueue(key)  # kept for when this replica leads again
+                continue
             delay: float | None
             started, result = loop.time(), "error"
             try:
@@ -136,12 +144,20 @@ class Controller:
                 log.info("status conflict; re-planning", extra={"job": "/".join(key), "error": str(exc)})
                 delay = 0.2
                 result = "conflict"
-            except Exception:
-                count = self._failures.get(key, 0) + 1
-                self._failures[key] = count
-                delay = min(2.0 ** (count - 1), MAX_BACKOFF_SECONDS)
-                self.stats.failures += 1
-                log.exception("reconcile failed; retrying", extra={"job": "/".join(key), "retry_in": delay})
+            except Exception as exc:
+                if self.is_active():
+                    count = self._failures.get(key, 0) + 1
+                    self._failures[key] = count
+                    delay = min(2.0 ** (count - 1), MAX_BACKOFF_SECONDS)
+                    self.stats.failures += 1
+                    log.exception(
+                        "reconcile failed; retrying", extra={"job": "/".join(key), "retry_in": delay}
+                    )
+                else:  # deposed during the pass, which stopped before its next write
+                    log.info(
+                        "pass stopped: no longer the leader", extra={"job": "/".join(key), "error": str(exc)}
+                    )
+                    delay, result = 0.0, "deposed"
             finally:
                 self.stats.passes += 1
                 self._running.discard(key)

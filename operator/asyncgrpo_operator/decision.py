@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition, Phase
 from asyncgrpo_operator.manifests import Manifest
-from asyncgrpo_operator.observed import ProgressMark
+from asyncgrpo_operator.observed import ConfigMapView, ProgressMark
 
 # --- condition types and reasons ------------------------------------------------------------------
 
@@ -63,6 +63,7 @@ UNSCHEDULABLE = "Unschedulable"
 CLUSTER_CREATE_FAILED = "ClusterCreateFailed"
 KUBERAY_MISSING = "KubeRayMissing"
 CLUSTER_NAME_TAKEN = "ClusterNameTaken"
+CONFIGMAP_NAME_TAKEN = "ConfigMapNameTaken"
 WAITING_FOR_PREVIOUS_CLUSTER = "WaitingForPreviousCluster"
 ADMITTED_UNDER_OLDER_RULES = "AdmittedUnderOlderRules"
 
@@ -86,6 +87,7 @@ _WARNING_REASONS = frozenset(
         CLUSTER_CREATE_FAILED,
         KUBERAY_MISSING,
         CLUSTER_NAME_TAKEN,
+        CONFIGMAP_NAME_TAKEN,
         ADMITTED_UNDER_OLDER_RULES,
         "PodCreationFailed",
         DEADLINE_EXCEEDED,
@@ -115,9 +117,11 @@ MESSAGE_LIMIT = 2048
 
 @dataclass(frozen=True)
 class ApplyConfigMap:
-    """Create the job-spec ConfigMap, or replace its data when the spec changed."""
+    """Create the job-spec ConfigMap, or replace the data of `existing` (this job's, as observed)
+    when the spec changed."""
 
     manifest: Manifest
+    existing: ConfigMapView | None = None
 
 
 @dataclass(frozen=True)

@@ -68,13 +68,18 @@ class Informer:
     """Told after each successful list."""
     found_again: Callable[[], None] = lambda: None
     """Told when a resource that was not served is served again (KubeRay installed)."""
+    label_selector: str = naming.JOB_NAME_LABEL
+    metadata_only: bool = False
+    """Receive the objects' metadata only (the API server drops the rest)."""
 
     async def run(self) -> None:
         path = collection_path(self.resource, self.scope)
         backoff = 0.5
         while True:
             try:
-                items, version = await self.api.list_all(path, naming.JOB_NAME_LABEL)
+                items, version = await self.api.list_all(
+                    path, self.label_selector, metadata_only=self.metadata_only
+                )
             except k8s.ApiError as err:
                 if err.status == 404:
                     if self.scope not in self.sink.missing:
@@ -101,7 +106,9 @@ class Informer:
         backoff = 0.5
         while True:
             try:
-                async for event in self.api.watch(path, naming.JOB_NAME_LABEL, version, WATCH_SECONDS):
+                async for event in self.api.watch(
+                    path, self.label_selector, version, WATCH_SECONDS, metadata_only=self.metadata_only
+                ):
                     kind, obj = event.get("type"), event.get("object") or {}
                     if kind == "ERROR":
                         code = int(obj.get("code") or 0)

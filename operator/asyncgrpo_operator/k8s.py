@@ -32,6 +32,10 @@ Obj = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
 REQUEST_TIMEOUT_SECONDS: Final = 30.0
 LIST_PAGE_SIZE: Final = 500
+METADATA_ONLY: Final = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_ONLY_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""Accept headers that make the API server send objects without their data or spec (what
+client-go's metadata informers ask for): a watch of what others may write stays small."""
 USER_AGENT: Final = f"{naming.MANAGER}/k8s"
 """Sent on every call, so the API server's audit log and metrics tell this client apart from
 kopf's watches (user agent kopf/...) and from other controllers using the same credentials."""
@@ -81,11 +85,14 @@ class Api:
         body: Any = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Obj:
         """One API call; returns the decoded JSON body. Raises ApiError on any non-2xx answer."""
         started, code = time.monotonic(), 0
         try:
-            result = await self._call(method, path, body=body, query=query, content_type=content_type)
+            result = await self._call(
+                method, path, body=body, query=query, content_type=content_type, accept=accept
+            )
             code = 200
             return result
         except ApiError as err:
@@ -98,9 +105,16 @@ class Api:
                 self.metrics.api_seconds.labels(verb).observe(time.monotonic() - started)
 
     async def _call(
-        self, method: str, path: str, *, body: Any, query: Mapping[str, str] | None, content_type: str
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        accept: str,
     ) -> Obj:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": accept, "Content-Type": content_type}
         try:
             result = await self._client.call_api(
                 path,
@@ -133,9 +147,12 @@ class Api:
         answer = await self.request("GET", path, query=query)
         return list(answer.get("items") or [])
 
-    async def list_all(self, path: str, label_selector: str | None = None) -> tuple[list[Obj], str]:
-        """Every object of a collection, in pages of LIST_PAGE_SIZE (bounded memory while it is
-        read), and the list's resourceVersion, from which a watch continues."""
+    async def list_all(
+        self, path: str, label_selector: str | None = None, *, metadata_only: bool = False
+    ) -> tuple[list[Obj], str]:
+        """Every object of a collection (only their metadata if `metadata_only`), in pages of
+        LIST_PAGE_SIZE (bounded memory while it is read), and the list's resourceVersion, from
+        which a watch continues."""
         items: list[Obj] = []
         token = ""
         while True:
@@ -144,7 +161,8 @@ class Api:
                 query["labelSelector"] = label_selector
             if token:
                 query["continue"] = token
-            answer = await self.request("GET", path, query=query)
+            accept = METADATA_ONLY_LIST if metadata_only else "application/json"
+            answer = await self.request("GET", path, query=query, accept=accept)
             items += answer.get("items") or []
             meta = answer.get("metadata") or {}
             token = str(meta.get("continue") or "")
@@ -152,7 +170,13 @@ class Api:
                 return items, str(meta.get("resourceVersion") or "")
 
     async def watch(
-        self, path: str, label_selector: str | None, resource_version: str, timeout_seconds: int
+        self,
+        path: str,
+        label_selector: str | None,
+        resource_version: str,
+        timeout_seconds: int,
+        *,
+        metadata_only: bool = False,
     ) -> AsyncIterator[Obj]:
         """The watch events of a collection from `resource_version` on, until the API server ends
         the stream (after `timeout_seconds`). A 410 Gone (the version was compacted away) comes as
@@ -172,7 +196,7 @@ class Api:
                 path,
                 "GET",
                 query_params=query,
-                header_params={"Accept": "application/json"},
+                header_params={"Accept": METADATA_ONLY if metadata_only else "application/json"},
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
@@ -281,23 +305,38 @@ class Api:
         finally:
             response.release()
 
-    async def apply_configmap(self, manifest: Obj) -> Obj:
-        """Create the ConfigMap, or replace its data when it exists; returns it as written. An
-        existing one also gets the manifest's labels and owner: one left without them (by an older
-        operator, or by hand) would stay invisible to the ConfigMap watch, which selects on the
-        job-name label, and be rewritten on every pass."""
-        namespace = manifest["metadata"]["namespace"]
-        path = f"/api/v1/namespaces/{namespace}/configmaps"
-        created = await self._create(path, manifest)
-        if created is not None:
-            return created
-        meta = {
-            k: manifest["metadata"][k] for k in ("labels", "ownerReferences") if k in manifest["metadata"]
+    async def create_configmap(self, manifest: Obj) -> Obj | None:
+        """Create a ConfigMap; returns it as created, or None when one of that name exists."""
+        path = f"/api/v1/namespaces/{manifest['metadata']['namespace']}/configmaps"
+        return await self._create(path, manifest)
+
+    async def find_configmap(self, namespace: str, name: str) -> Obj | None:
+        """One ConfigMap by name, read with a list (the operator may list ConfigMaps, not get them)."""
+        items = await self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            query={"fieldSelector": f"metadata.name={name}"},
+        )
+        found = items.get("items") or []
+        return found[0] if found else None
+
+    async def replace_configmap_data(self, manifest: Obj, resource_version: str) -> Obj:
+        """Replace an existing ConfigMap's data, labels and annotations, failing with 409 if it
+        changed since `resource_version`: the caller checked at that version that the ConfigMap is
+        its own, so the write cannot land on one that changed hands since."""
+        meta = manifest["metadata"]
+        body = {
+            "metadata": {
+                "resourceVersion": resource_version,
+                "labels": meta.get("labels") or {},
+                "annotations": meta.get("annotations") or {},
+            },
+            "data": manifest["data"],
         }
         return await self.request(
             "PATCH",
-            f"{path}/{manifest['metadata']['name']}",
-            body={"metadata": meta, "data": manifest["data"]},
+            f"/api/v1/namespaces/{meta['namespace']}/configmaps/{meta['name']}",
+            body=body,
             content_type=MERGE_PATCH,
             query={"fieldManager": naming.MANAGER},
         )

@@ -27,6 +27,7 @@ Shape of the RayCluster, and why:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -122,14 +123,18 @@ def job_document_json(job: AsyncGRPOJob) -> str:
 
 
 def spec_configmap(job: AsyncGRPOJob, owner: Owner | None = None) -> Manifest:
-    """The ConfigMap mounted into the head pod's driver container."""
+    """The ConfigMap mounted into the head pod's driver container, annotated with its data's
+    digest (`naming.SPEC_DIGEST_ANNOTATION`)."""
     name = job.metadata.name
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(job, naming.spec_configmap_name(name), naming.COMPONENT_SPEC, owner),
-        "data": {naming.JOB_SPEC_KEY: job_document_json(job)},
-    }
+    data = {naming.JOB_SPEC_KEY: job_document_json(job)}
+    metadata = _metadata(job, naming.spec_configmap_name(name), naming.COMPONENT_SPEC, owner)
+    metadata["annotations"] = {naming.SPEC_DIGEST_ANNOTATION: data_digest(data)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+
+def data_digest(data: dict[str, str]) -> str:
+    """A ConfigMap's data as a fixed-size fingerprint."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 # --- the RayCluster ------------------------------------------------------------------------------

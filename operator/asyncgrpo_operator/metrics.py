@@ -40,7 +40,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.reconciles = Counter(
             "asyncgrpo_reconcile_passes",
-            "Reconcile passes by result: success, conflict (re-planned at once) or error (retried).",
+            "Reconcile passes by result: success, conflict (re-planned at once), error (retried) or deposed "
+            "(this replica lost the lease during the pass, which stopped before its next write).",
             ["result"],
             registry=self.registry,
         )

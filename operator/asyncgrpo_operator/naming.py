@@ -26,6 +26,9 @@ RAY_NODE_TYPE_LABEL: Final = "ray.io/node-type"
 RAY_GROUP_LABEL: Final = "ray.io/group"
 RAY_OVERWRITE_CMD_ANNOTATION: Final = "ray.io/overwrite-container-cmd"
 RAY_DISABLE_HEAD_RESTART_ANNOTATION: Final = "ray.io/disable-provisioned-head-restart"
+SPEC_DIGEST_ANNOTATION: Final = f"{GROUP}/spec-digest"
+"""On the spec ConfigMap: the SHA-256 of the data the operator wrote. The ConfigMap watch reads
+metadata only, and this tells a pass whether the data is the spec's without reading the data."""
 """KubeRay recreates a lost head pod unless this is set; a recreated head would silently restart
 the driver inside the same attempt, so the operator turns it off and retries with a new cluster."""
 
@@ -62,6 +65,16 @@ def job_labels(job_name: str, component: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": MANAGER,
         JOB_NAME_LABEL: job_name,
     }
+
+
+SPEC_CONFIGMAP_SELECTOR: Final = (
+    f"{JOB_NAME_LABEL},app.kubernetes.io/managed-by={MANAGER},app.kubernetes.io/component={COMPONENT_SPEC}"
+)
+"""What the ConfigMap watch selects: the operator's spec ConfigMaps. Anyone may put the job-name
+label on a ConfigMap of their own; a job's author cannot set these through the job (the operator's
+labels win over spec.labels, and admission refuses the app.kubernetes.io/ and asyncgrpo.dev/
+prefixes in a podTemplate). A user who may create ConfigMaps can still copy them: such a
+ConfigMap costs the cache its metadata only, and is never written (plan.py checks its owner)."""
 
 
 # --- object names ---------------------------------------------------------------------------------

@@ -8,11 +8,13 @@ exception, because the objects are written by other controllers (KubeRay, the ku
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from asyncgrpo_api.v1alpha1.job import MAX_PROGRESS_INT
 from asyncgrpo_operator import naming
 
 ContainerPhase = Literal["waiting", "running", "terminated", "unknown"]
@@ -56,6 +58,31 @@ class ContainerView:
                 message=str(wait.get("message") or ""),
             )
         return cls(name=name, state="unknown")
+
+
+@dataclass(frozen=True)
+class ConfigMapView:
+    """A job's spec ConfigMap from its metadata alone: who controls it, and the digest of the data
+    the operator wrote (never the data: anyone who may create ConfigMaps could make each 1 MiB)."""
+
+    name: str
+    owner_uid: str | None
+    """The controller owner's UID: only a ConfigMap whose owner is the job may be written."""
+    digest: str
+    """Its `naming.SPEC_DIGEST_ANNOTATION` ("" when it has none: it is written again)."""
+    resource_version: str
+    """What a write of its data is conditioned on, so that it cannot overwrite an object that
+    changed hands since it was read."""
+
+    @classmethod
+    def from_dict(cls, configmap: Mapping[str, Any]) -> ConfigMapView:
+        meta = configmap.get("metadata") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            owner_uid=_controller_uid(meta),
+            digest=str((meta.get("annotations") or {}).get(naming.SPEC_DIGEST_ANNOTATION) or ""),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -246,16 +273,16 @@ class ProgressReading:
     def from_json(cls, doc: Mapping[str, Any]) -> ProgressReading:
         """Parse leniently: unknown keys are ignored, wrong types become unknown values."""
         return cls(
-            step=max(_int_or_none(doc.get("step")) or 0, 0),
-            max_steps=max(_int_or_none(doc.get("maxSteps")) or 0, 0),
-            policy_version=max(_int_or_none(doc.get("policyVersion")) or 0, 0),
+            step=_count(doc.get("step")) or 0,
+            max_steps=_count(doc.get("maxSteps")) or 0,
+            policy_version=_count(doc.get("policyVersion")) or 0,
             reward_mean=_rounded(_float_or_none(doc.get("rewardMean")), 4),
             accuracy=_rounded(_float_or_none(doc.get("accuracy")), 4),
             mean_staleness=_rounded(_float_or_none(doc.get("meanStaleness")), 3),
             tokens_per_second=_rounded(_float_or_none(doc.get("tokensPerSecond")), 1),
-            last_checkpoint_step=_int_or_none(doc.get("lastCheckpointStep")),
+            last_checkpoint_step=_count(doc.get("lastCheckpointStep")),
             validation_reward=_rounded(_float_or_none(doc.get("validationReward")), 4),
-            reward_failures=max(_int_or_none(doc.get("rewardFailures")) or 0, 0),
+            reward_failures=_count(doc.get("rewardFailures")) or 0,
             data_warning=str(doc["dataWarning"]) if doc.get("dataWarning") else None,
             validation_accuracy=_rounded(_float_or_none(doc.get("validationAccuracy")), 4),
             state=str(doc.get("state") or "starting"),
@@ -356,8 +383,9 @@ class Observation:
     now: datetime
     clusters: tuple[ClusterView, ...] = ()
     pods: tuple[PodView, ...] = ()
-    configmap_data: Mapping[str, str] | None = None
-    """The spec ConfigMap's data, or None when it does not exist."""
+    configmap: ConfigMapView | None = None
+    """The ConfigMap named like the job's spec ConfigMap, or None when it does not exist. It may be
+    someone else's (another owner, or none): the plan then writes nothing to it."""
     remembered_exit: DriverExit | None = None
     """A driver exit seen on a head pod that may be gone by now (KubeRay deletes dead heads)."""
     progress: ProgressReading | None = None
@@ -410,7 +438,18 @@ def _int_or_none(value: Any) -> int | None:
     return None
 
 
+def _count(value: Any) -> int | None:
+    """A count the driver reported, within what status.progress holds; None when it is none."""
+    number = _int_or_none(value)
+    return None if number is None else min(max(number, 0), MAX_PROGRESS_INT)
+
+
 def _float_or_none(value: Any) -> float | None:
+    """A finite number, else None (JSON has no infinity or NaN: the status could not be written)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
+    return number if math.isfinite(number) else None

@@ -55,6 +55,7 @@ from asyncgrpo_operator.decision import (
     CLUSTER_LOST,
     CLUSTER_NAME_TAKEN,
     COMPLETE,
+    CONFIGMAP_NAME_TAKEN,
     DEADLINE_EXCEEDED,
     DELETION_RECHECK_SECONDS,
     DRIVER_KILLED,
@@ -190,6 +191,20 @@ def _owned(ctx: _Ctx) -> tuple[ClusterView, ...]:
     return tuple(c for c in ctx.observed.clusters if c.owner_uid == ctx.owner.uid)
 
 
+def _configmap_taken(ctx: _Ctx) -> str | None:
+    """Why the job's spec ConfigMap cannot be used, or None. A ConfigMap of that name that another
+    owner controls (or none) is never written: overwriting it and making the job its owner would
+    let anyone who may create jobs replace a ConfigMap they cannot edit, and have the garbage
+    collector delete it with the job. Nor may the job's pods mount it as their spec."""
+    found = ctx.observed.configmap
+    if found is None or ctx.owner is None or found.owner_uid == ctx.owner.uid:
+        return None
+    return (
+        f"ConfigMap {found.name} exists but is not this job's (its controller owner UID is "
+        f"{found.owner_uid or 'none'}); it is neither overwritten nor adopted. Delete it or rename the job"
+    )
+
+
 def _spec_validity(draft: Draft, spec_errors: tuple[str, ...]) -> None:
     if not spec_errors:
         draft.drop(SPEC_VALID)
@@ -294,8 +309,13 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
         draft.set_field("start_time", now)
 
     desired_configmap = manifests.spec_configmap(job, owner)
-    if observed.configmap_data != desired_configmap["data"]:
-        draft.act(ApplyConfigMap(desired_configmap))
+    configmap_taken = _configmap_taken(ctx)
+    existing = observed.configmap
+    if configmap_taken is None and (
+        existing is None
+        or existing.digest != desired_configmap["metadata"]["annotations"][naming.SPEC_DIGEST_ANNOTATION]
+    ):
+        draft.act(ApplyConfigMap(desired_configmap, existing))
 
     name = naming.raycluster_name(job.metadata.name, draft.attempt)
     owned = _owned(ctx)
@@ -355,6 +375,8 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
             # KubeRay, which selects pods by name label, would take them for the new cluster's.
             message = f"waiting for the pods of RayCluster {name} of the previous run to be deleted"
             _waiting_to_create(ctx, draft, WAITING_FOR_PREVIOUS_CLUSTER, message, DELETION_RECHECK_SECONDS)
+        elif configmap_taken is not None:
+            _waiting_to_create(ctx, draft, CONFIGMAP_NAME_TAKEN, configmap_taken, NAME_TAKEN_RECHECK_SECONDS)
         else:
             _create_cluster(ctx, draft)
         return

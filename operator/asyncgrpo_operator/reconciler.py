@@ -12,10 +12,12 @@ The status is written only when something `kubectl get` or `describe` shows chan
 figures last changed).
 
 Besides the cache, the only state kept between passes is what the API cannot give back: the exit
-of a head pod that KubeRay has deleted since, when the step last advanced (for Stalled), the last
-progress read (so frequent events do not hammer the driver), and the last refused RayCluster
-create (for its backoff). A refused create is planned again in the same pass, so the job shows the
-API server's message at once instead of after a retry. A conclusion the plan would draw from a
+of a head pod that KubeRay has deleted since, when the step last advanced (for Stalled), and the
+last refused RayCluster create (for its backoff). /progress is read by the poller (progress.py),
+never by a pass: a pass takes its latest reading, so a head that hangs holds up no pass.
+Every write is preceded by a check that this replica still leads (`may_act`). A refused create is
+planned again in the same pass, so the job shows the API server's message at once instead of
+after a retry. A conclusion the plan would draw from a
 child's absence (a lost head pod or RayCluster, which costs a restart) is made only on the job's
 children read afresh from the API server: the caches of pods and RayClusters may lag each other.
 """
@@ -24,13 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from pydantic import ValidationError
 
 from asyncgrpo_api.rules import validate_manifest
@@ -41,12 +41,12 @@ from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import (
     ClusterView,
+    ConfigMapView,
     CreateFailure,
     DriverExit,
     Observation,
     PodView,
     ProgressMark,
-    ProgressReading,
     WorkloadView,
 )
 
@@ -65,12 +65,9 @@ class ConflictError(Exception):
     """The job changed between read and status write; the pass must be re-planned."""
 
 
-@dataclass
-class _Poll:
-    at: float
-    read_at: datetime
-    reading: ProgressReading | None
-    error: str | None
+class NotLeadingError(Exception):
+    """This replica lost its lease during the pass: the pass stops before its next write, since
+    the replica that leads now may already act on the same job."""
 
 
 @dataclass
@@ -79,7 +76,6 @@ class Memory:
 
     exits: dict[Key, DriverExit] = field(default_factory=dict)
     marks: dict[Key, ProgressMark] = field(default_factory=dict)
-    polls: dict[Key, _Poll] = field(default_factory=dict)
     written: dict[Key, str] = field(default_factory=dict)
     """The resourceVersion of the job as this operator's last status write left it."""
     create_failures: dict[Key, CreateFailure] = field(default_factory=dict)
@@ -93,26 +89,29 @@ class Memory:
         self.phases.pop(key, None)
         self.exits.pop(key, None)
         self.marks.pop(key, None)
-        self.polls.pop(key, None)
         self.written.pop(key, None)
         self.create_failures.pop(key, None)
         self.conflicts.pop(key, None)
 
 
 class Reconciler:
-    """Runs passes; owns the API client, the HTTP session for /progress and the memory."""
+    """Runs passes; owns the API client and the memory, and tells the /progress poller which
+    drivers to read."""
 
     def __init__(
         self,
         api: k8s.Api,
-        session: aiohttp.ClientSession,
+        poller: progress.Poller,
         cache: Cache,
         memory: Memory | None = None,
         *,
         progress_url_template: str = progress.DEFAULT_URL_TEMPLATE,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
-        self.session = session
+        self.may_act = may_act
+        """Whether this replica leads (leader.py), asked before every write."""
+        self.poller = poller
         self.cache = cache
         self.memory = memory or Memory()
         self.progress_url_template = progress.check_url_template(progress_url_template)
@@ -132,6 +131,7 @@ class Reconciler:
         body = self.cache.jobs.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.memory.forget(key)
+            self.poller.forget(key)
             return None
         if self.memory.conflicts.get(key) == str(body["metadata"].get("resourceVersion")):
             return CONFLICT_RECHECK_SECONDS  # the cache has not caught up with the job yet
@@ -167,18 +167,20 @@ class Reconciler:
             outcome = plan.plan(
                 job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
             )
-        written, failure = await self._apply(key, body, outcome, now, generation)
-        if failure is None:
+        written, refusal = await self._apply(key, body, outcome, now, generation)
+        if refusal is None:
             return outcome.requeue_after
-        # The API server refused the RayCluster: plan again on the world as this pass left it
-        # (its status written, its ConfigMap applied) with the API server's answer, so the pass
-        # already shows the refusal (condition and Event) and schedules the retry.
-        applied = [a.manifest["data"] for a in outcome.actions if isinstance(a, decision.ApplyConfigMap)]
-        after = replace(
-            observed,
-            create_failure=failure,
-            configmap_data=applied[-1] if applied else observed.configmap_data,
-        )
+        # The API server refused the RayCluster, or the spec ConfigMap's name is taken: plan again
+        # on the world as this pass left it (its status written, its ConfigMap applied) with what
+        # it found, so the pass already shows the refusal (condition and Event) and its retry.
+        if isinstance(refusal, ConfigMapView):
+            after = replace(observed, configmap=refusal)
+        else:
+            after = replace(
+                observed,
+                create_failure=refusal,
+                configmap=self.cache.configmap(key, naming.spec_configmap_name(name)),
+            )
         replanned = plan.plan(
             job, outcome.status, after, generation=generation, owner=owner, spec_errors=spec_errors
         )
@@ -215,7 +217,7 @@ class Reconciler:
             head = next(
                 (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
             )
-        poll = await self._poll(key, job, head, now) if job is not None else None
+        poll = self._poll(key, job, head, now) if job is not None else None
         workload = None
         if job is not None and job.kueue_queue_name is not None and current is not None:
             found = await self.api.list_workloads(namespace, current.uid)
@@ -224,7 +226,7 @@ class Reconciler:
             now=now,
             clusters=clusters,
             pods=pods,
-            configmap_data=configmap.data if configmap is not None else None,
+            configmap=configmap,
             remembered_exit=self.memory.exits.get(key),
             progress=poll.reading if poll is not None else None,
             progress_read_at=poll.read_at if poll is not None else None,
@@ -255,32 +257,29 @@ class Reconciler:
             from_cache=False,
         )
 
-    async def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> _Poll | None:
-        """Read /progress while the driver runs, at most about once per pollSeconds."""
+    def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> progress.Poll | None:
+        """The latest /progress read while the driver runs (the poller reads it; a pass never
+        waits on the head pod), after telling the poller what to read."""
         driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
         if driver is None or driver.state != "running":
+            self.poller.forget(key)
             return None
         url = progress.progress_url(self.progress_url_template, key[0], key[1], head)
         if url is None:
-            return _Poll(time.monotonic(), now, None, "the head pod has no IP yet")
-        last = self.memory.polls.get(key)
-        clock = time.monotonic()
-        if last is not None and clock - last.at < job.spec.progress.poll_seconds * 0.8:
-            return last
-        try:
-            poll = _Poll(clock, now, await progress.read_progress(self.session, url), None)
-        except progress.ProgressError as exc:
-            poll = _Poll(clock, now, None, str(exc))
-        self.memory.polls[key] = poll
-        return poll
+            self.poller.forget(key)
+            return progress.Poll(now, None, "the head pod has no IP yet")
+        self.poller.track(key, url, job.spec.progress.poll_seconds)
+        return self.poller.latest(key)
 
     # --- write -------------------------------------------------------------------------------
 
     async def _apply(
         self, key: Key, body: Mapping[str, Any], outcome: decision.Decision, now: datetime, generation: int
-    ) -> tuple[str, CreateFailure | None]:
+    ) -> tuple[str, Refusal | None]:
         """Write the status, act, post the events. Returns the job's resourceVersion afterwards and
-        the API server's refusal of a RayCluster create, if one was refused."""
+        what stopped an action, if anything did: the API server's refusal of a RayCluster create,
+        or the ConfigMap found in the way of the job's (the actions after it are not taken: the
+        RayCluster's pods would mount that ConfigMap as their spec)."""
         namespace, name = key
         meta = body["metadata"]
         resource_version = str(meta["resourceVersion"])
@@ -291,6 +290,7 @@ class Reconciler:
         deletes_job = any(isinstance(a, decision.DeleteJob) for a in outcome.actions)
         new_status = outcome.status_patch()
         if not deletes_job and _shown(new_status) != _shown(body.get("status") or {}):
+            self._check_leading(key)
             wrote = True
             try:
                 written = await self.api.patch_job_status(
@@ -308,20 +308,20 @@ class Reconciler:
                     self.memory.forget(key)
                     return resource_version, None
                 raise
-        failures: list[CreateFailure] = []
-        for group in _groups(outcome.actions):
-            # Creates that follow each other (the ConfigMap and the RayCluster of an attempt) go
-            # out together; deletes stay in order. Pods wait for a missing ConfigMap volume, so
-            # the two creates need no order between them.
-            done = await asyncio.gather(*(self._act(key, meta, action, now, generation) for action in group))
-            failures += [f for f in done if f is not None]
+        refusal: Refusal | None = None
+        for action in outcome.actions:
+            self._check_leading(key)
+            stopped = await self._act(key, meta, action, now, generation)
+            refusal = refusal or stopped
+            if isinstance(stopped, ConfigMapView):
+                break
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
         self.memory.phases[key] = outcome.status.phase
         if outcome.progress_mark is not None:
             self.memory.marks[key] = outcome.progress_mark
         if outcome.status.phase in ("Succeeded", "Failed"):
             self.memory.exits.pop(key, None)
-            self.memory.polls.pop(key, None)
+            self.poller.forget(key)
         old_phase = (body.get("status") or {}).get("phase")
         if old_phase != outcome.status.phase or outcome.events:
             log.info(
@@ -335,24 +335,51 @@ class Reconciler:
                 ),
             )
         # Events are independent of each other: post them together (one round trip, not one each).
+        if outcome.events:
+            self._check_leading(key)
         await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
-        return resource_version, failures[0] if failures else None
+        return resource_version, refusal
+
+    def _check_leading(self, key: Key) -> None:
+        if not self.may_act():
+            raise NotLeadingError(f"{key[0]}/{key[1]}: this replica no longer leads")
 
     async def _act(
         self, key: Key, meta: Mapping[str, Any], action: decision.Action, now: datetime, generation: int
-    ) -> CreateFailure | None:
+    ) -> Refusal | None:
         namespace, name = key
         if isinstance(action, decision.ApplyConfigMap):
-            self.cache.configmaps.apply(cache.MODIFIED, await self.api.apply_configmap(action.manifest))
-        elif isinstance(action, decision.CreateRayCluster):
+            return await self._apply_configmap(str(meta["uid"]), action)
+        if isinstance(action, decision.CreateRayCluster):
             return await self._create_raycluster(key, action.manifest, now, generation)
-        elif isinstance(action, decision.DeleteRayCluster):
+        if isinstance(action, decision.DeleteRayCluster):
             await self.api.delete_raycluster(namespace, action.name, action.uid)
             self.cache.mark_deleting(action.uid)
             log.info("deleted RayCluster", extra=_fields(key, cluster=action.name, why=action.why))
         elif isinstance(action, decision.DeleteJob):
             await self.api.delete_job(namespace, name, str(meta["uid"]))
             log.info("deleted job", extra=_fields(key, why=action.why))
+        return None
+
+    async def _apply_configmap(self, job_uid: str, action: decision.ApplyConfigMap) -> ConfigMapView | None:
+        """Create the spec ConfigMap, or replace the data of the job's own; returns the ConfigMap of
+        that name, untouched, when the job does not control it. The plan already leaves a foreign
+        one alone; this also covers one the cache does not hold (it holds only the operator's)."""
+        existing = action.existing
+        if existing is None:
+            created = await self.api.create_configmap(action.manifest)
+            if created is not None:
+                self.cache.configmaps.apply(cache.ADDED, created)
+                return None
+            meta = action.manifest["metadata"]
+            found = await self.api.find_configmap(meta["namespace"], meta["name"])
+            if found is None:  # deleted between the two calls: the pass is retried, and creates it
+                raise k8s.ApiError(409, f"ConfigMap {meta['name']} exists, then did not")
+            existing = ConfigMapView.from_dict(found)
+        if existing.owner_uid != job_uid:
+            return existing
+        written = await self.api.replace_configmap_data(action.manifest, existing.resource_version)
+        self.cache.configmaps.apply(cache.MODIFIED, written)
         return None
 
     async def _create_raycluster(
@@ -388,18 +415,8 @@ class Reconciler:
             log.warning("could not post event", extra=_fields(key, reason=event.reason, error=str(err)))
 
 
-_CREATES = (decision.ApplyConfigMap, decision.CreateRayCluster)
-
-
-def _groups(actions: Sequence[decision.Action]) -> list[list[decision.Action]]:
-    """Consecutive creates form one group (run concurrently); every other action is alone."""
-    groups: list[list[decision.Action]] = []
-    for action in actions:
-        if groups and isinstance(action, _CREATES) and all(isinstance(a, _CREATES) for a in groups[-1]):
-            groups[-1].append(action)
-        else:
-            groups.append([action])
-    return groups
+Refusal = CreateFailure | ConfigMapView
+"""What stops a pass's actions: see `Reconciler._apply`."""
 
 
 def _as_written(body: Mapping[str, Any], resource_version: str, outcome: decision.Decision) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from asyncgrpo_operator import k8s, naming, progress
 from asyncgrpo_operator import metrics as metrics_module
 from asyncgrpo_operator.cache import Cache, Key
 from asyncgrpo_operator.controller import Controller
-from asyncgrpo_operator.informer import Informer
+from asyncgrpo_operator.informer import Informer, Sink
 from asyncgrpo_operator.leader import LeaseElector, Timing
 from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.observed import DriverExit, PodView
@@ -64,6 +64,8 @@ class Runtime:
     controller: Controller
     metrics: Metrics
     task: asyncio.Task[None]
+    poller: asyncio.Task[None]
+    """Reads the running drivers' /progress (progress.Poller), outside the passes."""
     informers: list[asyncio.Task[None]]
     elector: LeaseElector | None = None
     elector_task: asyncio.Task[None] | None = None
@@ -105,16 +107,20 @@ async def start(memo: Any) -> Runtime:
     namespaces = [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     cache = Cache(scopes=tuple(scopes))
-    reconciler = Reconciler(api, session, cache, progress_url_template=template)
+    elector = _elector(api)
+    leading: Callable[[], bool] = (lambda: elector.is_leader) if elector is not None else (lambda: True)
+    poller = progress.Poller(session, active=leading)
+    reconciler = Reconciler(
+        api,
+        poller,
+        cache,
+        progress_url_template=template,
+        may_act=leading,
+    )
 
     async def list_keys() -> list[Key]:
-        """Every job, listed afresh: the resync's list also repairs the job cache."""
-        for namespace in scopes:
-            jobs, version = await api.list_jobs(namespace)
-            cache.jobs.replace(jobs, version, namespace)
-        return cache.jobs.keys()
+        return await resync_keys(api, cache, scopes)
 
-    elector = _elector(api)
     controller = Controller(
         reconcile=reconciler.reconcile,
         list_keys=list_keys,
@@ -124,6 +130,7 @@ async def start(memo: Any) -> Runtime:
         is_active=((lambda: cache.synced() and elector.is_leader) if elector is not None else cache.synced),
         metrics=metrics,
     )
+    poller.changed = controller.enqueue  # a new /progress reading: a pass writes it
 
     def changed(keys: Iterable[Key]) -> None:
         for key in keys:
@@ -142,11 +149,12 @@ async def start(memo: Any) -> Runtime:
 
     cache.pods.seen = pod_seen
     informers = []
-    for resource, index in (
-        (naming.RAYCLUSTER_PLURAL, cache.clusters),
-        ("pods", cache.pods),
-        ("configmaps", cache.configmaps),
-    ):
+    watched: tuple[tuple[str, Sink, str, bool], ...] = (
+        (naming.RAYCLUSTER_PLURAL, cache.clusters, naming.JOB_NAME_LABEL, False),
+        ("pods", cache.pods, naming.JOB_NAME_LABEL, False),
+        ("configmaps", cache.configmaps, naming.SPEC_CONFIGMAP_SELECTOR, True),
+    )
+    for resource, index, selector, metadata_only in watched:
         for scope in scopes:
             informer = Informer(
                 api,
@@ -156,9 +164,12 @@ async def start(memo: Any) -> Runtime:
                 changed=changed,
                 listed=functools.partial(cache.children_listed.add, (resource, scope)),
                 found_again=every_job,
+                label_selector=selector,
+                metadata_only=metadata_only,
             )
             informers.append(asyncio.create_task(informer.run(), name=f"asyncgrpo-watch-{resource}"))
     task = asyncio.create_task(controller.run(), name="asyncgrpo-controller")
+    poller_task = asyncio.create_task(poller.run(), name="asyncgrpo-progress-poller")
     elector_task = (
         asyncio.create_task(elector.run(), name="asyncgrpo-leader") if elector is not None else None
     )
@@ -170,6 +181,7 @@ async def start(memo: Any) -> Runtime:
         controller=controller,
         metrics=metrics,
         task=task,
+        poller=poller_task,
         informers=informers,
         elector=elector,
         elector_task=elector_task,
@@ -189,6 +201,17 @@ async def start(memo: Any) -> Runtime:
     return runtime
 
 
+async def resync_keys(api: k8s.Api, cache: Cache, scopes: Iterable[str | None]) -> list[Key]:
+    """Every job, listed afresh (the list also repairs the job cache), and the jobs the list
+    dropped: deleted while their DELETE event was missed. Their pass finds them gone and forgets
+    them (their phase in the jobs-by-phase metric, their /progress reads)."""
+    dropped: set[Key] = set()
+    for namespace in scopes:
+        jobs, version = await api.list_jobs(namespace)
+        dropped |= cache.jobs.replace(jobs, version, namespace)
+    return cache.jobs.keys() + sorted(dropped)
+
+
 async def stop(memo: Any) -> None:
     """Stop acting, then give the Lease up, then close the clients.
 
@@ -199,6 +222,7 @@ async def stop(memo: Any) -> None:
     if not isinstance(runtime, Runtime):
         return
     await _cancel(runtime.task)
+    await _cancel(runtime.poller)
     for informer in runtime.informers:
         await _cancel(informer)
     if runtime.elector is not None:

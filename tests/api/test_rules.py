@@ -335,6 +335,8 @@ def test_a_name_that_fits_with_its_backoff_limit_is_accepted(base_job: dict[str,
         ({"backoffLimit": 100}, "spec.backoffLimit"),
         ({"secrets": [{"name": "UPPER"}]}, "spec.secrets[0].name"),
         ({"image": "has space"}, "spec.image"),
+        # each running job costs the operator a read per interval (issue 27)
+        ({"progress": {"pollSeconds": 1}}, "spec.progress.pollSeconds"),
     ],
 )
 def test_out_of_range_values_are_rejected_at_their_path(

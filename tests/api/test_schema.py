@@ -171,3 +171,14 @@ def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 
 def test_the_committed_api_reference_is_what_the_models_generate() -> None:
     assert (REPO / "docs" / "api.md").read_text() == render_api_doc(), "run `python -m asyncgrpo_api.apidoc`"
+
+
+def test_every_status_progress_count_is_bounded_by_what_the_api_server_stores() -> None:
+    """The driver reports these (the job author's code); an integer above int64 would fail every
+    status write of the job."""
+    progress = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
+        "properties"
+    ]["progress"]["properties"]
+    counts = {name: node for name, node in progress.items() if node.get("type") == "integer"}
+    assert set(counts) >= {"step", "maxSteps", "policyVersion", "rewardFailures", "lastCheckpointStep"}
+    assert {name: node.get("maximum") for name, node in counts.items()} == dict.fromkeys(counts, 2**53 - 1)

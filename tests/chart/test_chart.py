@@ -27,6 +27,15 @@ def env(objects: Objects) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container(objects)["env"]}
 
 
+AGGREGATED = "agrpo-asyncgrpo-operator-edit", "agrpo-asyncgrpo-operator-view"
+
+
+def operator_role(objects: Objects) -> dict[str, Any]:
+    """The ClusterRole bound to the operator (the others are users', aggregated into edit/view)."""
+    (role,) = [o for o in by_kind(objects, "ClusterRole") if o["metadata"]["name"] not in AGGREGATED]
+    return role
+
+
 def webhook_entry(objects: Objects) -> dict[str, Any]:
     (entry,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
     return dict(entry)
@@ -60,7 +69,9 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
         [
             "CustomResourceDefinition",
             "ServiceAccount",
-            "ClusterRole",
+            "ClusterRole",  # the operator's
+            "ClusterRole",  # users': aggregated into edit and admin
+            "ClusterRole",  # users': aggregated into view
             "ClusterRoleBinding",
             "Deployment",
             "Service",  # webhook
@@ -114,7 +125,7 @@ def test_webhook_certificate_is_mounted_where_the_operator_reads_it(default_obje
 
 
 def test_rbac_grants_no_secrets_and_no_wildcards(default_objects: Objects) -> None:
-    rules = one(default_objects, "ClusterRole")["rules"]
+    rules = operator_role(default_objects)["rules"]
     for rule in rules:
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
         assert "secrets" not in rule["resources"], rule
@@ -132,7 +143,7 @@ def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
 
 
 def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -> None:
-    rules = one(default_objects, "ClusterRole")["rules"]
+    rules = operator_role(default_objects)["rules"]
     # what asyncgrpo_operator.k8s calls (its informers list and watch RayClusters, pods and
     # ConfigMaps), plus kopf's watch of jobs; a pass reads from those caches, never with a GET
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete"}
@@ -153,6 +164,41 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "asyncgrpo-system"}
     ]
+
+
+def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_namespaced_cluster_wide(
+    helm_bin: Path,
+) -> None:
+    objects = template(helm_bin, {"operator.watchNamespaces": ["team-a", "team-b"]})
+    cluster_rules = operator_role(objects)["rules"]
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
+    assert set(roles) == {"team-a", "team-b"}
+    for rules in roles.values():
+        assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete"}
+        assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete"}
+        assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
+    bindings = by_kind(objects, "RoleBinding")
+    sa = one(objects, "ServiceAccount")["metadata"]["name"]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
+    assert all(b["subjects"][0]["name"] == sa and b["roleRef"]["kind"] == "Role" for b in bindings)
+
+
+def test_users_get_jobs_through_the_default_edit_admin_and_view_roles(default_objects: Objects) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(default_objects, "ClusterRole")}
+    edit, view = (roles[name] for name in AGGREGATED)
+    labels = edit["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert granted(edit["rules"], "asyncgrpo.dev", "asyncgrpojobs") >= {"create", "update", "delete", "get"}
+    assert granted(edit["rules"], "asyncgrpo.dev", "asyncgrpojobs/status") == {"get", "list", "watch"}
+    assert granted(view["rules"], "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch"}
+    bound = {b["roleRef"]["name"] for b in by_kind(default_objects, "ClusterRoleBinding")}
+    assert not bound & set(AGGREGATED), "the users' roles are never bound to the operator"
 
 
 def test_webhook_configuration_is_deliberate(default_objects: Objects) -> None:
@@ -227,6 +273,22 @@ def test_cert_manager_switch_replaces_the_generated_secret(helm_bin: Path) -> No
         "agrpo-asyncgrpo-operator-selfsigned",
         "agrpo-asyncgrpo-operator-webhook-ca",
     }
+
+
+def test_a_provided_certificate_renders_the_same_objects_on_every_helm_template(helm_bin: Path) -> None:
+    """Argo CD renders with `helm template`, where `lookup` finds nothing: a chart that generates
+    its certificate then renders a new CA on every refresh (and rotates it on every sync)."""
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+    values = {"webhook.tls.caBundle": ca, "webhook.tls.secretName": "my-webhook-tls"}
+    first, second = template(helm_bin, values), template(helm_bin, values)
+    assert first == second
+    assert not by_kind(first, "Secret")
+    assert webhook_entry(first)["clientConfig"]["caBundle"] == ca
+    pod = one(first, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == "my-webhook-tls"
+    with pytest.raises(HelmError, match="exclude each other"):
+        template(helm_bin, {**values, "webhook.tls.certManager.enabled": True})
 
 
 def test_cert_manager_can_use_an_existing_cluster_issuer(helm_bin: Path) -> None:

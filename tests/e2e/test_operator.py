@@ -11,6 +11,7 @@ as a job's author cannot do.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -160,19 +161,35 @@ class ProgressServer:
     /progress/<namespace>/<job>: what the operator reads with `template` as its URL template.
 
     Every job gets `doc` unless `docs` has one for it; a job in `routes` is forwarded to that URL
-    (a driver run as a local process, tests/e2e/whole_path.py). `hits` records every path asked.
+    (a driver run as a local process, tests/e2e/whole_path.py); a job in `hostile` is answered as
+    a hostile head would: "hang" (the connection accepted, no answer for a minute) or "flood" (an
+    endless body). `hits` records every path asked.
     """
 
     def __init__(self) -> None:
         self.doc: dict[str, Any] = {"step": 0, "maxSteps": 20, "policyVersion": 0, "state": "starting"}
         self.docs: dict[tuple[str, str], dict[str, Any]] = {}
         self.routes: dict[tuple[str, str], str] = {}
+        self.hostile: dict[tuple[str, str], str] = {}
         self.hits: list[str] = []
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server_self.hits.append(self.path)
+                parts = self.path.strip("/").split("/")
+                behaviour = server_self.hostile.get((parts[1], parts[2])) if len(parts) == 3 else None
+                if behaviour == "hang":
+                    time.sleep(60)
+                    return
+                if behaviour == "flood":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    with contextlib.suppress(OSError):  # until the reader hangs up
+                        for _ in range(16384):
+                            self.wfile.write(b" " * 65536)
+                    return
                 status, body = server_self.answer(self.path)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -235,7 +252,7 @@ def job_manifest(name: str, **spec: Any) -> JSON:
         "spec": {
             "image": "rayproject/ray:2.46.0",
             "backoffLimit": 2,
-            "progress": {"stallAfterSeconds": 30, "pollSeconds": 1},
+            "progress": {"stallAfterSeconds": 30, "pollSeconds": 2},
             "storage": {"checkpoints": {"emptyDir": {}, "mountPath": "/checkpoints"}},
             "cluster": {
                 "rayVersion": "2.46",

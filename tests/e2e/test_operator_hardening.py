@@ -10,7 +10,8 @@ would refuse can reach it, as they do when the webhook fails open or the rules c
 - a started job whose spec fails rules tightened since is kept running (SpecValid False);
 - a job's `asyncgrpo.dev/progress-url` annotation sends the operator nowhere;
 - a RayCluster with the job's name and labels but another owner is neither adopted nor deleted;
-- the operator's Prometheus /metrics, scraped.
+- the operator's Prometheus /metrics, scraped;
+- heads that hang or flood on /progress (40 and 4) do not hold up a healthy job's status.
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ def test_a_running_job_whose_spec_newer_rules_refuse_keeps_running_and_keeps_its
     spec = conditions(status)["SpecValid"]
     assert (spec["status"], spec["reason"]) == ("False", "AdmittedUnderOlderRules")
     assert "spec.cluster.head.resources.requests.cpu" in spec["message"]
-    time.sleep(3)  # several passes (pollSeconds 1)
+    time.sleep(5)  # several passes (pollSeconds 2)
     status = get_job(kube_api, namespace, "veteran")["status"]
     assert status["phase"] == "Running" and live_rayclusters(kube_api, namespace, "veteran") == ["veteran-0"]
     assert "AdmittedUnderOlderRules" in {e["reason"] for e in events(kube_api, namespace, "veteran")}
@@ -296,7 +297,7 @@ def test_a_jobs_progress_url_annotation_is_ignored(
             "progress read",
             lambda s: (s.get("progress") or {}).get("step") == 3,
         )
-        time.sleep(3)  # pollSeconds 1: several more reads
+        time.sleep(5)  # pollSeconds 2: several more reads
         assert elsewhere.hits == []
         assert f"/progress/{namespace}/curious" in driver_progress.hits
         assert status["progress"]["step"] == 3
@@ -401,3 +402,46 @@ def test_the_operator_serves_prometheus_metrics(
     assert value(samples, "asyncgrpo_jobs", phase="Pending") == 0
     assert "asyncgrpo_workqueue_depth" in samples and "asyncgrpo_workqueue_in_flight" in samples
     assert value(samples, "asyncgrpo_leader") == 1
+
+
+# --- hostile heads (issue 27) ----------------------------------------------------------------------
+
+
+def progress_step(status: JSON) -> int | None:
+    step = (status.get("progress") or {}).get("step")
+    return int(step) if step is not None else None
+
+
+HEAD_ONLY = {"policyWorkers": {"replicas": 0}, "generationWorkers": {"replicas": 0}}
+"""Jobs of a head pod alone: dozens fit on the fake CPU node next to other sessions' jobs."""
+
+
+def test_heads_that_hang_or_flood_do_not_hold_up_a_healthy_jobs_status(
+    kube_api: Api,
+    namespace: str,
+    operator: OperatorProcess,
+    driver_progress: ProgressServer,
+) -> None:
+    """40 running jobs whose heads accept /progress and never answer, 4 whose heads send an endless
+    body, and one healthy job: each new step of the healthy driver is in its status within one
+    pollSeconds (2) and a read (before issue 27 the hanging reads took the reconcile workers, 16,
+    and the healthy job's passes queued behind them), and the operator stays up."""
+    hostile = {f"hangs-{i}": "hang" for i in range(40)} | {f"floods-{i}": "flood" for i in range(4)}
+    for name in [*hostile, "healthy"]:
+        create_job(kube_api, namespace, job_manifest(name, cluster=HEAD_ONLY))
+    for name in [*hostile, "healthy"]:
+        run_until_running(kube_api, namespace, name, driver_progress)
+    driver_progress.hostile = {(namespace, name): how for name, how in hostile.items()}
+    time.sleep(5)  # every hostile head read, its reads failing
+    lags = []
+    for step in (5, 6, 7, 8):
+        driver_progress.docs[(namespace, "healthy")] = {**driver_progress.doc, "step": step}
+        started = time.monotonic()
+        until(kube_api, namespace, "healthy", f"step {step}", lambda s, n=step: progress_step(s) == n)
+        lags.append(time.monotonic() - started)
+    print("healthy job's step in its status after (s):", [round(lag, 1) for lag in lags])
+    assert max(lags) < 5, lags
+    assert operator.proc is not None and operator.proc.poll() is None, "the operator exited"
+    for name in hostile:
+        status = get_job(kube_api, namespace, name)["status"]
+        assert status["phase"] == "Running", (name, status)

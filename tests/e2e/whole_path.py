@@ -595,7 +595,7 @@ def tiny_job(name: str, *, max_steps: int = 24, **trainer: Any) -> JSON:
         "spec": {
             "image": "ghcr.io/asyncgrpo/trainer:0.1.0",
             "backoffLimit": 2,
-            "progress": {"pollSeconds": 1, "stallAfterSeconds": 300},
+            "progress": {"pollSeconds": 2, "stallAfterSeconds": 300},
             "storage": {
                 "checkpoints": {
                     "hostPath": {"path": f"/var/lib/asyncgrpo/{name}"},

@@ -13,7 +13,14 @@ from typing import Any
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_operator import manifests, naming
 from asyncgrpo_operator.manifests import Owner
-from asyncgrpo_operator.observed import ClusterView, DriverExit, Observation, PodView, ProgressReading
+from asyncgrpo_operator.observed import (
+    ClusterView,
+    ConfigMapView,
+    DriverExit,
+    Observation,
+    PodView,
+    ProgressReading,
+)
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 JOB_UID = "job-uid-1"
@@ -84,6 +91,21 @@ def cluster(
 def pod(owner: ClusterView, **fields: Any) -> PodView:
     """A pod as the API returns it (`raw_pod`'s fields), parsed the way the reconciler parses it."""
     return PodView.from_dict(raw_pod(owner, **fields))
+
+
+def raw_cluster(view: ClusterView) -> dict[str, Any]:
+    """The job's RayCluster `view` (namespace team), provisioned, as the API returns it."""
+    return {
+        "metadata": {
+            "name": view.name,
+            "namespace": "team",
+            "uid": view.uid,
+            "resourceVersion": "20",
+            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ATTEMPT_LABEL: "0"},
+            "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
+        },
+        "status": {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]},
+    }
 
 
 def raw_pod(
@@ -158,24 +180,35 @@ def terminated(exit_code: int, message: str = "") -> dict[str, Any]:
     return {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}}
 
 
+def spec_configmap(the_job: AsyncGRPOJob, owner_uid: str | None = OWNER.uid) -> ConfigMapView:
+    """The job's spec ConfigMap as the cache shows it: up to date, controlled by `owner_uid`."""
+    manifest = manifests.spec_configmap(the_job, OWNER)
+    digest = manifest["metadata"]["annotations"][naming.SPEC_DIGEST_ANNOTATION]
+    return ConfigMapView(manifest["metadata"]["name"], owner_uid, digest, resource_version="7")
+
+
 def observe(
     seconds: float,
     *clusters: ClusterView,
     pods: tuple[PodView, ...] = (),
-    configmap: bool = True,
+    configmap: bool | ConfigMapView = True,
     progress: dict[str, Any] | None = None,
     progress_error: str | None = None,
     remembered_exit: DriverExit | None = None,
     the_job: AsyncGRPOJob | None = None,
     **kwargs: Any,
 ) -> Observation:
-    """An observation at T0 + seconds. `configmap` True means the ConfigMap is up to date."""
-    data = manifests.spec_configmap(the_job or job(), OWNER)["data"] if configmap else None
+    """An observation at T0 + seconds. `configmap` True means the job's ConfigMap is up to date;
+    a ConfigMapView is the one observed."""
     return Observation(
         now=at(seconds),
         clusters=clusters,
         pods=pods,
-        configmap_data=data,
+        configmap=configmap
+        if isinstance(configmap, ConfigMapView)
+        else spec_configmap(the_job or job())
+        if configmap
+        else None,
         progress=ProgressReading.from_json(progress) if progress is not None else None,
         progress_error=progress_error,
         remembered_exit=remembered_exit,

@@ -1,18 +1,28 @@
-"""Reading the driver's /progress from a real HTTP server started by the test."""
+"""Reading the driver's /progress from real HTTP servers started by the test (127.0.0.1 only),
+some of them hostile: they hang, flood, or nest without end."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from asyncgrpo_operator import progress
+from asyncgrpo_api.v1alpha1 import Progress
+from asyncgrpo_operator import plan, progress
+from asyncgrpo_operator.cache import ADDED, Cache
 from asyncgrpo_operator.observed import PodView, ProgressReading
+from asyncgrpo_operator.reconciler import Reconciler
+from tests.operator.builders import OWNER, cluster, healthy_pods, job, observe, raw_cluster, raw_pod
+from tests.operator.test_watch_cache import JOB, RecordingApi, job_body
 
 DOC = {
     "step": 12,
@@ -204,3 +214,245 @@ def test_progress_figures_are_rounded_for_kubectl_get() -> None:
         }
     )
     assert (reading.reward_mean, reading.mean_staleness, reading.tokens_per_second) == (0.4125, 0.667, 2092.0)
+
+
+# --- hostile heads (issue 27): the body is capped, parsed off the loop, and reads are bounded ---
+
+
+async def endless(request: web.Request) -> web.StreamResponse:
+    """A head that answers 1 GiB (chunked, so no Content-Length gives it away)."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    chunk = b" " * (64 << 10)
+    with contextlib.suppress(ConnectionError):
+        for _ in range((1 << 30) // len(chunk)):
+            await response.write(chunk)
+    return response
+
+
+async def hang(_: web.Request) -> web.Response:
+    """A head that accepts the connection and never answers."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def test_an_answer_over_one_mebibyte_is_refused_after_reading_one_mebibyte() -> None:
+    with pytest.raises(progress.ProgressError, match="larger than 1048576 bytes"):
+        asyncio.run(read_with(endless, timeout=10))
+
+
+def test_an_announced_oversized_answer_is_refused_before_its_body_is_read() -> None:
+    async def announced(_: web.Request) -> web.Response:
+        return web.Response(body=b" " * ((1 << 20) + 1), content_type="application/json")
+
+    with pytest.raises(progress.ProgressError, match="larger than 1048576 bytes"):
+        asyncio.run(read_with(announced))
+
+
+def test_a_deeply_nested_answer_is_a_progress_error_not_a_crash() -> None:
+    async def nested(_: web.Request) -> web.Response:
+        return web.Response(body=b"[" * 500_000 + b"]" * 500_000, content_type="application/json")
+
+    with pytest.raises(progress.ProgressError, match="RecursionError"):
+        asyncio.run(read_with(nested))
+
+
+async def hostile_heads_and_one_healthy(seconds: float) -> tuple[list[float], list[float], float]:
+    """50 heads (25 that hang, 25 that send 1 GiB), then one that answers with a step one higher
+    each time, all polled every 0.5 s by one poller. Returns when the healthy job's `changed`
+    fired and when its head was read (seconds after it was tracked), and the event loop's worst
+    lag meanwhile."""
+    served: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def healthy(_: web.Request) -> web.Response:
+        served.append(loop.time())
+        return web.json_response({**DOC, "step": len(served)})
+
+    app = web.Application()
+    app.router.add_get("/hang/{i}", hang)
+    app.router.add_get("/huge/{i}", endless)
+    app.router.add_get("/ok", healthy)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    changed: list[float] = []
+    lag = 0.0
+    try:
+        async with aiohttp.ClientSession() as session:
+            poller = progress.Poller(
+                session,
+                changed=lambda key: changed.append(loop.time()) if key == ("team", "healthy") else None,
+                timeout=1.0,
+                min_interval=0.5,
+            )
+            for i in range(25):
+                poller.track(("team", f"hangs-{i}"), f"{base}/hang/{i}", 0.5)
+                poller.track(("team", f"floods-{i}"), f"{base}/huge/{i}", 0.5)
+            task = asyncio.create_task(poller.run())
+            await asyncio.sleep(1.5)  # every slot taken by a hostile read
+            poller.track(("team", "healthy"), f"{base}/ok", 0.5)
+            start = loop.time()
+            while loop.time() - start < seconds:
+                before = loop.time()
+                await asyncio.sleep(0.05)
+                lag = max(lag, loop.time() - before - 0.05)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            latest = poller.latest(("team", "healthy"))
+            assert latest is not None and latest.reading is not None
+            assert latest.reading.step == len(served)
+    finally:
+        await runner.cleanup()
+    return [t - start for t in changed], [t - start for t in served], lag
+
+
+def test_heads_that_hang_or_flood_do_not_delay_a_healthy_jobs_progress() -> None:
+    changed, served, lag = asyncio.run(hostile_heads_and_one_healthy(seconds=8.0))
+    # Read every 0.5 s; a read waits at most for a slot held by a hostile read (1 s timeout). The
+    # bounds leave room for a loaded 2-core machine; without the poller's order and backoff the
+    # healthy head waited behind rounds of 1 s timeouts.
+    assert changed[0] < 1.5, changed
+    gaps = [b - a for a, b in itertools.pairwise(changed)]
+    assert len(changed) >= 6 and max(gaps) < 2.5, gaps
+    assert len(served) == len(changed)
+    assert lag < 2.0, f"the event loop stalled for {lag:.2f} s"  # reading 1 GiB on it took 6.8 s
+
+
+def running_job_cache() -> Cache:
+    """A synced cache with job team/demo running: its RayCluster provisioned, its pods ready, the
+    driver container running, its spec ConfigMap up to date."""
+    rc = cluster(0, provisioned=True)
+    first = plan.plan(job(), None, observe(0, configmap=False), generation=1, owner=OWNER)
+    running = plan.plan(
+        job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
+    )
+    body = {**job_body(7), "status": running.status.model_dump(mode="json", by_alias=True)}
+    body["spec"]["trainer"]["policy"] = {"trainMicroBatchSize": 4}
+    cache = Cache()
+    cache.jobs.apply(ADDED, body)
+    cache.clusters.apply(ADDED, raw_cluster(rc))
+    for raw in (raw_pod(rc, head=True), raw_pod(rc, group="policy"), raw_pod(rc, group="generation")):
+        cache.pods.apply(ADDED, raw)
+    return cache
+
+
+class PassApi(RecordingApi):
+    """Records status writes and answers them with the job as written; creates the ConfigMap."""
+
+    def __init__(self, cache: Cache) -> None:
+        super().__init__()
+        self.cache = cache
+
+    async def patch_job_status(self, namespace: str, name: str, version: str, status: Any) -> dict[str, Any]:
+        self.patches.append(status)
+        body = self.cache.jobs.get((namespace, name)) or {}
+        written = str(int(body["metadata"]["resourceVersion"]) + 1)
+        return {**body, "metadata": {**body["metadata"], "resourceVersion": written}, "status": status}
+
+    async def create_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return {**manifest, "metadata": {**manifest["metadata"], "uid": "cm", "resourceVersion": "9"}}
+
+
+def test_a_pass_never_waits_for_the_head_pods_answer() -> None:
+    """The head hangs: the pass still ends at once (it only tells the poller what to read), and
+    the reading, once the poller has it, queues the job and the next pass writes it."""
+
+    async def scenario() -> tuple[float, list[tuple[str, str]], list[Any]]:
+        gate = asyncio.Event()
+
+        async def slow(_: web.Request) -> web.Response:
+            await gate.wait()
+            return web.json_response(DOC)
+
+        runner, url = await serve(slow)
+        cache = running_job_cache()
+        api = PassApi(cache)
+        queued: list[tuple[str, str]] = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                poller = progress.Poller(session, changed=queued.append, min_interval=0.1)
+                reconciler = Reconciler(api, poller, cache, progress_url_template=url)  # type: ignore[arg-type]
+                task = asyncio.create_task(poller.run())
+                started = time.monotonic()
+                await reconciler.reconcile(JOB)
+                took = time.monotonic() - started
+                gate.set()
+                await wait_for(lambda: queued)
+                await reconciler.reconcile(JOB)
+                task.cancel()
+        finally:
+            await runner.cleanup()
+        return took, queued, api.patches
+
+    took, queued, patches = asyncio.run(scenario())
+    assert took < 0.5, f"the pass waited {took:.2f} s for /progress"
+    assert queued == [JOB]
+    assert patches[-1]["progress"]["step"] == DOC["step"]
+
+
+async def wait_for(ready: Callable[[], object], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_absurd_figures_from_the_driver_become_figures_the_status_can_hold() -> None:
+    reading = ProgressReading.from_json(
+        {
+            "step": 10**30,
+            "maxSteps": -5,
+            "policyVersion": 2**63,
+            "rewardFailures": 10**19,
+            "lastCheckpointStep": 10**25,
+            "rewardMean": float("inf"),
+            "accuracy": float("nan"),
+            "tokensPerSecond": 10**400,
+        }
+    )
+    biggest = 2**53 - 1
+    assert (reading.step, reading.max_steps, reading.policy_version) == (biggest, 0, biggest)
+    assert (reading.reward_failures, reading.last_checkpoint_step) == (biggest, biggest)
+    assert (reading.reward_mean, reading.accuracy, reading.tokens_per_second) == (None, None, None)
+    status = Progress(
+        step=reading.step,
+        max_steps=reading.max_steps,
+        policy_version=reading.policy_version,
+        reward_failures=reading.reward_failures,
+        last_checkpoint_step=reading.last_checkpoint_step,
+    )
+    assert json.loads(status.model_dump_json(by_alias=True))["step"] == biggest
+
+
+def test_a_replica_that_does_not_lead_reads_no_head_and_reads_again_once_it_leads() -> None:
+    async def scenario() -> tuple[int, int]:
+        hits: list[float] = []
+
+        async def ok(_: web.Request) -> web.Response:
+            hits.append(0.0)
+            return web.json_response(DOC)
+
+        runner, url = await serve(ok)
+        leading = False
+        try:
+            async with aiohttp.ClientSession() as session:
+                poller = progress.Poller(session, active=lambda: leading, min_interval=0.1)
+                poller.track(JOB, url, 0.1)
+                task = asyncio.create_task(poller.run())
+                await asyncio.sleep(0.5)
+                while_deposed = len(hits)
+                leading = True
+                await wait_for(lambda: hits)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await runner.cleanup()
+        return while_deposed, len(hits)
+
+    while_deposed, after = asyncio.run(scenario())
+    assert while_deposed == 0 and after >= 1

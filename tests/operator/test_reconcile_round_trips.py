@@ -2,8 +2,9 @@
 
 The pass against a fake API whose every call takes the same time: the world is read from the
 watch caches (no request), the status write still precedes every action (a stale decision fails
-before it changes anything), the ConfigMap and the RayCluster of a new attempt are created
-together, and the events are posted together, after the actions.
+before it changes anything), the ConfigMap is created before the RayCluster whose pods mount it (a
+ConfigMap of that name that is not the job's must stop the RayCluster: issue 27), and the events
+are posted together, after the actions.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 import aiohttp
 import kopf
+import pytest
 
-from asyncgrpo_operator import k8s, settings
+from asyncgrpo_operator import k8s, progress, settings
 from asyncgrpo_operator.cache import Cache
-from asyncgrpo_operator.reconciler import Reconciler
+from asyncgrpo_operator.reconciler import NotLeadingError, Reconciler
 from tests.operator.builders import BASE_JOB
 
 CALL_SECONDS = 0.05
@@ -46,8 +48,9 @@ class TimedApi:
         written = {"metadata": {"resourceVersion": "written-1"}}
         return await self._call("patch_job_status", written)  # type: ignore[no-any-return]
 
-    async def apply_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("apply_configmap", manifest)  # type: ignore[no-any-return]
+    async def create_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        created = {**manifest, "metadata": {**manifest["metadata"], "uid": "cm-uid", "resourceVersion": "8"}}
+        return await self._call("create_configmap", created)  # type: ignore[no-any-return]
 
     async def create_raycluster(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return await self._call("create_raycluster", manifest)  # type: ignore[no-any-return]
@@ -78,29 +81,30 @@ def cached(job: dict[str, Any]) -> Cache:
 async def one_pass() -> TimedApi:
     api = TimedApi(new_job())
     async with aiohttp.ClientSession() as session:
-        reconciler = Reconciler(api, session, cached(api.job))  # type: ignore[arg-type]
+        reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
         await reconciler.reconcile(("team", "demo"))
     return api
 
 
-def test_a_new_job_takes_three_round_trips_to_its_raycluster_and_events() -> None:
+def test_a_new_job_takes_four_round_trips_to_its_raycluster_and_events() -> None:
     api = asyncio.run(one_pass())
     names = [n for n, _, _ in api.calls]
-    assert names.count("create_raycluster") == 1 and names.count("apply_configmap") == 1
+    assert names.count("create_raycluster") == 1 and names.count("create_configmap") == 1
     assert "post_event" in names
 
     status = api.span("patch_job_status")
-    creates = api.span("apply_configmap", "create_raycluster")
+    configmap = api.span("create_configmap")
+    cluster = api.span("create_raycluster")
     events = api.span("post_event")
-    # nothing read from the API; the status, then both creates, then the events
+    # nothing read from the API; the status, the ConfigMap, the RayCluster, then the events
     assert names[0] == "patch_job_status"
-    assert creates[0] >= status[1]
-    assert creates[1] - creates[0] < 2 * CALL_SECONDS
-    assert events[0] >= creates[1]
+    assert configmap[0] >= status[1]
+    assert cluster[0] >= configmap[1]
+    assert events[0] >= cluster[1]
     assert events[1] - events[0] < 2 * CALL_SECONDS
     assert api.most_in_flight >= 2
     total = max(e for _, _, e in api.calls) - min(s for _, s, _ in api.calls)
-    assert total < 4.5 * CALL_SECONDS, f"{total:.3f} s for {len(names)} calls"
+    assert total < 5.5 * CALL_SECONDS, f"{total:.3f} s for {len(names)} calls"
 
 
 def test_the_echo_of_its_own_status_write_is_recognised_and_nothing_else() -> None:
@@ -110,7 +114,7 @@ def test_the_echo_of_its_own_status_write_is_recognised_and_nothing_else() -> No
     async def scenario() -> tuple[bool, bool, bool]:
         api = TimedApi(new_job())
         async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(api, session, cached(api.job))  # type: ignore[arg-type]
+            reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
             before = reconciler.is_own_write(("team", "demo"), "written-1")
             await reconciler.reconcile(("team", "demo"))
             echo = reconciler.is_own_write(("team", "demo"), "written-1")
@@ -156,7 +160,7 @@ def test_a_refused_create_is_in_the_status_written_by_the_same_pass_with_one_war
     async def scenario() -> RefusingApi:
         api = RefusingApi(new_job())
         async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(api, session, cached(api.job))  # type: ignore[arg-type]
+            reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
             delay = await reconciler.reconcile(("team", "demo"))
         assert delay == 5.0  # the retry's backoff
         return api
@@ -166,4 +170,102 @@ def test_a_refused_create_is_in_the_status_written_by_the_same_pass_with_one_war
     assert "no hostNetwork" in api.statuses[-1]["message"] and "HTTP 422" in api.statuses[-1]["message"]
     assert [e for e in api.events if e[0] == "Warning"] == [("Warning", "ClusterCreateFailed")]
     names = [n for n, _, _ in api.calls]
-    assert names.count("apply_configmap") == 1 and names.count("create_raycluster") == 1
+    assert names.count("create_configmap") == 1 and names.count("create_raycluster") == 1
+
+
+class TakenConfigMapApi(RefusingApi):
+    """A ConfigMap named like the job's spec ConfigMap exists, controlled by `owner_uid`, and the
+    cache does not show it (it holds only what the operator labelled)."""
+
+    def __init__(self, job: dict[str, Any], owner_uid: str) -> None:
+        super().__init__(job)
+        self.owner_uid = owner_uid
+        self.replaced: list[str] = []
+
+    async def create_configmap(self, manifest: dict[str, Any]) -> None:
+        await self._call("create_configmap")  # 409: it exists
+
+    async def find_configmap(self, namespace: str, name: str) -> dict[str, Any]:
+        owner = [{"uid": self.owner_uid, "controller": True}]
+        meta = {"name": name, "namespace": namespace, "uid": "cm", "resourceVersion": "3"}
+        return await self._call(
+            "find_configmap", {"metadata": {**meta, "ownerReferences": owner}, "data": {"x": "y"}}
+        )  # type: ignore[no-any-return]
+
+    async def replace_configmap_data(self, manifest: dict[str, Any], resource_version: str) -> dict[str, Any]:
+        self.replaced.append(resource_version)
+        return await self._call("replace_configmap_data", manifest)  # type: ignore[no-any-return]
+
+    async def create_raycluster(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("create_raycluster", manifest)  # type: ignore[no-any-return]
+
+
+def taken_pass(owner_uid: str) -> TakenConfigMapApi:
+    async def scenario() -> TakenConfigMapApi:
+        api = TakenConfigMapApi(new_job(), owner_uid)
+        async with aiohttp.ClientSession() as session:
+            await Reconciler(api, progress.Poller(session), cached(api.job)).reconcile(("team", "demo"))  # type: ignore[arg-type]
+        return api
+
+    return asyncio.run(scenario())
+
+
+def test_a_spec_configmap_someone_else_owns_is_left_untouched_and_the_job_says_so() -> None:
+    api = taken_pass("someone-elses-uid")
+    names = [n for n, _, _ in api.calls]
+    assert api.replaced == [] and "create_raycluster" not in names
+    assert api.statuses[-1]["reason"] == "ConfigMapNameTaken"
+    assert "someone-elses-uid" in api.statuses[-1]["message"]
+    assert ("Warning", "ConfigMapNameTaken") in api.events
+
+
+def test_the_jobs_own_spec_configmap_unseen_by_the_cache_is_rewritten_at_the_version_read() -> None:
+    api = taken_pass(BASE_JOB["metadata"]["uid"])
+    names = [n for n, _, _ in api.calls]
+    assert api.replaced == ["3"] and names.count("create_raycluster") == 1
+    assert "ConfigMapNameTaken" not in [s.get("reason") for s in api.statuses]
+
+
+def test_a_replica_deposed_during_a_pass_makes_no_write_after_losing_the_lease() -> None:
+    """The lease expires while the status write is in flight: the ConfigMap, the RayCluster and
+    the events, which the replica that leads now may already be writing, are not."""
+    leading = True
+
+    class DeposingApi(TimedApi):
+        async def patch_job_status(self, *args: Any) -> dict[str, Any]:
+            nonlocal leading
+            leading = False
+            return await super().patch_job_status(*args)
+
+    async def scenario() -> DeposingApi:
+        api = DeposingApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(
+                api,  # type: ignore[arg-type]
+                progress.Poller(session),
+                cached(api.job),
+                may_act=lambda: leading,
+            )
+            with pytest.raises(NotLeadingError):
+                await reconciler.reconcile(("team", "demo"))
+        return api
+
+    api = asyncio.run(scenario())
+    assert [n for n, _, _ in api.calls] == ["patch_job_status"]
+
+
+def test_a_replica_that_does_not_lead_writes_nothing() -> None:
+    async def scenario() -> TimedApi:
+        api = TimedApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(
+                api,  # type: ignore[arg-type]
+                progress.Poller(session),
+                cached(api.job),
+                may_act=lambda: False,
+            )
+            with pytest.raises(NotLeadingError):
+                await reconciler.reconcile(("team", "demo"))
+        return api
+
+    assert asyncio.run(scenario()).calls == []

@@ -1,6 +1,6 @@
-"""The plan when the world says no: a refused RayCluster create, KubeRay missing, a cluster name
-taken by someone else, a spec that tightened rules now refuse; and what the status tells about a
-finished job (Complete, the head pod, the driver's log).
+"""The plan when the world says no: a refused RayCluster create, KubeRay missing, a cluster or
+spec ConfigMap name taken by someone else, a spec that tightened rules now refuse; and what the
+status tells about a finished job (Complete, the head pod, the driver's log).
 
 Like test_job_phase_transitions.py, each test feeds one decision's status into the next pass.
 """
@@ -13,7 +13,16 @@ from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import plan
 from asyncgrpo_operator.observed import CreateFailure
-from tests.operator.builders import OWNER, at, cluster, healthy_pods, job, observe, terminated
+from tests.operator.builders import (
+    OWNER,
+    at,
+    cluster,
+    healthy_pods,
+    job,
+    observe,
+    spec_configmap,
+    terminated,
+)
 from tests.operator.test_job_phase_transitions import actions_of, running, step
 
 REFUSED = "admission webhook denied the request: RayClusters here may not use hostNetwork"
@@ -146,6 +155,26 @@ def test_a_cluster_with_the_jobs_name_but_another_owner_is_neither_adopted_nor_d
     assert scheduled.reason == "ClusterNameTaken" and "someone-else" in scheduled.message
     unowned = step(job(), None, observe(0, replace(theirs, owner_uid=None), configmap=False))
     assert "owner UID is none" in condition(unowned, "PodsScheduled").message
+
+
+def test_a_spec_configmap_another_owner_controls_is_neither_overwritten_nor_mounted() -> None:
+    theirs = spec_configmap(job(), owner_uid="someone-else")
+    decision = step(job(), None, observe(0, configmap=theirs))
+    assert actions_of(decision, plan.ApplyConfigMap) == []
+    assert actions_of(decision, plan.CreateRayCluster) == []
+    scheduled = condition(decision, "PodsScheduled")
+    assert scheduled.reason == "ConfigMapNameTaken" and "someone-else" in scheduled.message
+    assert decision.status.phase == "Pending" and decision.requeue_after == plan.NAME_TAKEN_RECHECK_SECONDS
+    unowned = step(job(), None, observe(0, configmap=replace(theirs, owner_uid=None)))
+    assert "owner UID is none" in condition(unowned, "PodsScheduled").message
+
+
+def test_the_jobs_own_outdated_spec_configmap_is_rewritten_at_the_version_it_was_read() -> None:
+    ours = replace(spec_configmap(job()), digest="outdated")
+    decision = step(job(), None, observe(0, configmap=ours))
+    [apply] = actions_of(decision, plan.ApplyConfigMap)
+    assert apply.existing == ours
+    assert actions_of(decision, plan.CreateRayCluster) != []
 
 
 def test_a_namesake_jobs_cluster_being_garbage_collected_is_waited_for() -> None:

@@ -16,13 +16,24 @@ import aiohttp
 import pytest
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Progress
-from asyncgrpo_operator import decision, k8s, naming, plan
+from asyncgrpo_operator import decision, k8s, naming, plan, progress, runtime
 from asyncgrpo_operator import informer as informer_module
 from asyncgrpo_operator.cache import ADDED, DELETED, MODIFIED, Cache, Index
 from asyncgrpo_operator.informer import Informer
+from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.observed import PodView
 from asyncgrpo_operator.reconciler import Reconciler
-from tests.operator.builders import BASE_JOB, OWNER, at, cluster, healthy_pods, job, observe, raw_pod
+from tests.operator.builders import (
+    BASE_JOB,
+    OWNER,
+    at,
+    cluster,
+    healthy_pods,
+    job,
+    observe,
+    raw_cluster,
+    raw_pod,
+)
 
 JOB = ("team", "demo")
 
@@ -124,7 +135,9 @@ class WatchApi:
         self.lists, self.watches = lists, watches
         self.calls: list[str] = []
 
-    async def list_all(self, path: str, label_selector: str | None = None) -> tuple[list[Any], str]:
+    async def list_all(
+        self, path: str, label_selector: str | None = None, *, metadata_only: bool = False
+    ) -> tuple[list[Any], str]:
         self.calls.append("list")
         if not self.lists:
             raise asyncio.CancelledError
@@ -133,7 +146,9 @@ class WatchApi:
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    async def watch(self, path: str, selector: str | None, version: str, timeout: int) -> AsyncIterator[Any]:
+    async def watch(
+        self, path: str, selector: str | None, version: str, timeout: int, *, metadata_only: bool = False
+    ) -> AsyncIterator[Any]:
         self.calls.append(f"watch@{version}")
         if not self.watches:
             raise asyncio.CancelledError
@@ -218,7 +233,7 @@ def apply_progress(stored_step: int, new_step: int) -> RecordingApi:
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(api, session, Cache())  # type: ignore[arg-type]
+            reconciler = Reconciler(api, progress.Poller(session), Cache())  # type: ignore[arg-type]
             await reconciler._apply(JOB, body, outcome, at(60), 1)
 
     asyncio.run(scenario())
@@ -298,7 +313,7 @@ class ConfirmingApi(RecordingApi):
         self.reads += 1
         return self.pods
 
-    async def apply_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def create_configmap(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return manifest
 
 
@@ -308,32 +323,63 @@ def test_a_pass_reads_the_children_afresh_before_it_counts_a_head_pod_lost() -> 
     running = plan.plan(
         job(), first.status, observe(30, rc, pods=healthy_pods(rc)), generation=1, owner=OWNER
     )
-    raw_cluster = {
-        "metadata": {
-            "name": rc.name,
-            "namespace": "team",
-            "uid": rc.uid,
-            "resourceVersion": "20",
-            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ATTEMPT_LABEL: "0"},
-            "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
-        },
-        "status": {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]},
-    }
+    provisioned = raw_cluster(rc)
     head, *workers = (raw_pod(rc, head=True), raw_pod(rc, group="policy"), raw_pod(rc, group="generation"))
     cache = Cache()
     body = {**job_body(7), "status": running.status.model_dump(mode="json", by_alias=True)}
     body["spec"]["trainer"]["policy"] = {"trainMicroBatchSize": 4}
     cache.jobs.apply(ADDED, body)
-    cache.clusters.apply(ADDED, raw_cluster)
+    cache.clusters.apply(ADDED, provisioned)
     for raw in workers:  # the head pod's event has not arrived yet
         cache.pods.apply(ADDED, raw)
-    api = ConfirmingApi([raw_cluster], [head, *workers])
+    api = ConfirmingApi([provisioned], [head, *workers])
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
-            await Reconciler(api, session, cache).reconcile(JOB)  # type: ignore[arg-type]
+            await Reconciler(api, progress.Poller(session), cache).reconcile(JOB)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
     assert api.reads == 2
     assert all(p.get("restarts", 0) == 0 for p in api.patches)
     assert "demo-0-head" in [p.name for p in cache.pods.of(JOB)]
+
+
+def test_a_job_deleted_while_its_delete_event_was_missed_leaves_the_jobs_by_phase_metric() -> None:
+    """The resync's list no longer has the job: the job is counted by phase no more (it used to be
+    counted as Running until the operator restarted)."""
+
+    class ListingApi(RecordingApi):
+        def __init__(self) -> None:
+            super().__init__()
+            self.jobs: list[dict[str, Any]] = []
+
+        async def list_jobs(self, namespace: str | None = None) -> tuple[list[dict[str, Any]], str]:
+            return self.jobs, "50"
+
+    def running_jobs(metrics: Metrics) -> float:
+        value = metrics.registry.get_sample_value("asyncgrpo_jobs", {"phase": "Running"})
+        assert value is not None
+        return value
+
+    async def scenario() -> tuple[float, float]:
+        api = ListingApi()
+        api.jobs = [job_body(7)]
+        cache = Cache(scopes=("team",))
+        metrics = Metrics()
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(api, progress.Poller(session), cache)  # type: ignore[arg-type]
+            metrics.watch(
+                phases=reconciler.memory.phases.values,
+                queue_depth=lambda: 0,
+                in_flight=lambda: 0,
+                is_leader=lambda: True,
+            )
+            await runtime.resync_keys(api, cache, ["team"])  # type: ignore[arg-type]
+            reconciler.memory.phases[JOB] = "Running"  # as its last pass left it
+            before = running_jobs(metrics)
+            api.jobs = []  # deleted; the DELETE event never came
+            for key in await runtime.resync_keys(api, cache, ["team"]):  # type: ignore[arg-type]
+                await reconciler.reconcile(key)
+        return before, running_jobs(metrics)
+
+    assert asyncio.run(scenario()) == (1, 0)

@@ -198,3 +198,72 @@ def test_the_first_pass_memory_is_pruned_to_listed_jobs_at_resync() -> None:
 
     controller = asyncio.run(scenario())
     assert controller._passed == {A}
+
+
+def test_a_replica_that_loses_its_lease_runs_none_of_its_backlog_and_keeps_it_for_later() -> None:
+    """200 passes queued for 4 workers; the lease is lost while the first 4 run. No further pass
+    starts while this replica does not lead, and none is lost: all run once it leads again."""
+    leading = True
+    ran: list[Key] = []
+
+    async def reconcile(key: Key) -> float | None:
+        ran.append(key)
+        await asyncio.sleep(0.01)
+        return None
+
+    async def scenario() -> tuple[int, int]:
+        nonlocal leading
+        controller = Controller(
+            reconcile=reconcile, list_keys=no_keys, workers=4, resync_seconds=3600, is_active=lambda: leading
+        )
+        for i in range(200):
+            controller.enqueue(("ns", f"job-{i}"))
+        task = asyncio.create_task(controller.run())
+        while not ran:
+            await asyncio.sleep(0)
+        leading = False
+        await asyncio.sleep(0.5)
+        ran_while_deposed, kept = len(ran), controller.depth()
+        leading = True
+        await asyncio.sleep(2.5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return ran_while_deposed, kept
+
+    ran_while_deposed, kept = asyncio.run(scenario())
+    assert ran_while_deposed <= 4, f"{ran_while_deposed} passes ran after the lease was lost"
+    assert kept == 200 - ran_while_deposed
+    assert sorted(Counter(ran).values()) == [1] * 200
+
+
+def test_a_pass_that_fails_because_the_lease_was_lost_is_requeued_not_backed_off() -> None:
+    leading = True
+    times: list[float] = []
+
+    async def reconcile(key: Key) -> float | None:
+        nonlocal leading
+        times.append(asyncio.get_running_loop().time())
+        if len(times) == 1:
+            leading = False  # lost during the pass, which stops before its next write
+            raise RuntimeError("no longer the leader")
+        return None
+
+    async def scenario() -> Controller:
+        nonlocal leading
+        controller = Controller(
+            reconcile=reconcile, list_keys=no_keys, resync_seconds=3600, is_active=lambda: leading
+        )
+        controller.enqueue(A)
+        task = asyncio.create_task(controller.run())
+        await asyncio.sleep(0.3)
+        leading = True
+        await asyncio.sleep(1.5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return controller
+
+    controller = asyncio.run(scenario())
+    assert len(times) == 2 and controller.stats.failures == 0
+    assert times[1] - times[0] < 1.5

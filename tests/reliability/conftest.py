@@ -57,7 +57,8 @@ def progress_server() -> Iterator[ProgressServer]:
 
 @pytest.fixture(scope="session")
 def chart(local_cluster: LocalCluster, progress_server: ProgressServer) -> Iterator[ProxiedInstallation]:
-    """The chart installed, the operator serving its webhook and reconciling `chart.jobs_ns`."""
+    """The chart installed for one watched namespace, `chart.jobs_ns` (the operator's rights there
+    are a Role), the operator serving its webhook and reconciling that namespace."""
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
@@ -68,7 +69,11 @@ def chart(local_cluster: LocalCluster, progress_server: ProgressServer) -> Itera
     proxy = RecordingProxy(local_cluster.api.base_url, cluster_pki.ca_crt, cert, key)
     proxy.start()
     installation = ProxiedInstallation(
-        local_cluster, helm_bin, proxy=proxy, progress_url_template=progress_server.template
+        local_cluster,
+        helm_bin,
+        proxy=proxy,
+        progress_url_template=progress_server.template,
+        watch_jobs_ns_only=True,
     )
     installation.install()
     try:

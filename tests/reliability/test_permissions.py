@@ -3,7 +3,8 @@ and namespaces that stay closed to users without rights on asyncgrpojobs.
 
 The RBAC test is the convincing one: the operator runs as the chart's ServiceAccount behind a
 recording proxy (conftest.py), goes through a job's whole life (create, suspend, resume, a retry,
-success, TTL deletion, a stale spec ConfigMap to overwrite), and the set of (group, resource, verb)
+success, TTL deletion, a spec ConfigMap of someone else's in the way, a spec edit its own ConfigMap
+follows), and the set of (group, resource, verb)
 it used must equal the chart's rules exactly: a missing rule would have shown up as a 403, an extra
 one is privilege nobody uses.
 """
@@ -35,7 +36,8 @@ from tests.webhook.cluster_harness import JOBS_PATH
 
 
 def chart_rules(values: dict[str, Any] | None = None) -> set[Permission]:
-    """(group, resource, verb) of every rule in the chart's ClusterRole and Roles, via helm template."""
+    """(group, resource, verb) of every rule the chart grants the operator (its ClusterRole and
+    Roles; not the users' ClusterRoles aggregated into edit/view), via helm template."""
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
@@ -43,6 +45,9 @@ def chart_rules(values: dict[str, Any] | None = None) -> set[Permission]:
     out: set[Permission] = set()
     for obj in objects:
         if obj.get("kind") not in ("ClusterRole", "Role"):
+            continue
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if any(key.startswith("rbac.authorization.k8s.io/aggregate-to-") for key in labels):
             continue
         for rule in obj.get("rules") or []:
             for group in rule.get("apiGroups", []):
@@ -67,16 +72,32 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     api, ns, name = chart.api, chart.jobs_ns, "rbac-probe"
     proxy = chart.proxy
     assert proxy is not None
-    # A stale spec ConfigMap (as a crashed earlier job would leave): the operator must overwrite it.
-    api.create(
-        f"/api/v1/namespaces/{ns}/configmaps",
-        {"metadata": {"name": f"{name}-spec"}, "data": {"job.json": "{}"}},
-    )
+    # A ConfigMap named like the job's spec ConfigMap that the job did not create: the job must
+    # neither overwrite nor adopt it (issue 27: a job author could replace any ConfigMap and have
+    # it garbage-collected with the job), and says so until it is gone.
+    configmap_path = f"/api/v1/namespaces/{ns}/configmaps/{name}-spec"
+    theirs = {"metadata": {"name": f"{name}-spec", "labels": {"asyncgrpo.dev/job-name": name}}}
+    api.create(f"/api/v1/namespaces/{ns}/configmaps", {**theirs, "data": {"job.json": "{}"}})
     manifest = job_manifest(name, cleanupPolicy={"ttlSecondsAfterFinished": 2})
     api.create(JOBS_PATH.format(ns=ns), manifest)
     path = f"{JOBS_PATH.format(ns=ns)}/{name}"
 
+    taken = _wait_status(
+        api, ns, name, lambda s: s.get("reason") == "ConfigMapNameTaken", "ConfigMapNameTaken"
+    )
+    assert taken.get("phase") == "Pending" and not taken.get("rayClusterName")
+    left = api.get(configmap_path)
+    assert left["data"] == {"job.json": "{}"} and not left["metadata"].get("ownerReferences")
+    api.delete(configmap_path)
     _wait_status(api, ns, name, lambda s: s.get("phase") == "Running", "Running")
+    # A spec edit the running job allows: its own ConfigMap follows (the one write to a ConfigMap
+    # that already exists, conditioned on the version at which it was seen to be the job's).
+    api.merge_patch(path, {"spec": {"activeDeadlineSeconds": 86400}})
+    wait_until(
+        lambda: "86400" in api.get(configmap_path)["data"]["job.json"] or None,
+        "the spec ConfigMap follows the edit",
+        timeout=30,
+    )
     api.merge_patch(path, {"spec": {"suspend": True}})
     _wait_status(api, ns, name, lambda s: s.get("phase") == "Suspended", "Suspended")
     api.merge_patch(path, {"spec": {"suspend": False}})
@@ -122,7 +143,7 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
         if perm is not None:
             used.add(Permission(perm.group, perm.resource, perm.verb))
         used.update(implied_permissions(call))
-    granted = chart_rules()
+    granted = chart_rules({"operator.watchNamespaces": [ns]})
     print("operator used:", sorted((p.group, p.resource, p.verb) for p in used))
     assert used - granted == set(), f"used but not granted: {used - granted}"
     assert granted - used == set(), f"granted but never used: {granted - used}"

@@ -105,6 +105,9 @@ class Installation:
     """Where the operator reads the drivers' /progress (the tests serve it; kwok runs no driver)."""
     metrics_port: int | None = None
     """Serve the operator's /metrics on this port (as the chart's ASYNCGRPO_METRICS_PORT does)."""
+    watch_jobs_ns_only: bool = False
+    """Install with operator.watchNamespaces = [jobs_ns]: the operator's rights on jobs and their
+    children are then a Role in that namespace, not the ClusterRole."""
 
     @property
     def release(self) -> str:
@@ -150,8 +153,12 @@ class Installation:
         """Apply the CRD (Helm never upgrades crds/), then `helm install` with URL mode and a selector."""
         crds = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
         assert crds.returncode == 0, crds.stderr
-        self._helm_release("install", "--create-namespace")
-        self.jobs_namespace("jobs")
+        if self.watch_jobs_ns_only:  # the chart puts a Role there: the namespace must exist first
+            self.jobs_namespace("jobs")
+            self._helm_release("install", "--create-namespace")
+        else:
+            self._helm_release("install", "--create-namespace")
+            self.jobs_namespace("jobs")
 
     def upgrade(self) -> None:
         """`helm upgrade` with the same values."""
@@ -174,6 +181,11 @@ class Installation:
             f"webhook.namespaceSelector={selector}",
             "--set",
             "leaderElection.enabled=true",
+            *(
+                ["--set-json", f'operator.watchNamespaces=["{self.jobs_ns}"]']
+                if self.watch_jobs_ns_only
+                else []
+            ),
             helm_bin=self.helm_bin,
         )
 

@@ -85,9 +85,55 @@ Checks the schema cannot express; each fails `helm install` with the value to fi
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail (printf "replicaCount %d needs leaderElection.enabled=true: without a leader every replica would reconcile every job" (int .Values.replicaCount)) }}
 {{- end }}
+{{- if and .Values.webhook.tls.certManager.enabled .Values.webhook.tls.caBundle }}
+{{- fail "webhook.tls.caBundle and webhook.tls.certManager.enabled exclude each other: with cert-manager, cainjector sets the caBundle" }}
+{{- end }}
 {{- if and .Values.webhook.tls.certManager.enabled .Values.webhook.tls.certManager.issuerRef }}
 {{- if not .Values.webhook.tls.certManager.issuerRef.name }}
 {{- fail "webhook.tls.certManager.issuerRef.name is required when issuerRef is set" }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The operator's rules on jobs and their children: in the ClusterRole, or (operator.watchNamespaces)
+in a Role per watched namespace.
+*/}}
+{{- define "asyncgrpo-operator.namespacedRules" -}}
+# The jobs: watched (a pass reads them from the watch's cache, never with a GET); deleted after
+# ttlSecondsAfterFinished; status written only by us.
+- apiGroups: ["asyncgrpo.dev"]
+  resources: ["asyncgrpojobs"]
+  verbs: ["list", "watch", "delete"]
+- apiGroups: ["asyncgrpo.dev"]
+  resources: ["asyncgrpojobs/status"]
+  verbs: ["patch"]
+# Children carry ownerReferences with blockOwnerDeletion, which clusters running the
+# OwnerReferencesPermissionEnforcement admission plugin (OpenShift) allow only with this.
+- apiGroups: ["asyncgrpo.dev"]
+  resources: ["asyncgrpojobs/finalizers"]
+  verbs: ["update"]
+# What a job owns: one RayCluster per attempt (watched for its conditions) ...
+- apiGroups: ["ray.io"]
+  resources: ["rayclusters"]
+  verbs: ["create", "list", "watch", "delete"]
+# ... and the ConfigMap with the job spec the driver reads (garbage-collected with the job),
+# watched as metadata (the operator's labels only) so a pass compares it with the spec without a
+# GET; one of that name in the way is read by a list with a field selector.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create", "patch", "list", "watch"]
+# Kueue's Workload of a queued job's RayCluster: why it waits (Pending, Preempted, ...). Read
+# only; without Kueue installed the list answers 404 and the job says Kueue made no Workload.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list"]
+# Head pod and driver container state (exit codes, Unschedulable, ImagePullBackOff).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# The operator posts one Event per condition change; kopf posts its handler failures.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end }}

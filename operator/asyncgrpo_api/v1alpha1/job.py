@@ -124,12 +124,21 @@ class Condition(ApiModel):
     )
 
 
+MAX_PROGRESS_INT = 2**53 - 1
+"""The largest count status.progress holds: the driver runs the job author's code and may report
+any number, and one the API server cannot store (above int64) would fail every status write of
+the job. 2^53 - 1 is also the largest integer a JSON client (kubectl's, a dashboard's) reads
+exactly; the operator caps what it reads to it."""
+
+
 class Progress(ApiModel):
     """Training progress read from the driver's /progress endpoint."""
 
-    step: int = Field(default=0, ge=0, description="RL steps completed.")
-    max_steps: int = Field(default=0, ge=0, description="RL steps the job will run.")
-    policy_version: int = Field(default=0, ge=0, description="Weight version of the generation workers.")
+    step: int = Field(default=0, ge=0, le=MAX_PROGRESS_INT, description="RL steps completed.")
+    max_steps: int = Field(default=0, ge=0, le=MAX_PROGRESS_INT, description="RL steps the job will run.")
+    policy_version: int = Field(
+        default=0, ge=0, le=MAX_PROGRESS_INT, description="Weight version of the generation workers."
+    )
     reward_mean: float | None = Field(default=None, description="Mean reward of the last step's samples.")
     accuracy: float | None = Field(
         default=None,
@@ -151,10 +160,13 @@ class Progress(ApiModel):
     reward_failures: int = Field(
         default=0,
         ge=0,
+        le=MAX_PROGRESS_INT,
         description="Prompt groups dropped because scoring them failed twice (env.timeoutSeconds or an "
         "error); never trained on.",
     )
-    last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
+    last_checkpoint_step: int | None = Field(
+        default=None, ge=0, le=MAX_PROGRESS_INT, description="Step of the newest checkpoint."
+    )
     updated_at: datetime | None = Field(
         default=None,
         description="When the operator read these figures (a poll that reads the same is not written).",

@@ -173,6 +173,11 @@ class CheckpointSpec(ApiModel):
     keep_last: int = Field(default=2, ge=1, le=1000, description="Checkpoints kept; older ones are removed.")
 
 
+MIN_POLL_SECONDS = 2
+"""The shortest pollSeconds: each running job costs the operator one HTTP read per interval, and
+the operator reads every job's /progress with a fixed number of reads at once."""
+
+
 class ProgressWatchSpec(ApiModel):
     """How the operator decides that a running driver has stalled."""
 
@@ -183,7 +188,10 @@ class ProgressWatchSpec(ApiModel):
         description="Report the Stalled condition when the driver's step has not advanced for this long.",
     )
     poll_seconds: int = Field(
-        default=10, ge=1, le=3600, description="How often the operator reads the driver's /progress."
+        default=10,
+        ge=MIN_POLL_SECONDS,
+        le=3600,
+        description="How often the operator reads the driver's /progress.",
     )
 
     @model_validator(mode="after")
