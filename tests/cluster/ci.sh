@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI entry point for the local control plane. Idempotent; safe to run on every CI job.
 #
-#   tests/cluster/ci.sh build          build the binaries into the cache (no-op when cached)
+#   tests/cluster/ci.sh build          build the binaries, Kueue's too, into the cache (no-op when
+#                                      cached), so no test sits silent for minutes building Kueue
 #   tests/cluster/ci.sh e2e [ARGS...]  build, then run the cluster-marked tests (pytest ARGS appended);
 #                                      on failure prints the tail of every component log
 #
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/../.."
 PY="${PYTHON:-.venv/bin/python}"
 
 build() {
-  timeout "${ASYNCGRPO_BUILD_TIMEOUT:-2400}" "$PY" -m tests.cluster build
+  timeout "${ASYNCGRPO_BUILD_TIMEOUT:-2400}" "$PY" -m tests.cluster build --kueue
 }
 
 print_logs() {

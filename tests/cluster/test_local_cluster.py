@@ -12,15 +12,12 @@ from cryptography.x509.oid import NameOID
 
 from tests.cluster import kueue, pki
 from tests.cluster.build import (
-    COLD_BUILD_SECONDS,
     Progress,
     build_hash,
     check_pins,
     helm_ldflags,
     k8s_ldflags,
     optional_layout,
-    optional_targets,
-    targets,
 )
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
@@ -148,4 +145,14 @@ def test_build_progress_says_what_is_left_for_the_part_and_the_whole() -> None:
     assert progress.left_after("kubernetes", 100.0) == (500.0, 790.0)
     assert progress.left_after("kubernetes", 900.0) == (0.0, 290.0)  # past its estimate: the rest
     assert progress.left_after("kwok", 50.0) == (200.0, 200.0)
-    assert set(COLD_BUILD_SECONDS) == {t.component for t in targets()} | set(optional_targets())
+    assert progress.started("kubernetes") == "[1 of 3; 10.0 min last time, 14.8 min left in all]"
+
+
+def test_build_progress_without_a_measured_time_says_only_what_it_knows() -> None:
+    progress = Progress(["kubernetes", "etcd"], {"kubernetes": 600.0})
+    assert progress.left_after("kubernetes", 100.0) == (500.0, None)
+    assert progress.running("kubernetes", 100.0).endswith(
+        "about 8.3 min left for it (from this machine's last build)"
+    )
+    assert progress.started("etcd") == "[1 of 2]"
+    assert progress.running("etcd", 30.0) == "etcd: 30 s so far"

@@ -116,8 +116,7 @@ def control_plane() -> tuple[LocalCluster, bool]:
             "    the KubeRay operator and helm from Go modules. This happens once: about 10 minutes on\n"
             f"    2 cores (cached in {layout().root.parent}; later runs start in ~20 s)."
         )
-        with heartbeat("building the control plane"):
-            build()
+        build()  # prints its own progress every 30 s
     say("Control plane: starting it (processes on 127.0.0.1; kwok fakes a CPU node and a GPU pool)")
     start = time.monotonic()
     started = cluster.join(build)
@@ -130,8 +129,9 @@ def queue_in_kueue(cluster: LocalCluster, installation: DemoInstallation, job_fi
     job file labelled with it."""
     if not optional_layout("kueue").complete():
         say("Kueue: building its controller from Go modules (once; cached like the control plane)")
-    with heartbeat("building and starting Kueue"):
-        cluster.start_kueue(build_optional("kueue"))
+    binaries = build_optional("kueue")  # prints its own progress every 30 s
+    with heartbeat("starting Kueue"):
+        cluster.start_kueue(binaries)
     queue = "demo"
     kueue_component.create_local_queue(cluster.api, installation.jobs_ns, queue)
     say(
