@@ -48,7 +48,7 @@ demo: prepare
 lint: venv
 	$(VENV)/bin/ruff check operator trainer tests
 	$(VENV)/bin/ruff format --check operator trainer tests
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-logo
 
 typecheck: venv
 	$(VENV)/bin/mypy operator/asyncgrpo_api operator/asyncgrpo_cli operator/asyncgrpo_operator trainer/asyncgrpo_trainer

@@ -21,6 +21,7 @@ from tests.cluster.build import (
 )
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
+from tests.cluster.fixtures import log_sizes, logged_during
 from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
 
 
@@ -111,6 +112,11 @@ def test_pki_certificates_fit_their_use(tmp_path: Path) -> None:
     orgs = admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
     assert [o.value for o in orgs] == ["system:masters"]
     assert oct(p.ca_key.stat().st_mode & 0o777) == "0o600"
+    proxy_ca = x509.load_pem_x509_certificate(p.front_proxy_ca_crt.read_bytes())
+    proxy_client = x509.load_pem_x509_certificate(p.front_proxy_client_crt.read_bytes())
+    proxy_client.verify_directly_issued_by(proxy_ca)  # a CA of its own: the cluster CA's clients
+    assert proxy_ca.subject != ca.subject  # must not be able to pose as the front proxy
+    assert proxy_client.subject.rfc4514_string() == f"CN={pki.FRONT_PROXY_CLIENT}"
 
 
 def test_stop_signals_only_a_recorded_live_process(tmp_path: Path) -> None:
@@ -156,3 +162,15 @@ def test_build_progress_without_a_measured_time_says_only_what_it_knows() -> Non
     )
     assert progress.started("etcd") == "[1 of 2]"
     assert progress.running("etcd", 30.0) == "etcd: 30 s so far"
+
+
+def test_a_failed_tests_report_shows_only_what_components_logged_during_it(tmp_path: Path) -> None:
+    (tmp_path / "etcd.log").write_text("started\n")
+    (tmp_path / "kube-apiserver.log").write_text("started\n")
+    before = log_sizes(tmp_path)
+    with (tmp_path / "kube-apiserver.log").open("a") as fh:
+        fh.write("".join(f"line {i}\n" for i in range(50)))
+    (tmp_path / "kwok.log").write_text("new component\n")
+    during = logged_during(tmp_path, before)
+    assert set(during) == {"kube-apiserver", "kwok"}  # etcd logged nothing during the test
+    assert during["kube-apiserver"].splitlines() == [f"line {i}" for i in range(10, 50)]
