@@ -96,6 +96,9 @@ def required_cpus(manifest: dict[str, Any]) -> int:
     return ranks(cluster.get("policyWorkers", {})) + ranks(cluster.get("generationWorkers", {})) + 1
 
 
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncgrpo run", description="Run an AsyncGRPOJob on this machine.")
     parser.add_argument("job", help="AsyncGRPOJob manifest (YAML or JSON)")
@@ -141,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         cpus = ns.num_cpus or max(os.cpu_count() or 1, required_cpus(manifest))
         server = progress.ProgressServer(ns.progress_port, host="127.0.0.1")
         _banner(human, manifest, cpus, ns.gpus, server.port)
+        # The Ray started here is this run's own, so the run picks its auth mode: token, Ray's
+        # default for a new local cluster, said explicitly, which spares every run Ray's
+        # "Token authentication is enabled for this Ray cluster" warning. A user's RAY_AUTH_MODE
+        # wins; a cluster the driver joins (a pod's, RAY_ADDRESS) is never touched.
+        os.environ.setdefault(RAY_AUTH_MODE_ENV, "token")
         try:
             driver.init_ray(
                 num_cpus=cpus, num_gpus=ns.gpus, include_dashboard=False, logging_level=logging.WARNING
