@@ -234,6 +234,7 @@ def run(job_file: Path, *, keep: bool, with_kueue: bool = False) -> int:
             print("    the control plane is still used by another session or --keep: left up")
         else:
             print("    the control plane was already up: left up")
+        print(f"    the demo's files, the operator's and the driver's logs among them, are kept in {workdir}")
 
 
 def main(argv: list[str] | None = None) -> int:
