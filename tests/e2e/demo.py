@@ -4,8 +4,8 @@
 
 What it does, printing each step:
 1. The local control plane (tests/cluster): attaches to a live one, else builds the binaries from Go
-   modules (first time only: about 10 minutes on 2 cores, cached in ~/.cache/asyncgrpo; progress is
-   printed) and starts it.
+   modules (first time only, cached in ~/.cache/asyncgrpo; progress is printed every 30 s) and
+   starts it.
 2. `helm install` of charts/asyncgrpo-operator, with the webhook called at a URL on 127.0.0.1, and
    the operator started as a local process with the chart ServiceAccount's token.
 3. `kubectl apply` of the demo job; the operator creates its RayCluster, KubeRay the head pod.
@@ -113,8 +113,8 @@ def control_plane() -> tuple[LocalCluster, bool]:
             )
         say(
             "Control plane: building etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok,\n"
-            "    the KubeRay operator and helm from Go modules. This happens once: about 10 minutes on\n"
-            f"    2 cores (cached in {layout().root.parent}; later runs start in ~20 s)."
+            "    the KubeRay operator and helm from Go modules. This happens once, with a progress line\n"
+            f"    every 30 s (cached in {layout().root.parent}; later runs start in ~20 s)."
         )
         build()  # prints its own progress every 30 s
     say("Control plane: starting it (processes on 127.0.0.1; kwok fakes a CPU node and a GPU pool)")
