@@ -12,6 +12,7 @@ KUEUE ?=
 .PHONY: venv prepare demo test lint typecheck generated unit e2e ctrlplane
 
 venv: $(VENV)/.installed
+	@:  # a recipe, so an up-to-date venv is silent (not `make[1]: Nothing to be done`)
 
 # The venv with uv and the two packages the control-plane builder needs (seconds): enough to start
 # the Go build while the full install (torch, Ray, vLLM: minutes of downloads) runs beside it.
