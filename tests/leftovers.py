@@ -10,7 +10,7 @@ child, a Ray worker included) into a folder each, removed when pytest exits; a v
 is left alone. A Ray process
 that outlives its run (the embedded Ray of a driver whose start failed, still exiting) can write
 into that folder once more after it is gone; a later run removes such folders when no live
-process names them (`sweep_unused_ray_folders`). The webhook fixtures remove their own folders
+process names them (`sweep_unused_run_folders`). The webhook fixtures remove their own folders
 (cluster_harness.Installation, e2e.test_operator.OperatorProcess).
 
 At the end, what appeared in /tmp during the run is listed: /tmp/asyncgrpo-webhook-* and
@@ -53,15 +53,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Leftovers(Path(tempfile.gettempdir())), "asyncgrpo-leftovers")
 
 
-def sweep_unused_ray_folders(tmp: Path) -> list[Path]:
-    """Remove the asyncgrpo-ray-* folders that no live process has in its command line or
-    environment (a run's own pytest has it in RAY_TMPDIR, its Ray processes in their arguments)."""
+def sweep_unused_run_folders(tmp: Path) -> list[Path]:
+    """Remove the run folders (RUN_FOLDERS: asyncgrpo-ray-*, asyncgrpo-vllm-*) that no live process
+    has in its command line or environment (a run's own pytest has them in its environment, its Ray
+    processes in their arguments): those of runs that were killed before they could remove them."""
+    pattern = re.compile(rb"(?:%s)[A-Za-z0-9_]+" % b"|".join(p.encode() for p in RUN_FOLDERS.values()))
     named: set[str] = set()
     for proc in Path("/proc").glob("[0-9]*"):
         for part in ("cmdline", "environ"):
             with contextlib.suppress(OSError):
-                named.update(re.findall(rb"asyncgrpo-ray-[A-Za-z0-9_]+", (proc / part).read_bytes()))
-    unused = [p for p in tmp.glob("asyncgrpo-ray-*") if p.name.encode() not in named]
+                named.update(m.decode() for m in pattern.findall((proc / part).read_bytes()))
+    unused = [p for prefix in RUN_FOLDERS.values() for p in tmp.glob(f"{prefix}*") if p.name not in named]
     for path in unused:
         shutil.rmtree(path, ignore_errors=True)
     return unused
@@ -72,7 +74,7 @@ class Leftovers:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        sweep_unused_ray_folders(tmp)
+        sweep_unused_run_folders(tmp)
         self.before = self._present(FAILING + NOTED)
         self.run_dirs: dict[str, Path] = {}
         for env, prefix in RUN_FOLDERS.items():

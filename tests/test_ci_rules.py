@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.leftovers import OPTION as LEFTOVERS_OPTION
-from tests.leftovers import RUN_FOLDERS, sweep_unused_ray_folders
+from tests.leftovers import RUN_FOLDERS, sweep_unused_run_folders
 from tests.skip_policy import CUDA_REASON, OPTION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,16 +107,17 @@ def test_without_the_option_a_folder_left_in_tmp_is_listed_but_does_not_fail(tmp
     assert result.returncode == 0 and str(left) in result.stdout, result.stdout
 
 
-def test_a_ray_folder_no_live_process_names_is_swept_and_one_in_use_is_kept(tmp_path: Path) -> None:
+def test_a_run_folder_no_live_process_names_is_swept_and_one_in_use_is_kept(tmp_path: Path) -> None:
     stale, in_use = tmp_path / "asyncgrpo-ray-stale", tmp_path / "asyncgrpo-ray-inuse"
-    for folder in (stale, in_use):
+    stale_vllm = tmp_path / "asyncgrpo-vllm-stale"
+    for folder in (stale, in_use, stale_vllm):
         (folder / "ray").mkdir(parents=True)
     user = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RAY_TMPDIR": str(in_use)}
     )
     try:
-        assert sweep_unused_ray_folders(tmp_path) == [stale]
+        assert sweep_unused_run_folders(tmp_path) == [stale, stale_vllm]
     finally:
         user.kill()
         user.wait()
-    assert not stale.exists() and in_use.exists()
+    assert not stale.exists() and not stale_vllm.exists() and in_use.exists()
