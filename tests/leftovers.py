@@ -1,18 +1,23 @@
-"""A test run leaves nothing behind in /tmp: Ray's session folders and the webhook tests' folders.
+"""A test run leaves nothing behind in /tmp: Ray's session folders, vLLM's sockets and the webhook
+tests' folders.
 
 Ray writes a session folder (logs, sockets, spilled objects) for every cluster it starts and never
-removes it: the trainer tests' Ray, each driver subprocess's embedded Ray, `asyncgrpo run`. For
-the whole run RAY_TMPDIR points every Ray started by the tests (in this process or a child) into
-one folder, removed when pytest exits; a RAY_TMPDIR the user set is left alone. A Ray process
+removes it: the trainer tests' Ray, each driver subprocess's embedded Ray, `asyncgrpo run`. vLLM
+makes a ZMQ socket file named by a UUID in VLLM_RPC_BASE_PATH (default /tmp) for each of its
+channels, about 7 per engine, and never removes them either. For the whole run RAY_TMPDIR and
+VLLM_RPC_BASE_PATH point every Ray and vLLM engine started by the tests (in this process or a
+child, a Ray worker included) into a folder each, removed when pytest exits; a value the user set
+is left alone. A Ray process
 that outlives its run (the embedded Ray of a driver whose start failed, still exiting) can write
 into that folder once more after it is gone; a later run removes such folders when no live
-process names them (`sweep_unused_ray_folders`). The webhook fixtures remove their own folders
+process names them (`sweep_unused_run_folders`). The webhook fixtures remove their own folders
 (cluster_harness.Installation, e2e.test_operator.OperatorProcess).
 
-At the end, what appeared in /tmp during the run is listed: /tmp/asyncgrpo-webhook-* folders
-(only the tests make them; `--fail-on-leftovers`, which CI sets, fails the run on one) and
-/tmp/ray/session_* folders (listed only: on a machine shared with other people's `asyncgrpo run`
-and demos a new one is usually theirs, since this run's Ray sessions never go there).
+At the end, what appeared in /tmp during the run is listed: /tmp/asyncgrpo-webhook-* and
+/tmp/asyncgrpo-vllm-* folders (only the tests make them; `--fail-on-leftovers`, which CI sets,
+fails the run on one), /tmp/ray/session_* folders and UUID-named files (vLLM's sockets), listed
+only: on a machine shared with other people's `asyncgrpo run`, demos and vLLM a new one is usually
+theirs, since this run's never go there.
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ from pathlib import Path
 import pytest
 
 OPTION = "--fail-on-leftovers"
-FAILING = ("asyncgrpo-webhook-*",)
+FAILING = ("asyncgrpo-webhook-*", "asyncgrpo-vllm-*")
 """Under the system temp directory (/tmp): folders only the tests create."""
-NOTED = ("ray/session_*",)
-"""Folders any Ray on the machine creates: listed, never failing the run."""
+NOTED = ("ray/session_*", "????????-????-????-????-????????????")
+"""What any Ray or vLLM on the machine creates: listed, never failing the run."""
+RUN_FOLDERS = {"RAY_TMPDIR": "asyncgrpo-ray-", "VLLM_RPC_BASE_PATH": "asyncgrpo-vllm-"}
+"""The variables pointed at a folder of this run, and the folder's prefix (short: Ray's and vLLM's
+unix sockets live under it, and a socket's path is limited to 107 bytes)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,15 +53,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Leftovers(Path(tempfile.gettempdir())), "asyncgrpo-leftovers")
 
 
-def sweep_unused_ray_folders(tmp: Path) -> list[Path]:
-    """Remove the asyncgrpo-ray-* folders that no live process has in its command line or
-    environment (a run's own pytest has it in RAY_TMPDIR, its Ray processes in their arguments)."""
+def sweep_unused_run_folders(tmp: Path) -> list[Path]:
+    """Remove the run folders (RUN_FOLDERS: asyncgrpo-ray-*, asyncgrpo-vllm-*) that no live process
+    has in its command line or environment (a run's own pytest has them in its environment, its Ray
+    processes in their arguments): those of runs that were killed before they could remove them."""
+    pattern = re.compile(rb"(?:%s)[A-Za-z0-9_]+" % b"|".join(p.encode() for p in RUN_FOLDERS.values()))
     named: set[str] = set()
     for proc in Path("/proc").glob("[0-9]*"):
         for part in ("cmdline", "environ"):
             with contextlib.suppress(OSError):
-                named.update(re.findall(rb"asyncgrpo-ray-[A-Za-z0-9_]+", (proc / part).read_bytes()))
-    unused = [p for p in tmp.glob("asyncgrpo-ray-*") if p.name.encode() not in named]
+                named.update(m.decode() for m in pattern.findall((proc / part).read_bytes()))
+    unused = [p for prefix in RUN_FOLDERS.values() for p in tmp.glob(f"{prefix}*") if p.name not in named]
     for path in unused:
         shutil.rmtree(path, ignore_errors=True)
     return unused
@@ -64,13 +74,13 @@ class Leftovers:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        sweep_unused_ray_folders(tmp)
+        sweep_unused_run_folders(tmp)
         self.before = self._present(FAILING + NOTED)
-        self.ray_dir: Path | None = None
-        if "RAY_TMPDIR" not in os.environ:
-            # Short: Ray's unix sockets live under it (the path limit is 107 bytes).
-            self.ray_dir = Path(tempfile.mkdtemp(prefix="asyncgrpo-ray-", dir=tmp))
-            os.environ["RAY_TMPDIR"] = str(self.ray_dir)
+        self.run_dirs: dict[str, Path] = {}
+        for env, prefix in RUN_FOLDERS.items():
+            if env not in os.environ:
+                self.run_dirs[env] = Path(tempfile.mkdtemp(prefix=prefix, dir=tmp))
+                os.environ[env] = str(self.run_dirs[env])
         self.left: list[Path] = []
         self.noted: list[Path] = []
 
@@ -79,20 +89,20 @@ class Leftovers:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # Session fixtures (the trainer tests' Ray) are torn down by now.
-        self._remove_ray_dir()
+        self._remove_run_dirs()
         self.left = sorted(self._present(FAILING) - self.before)
         self.noted = sorted(self._present(NOTED) - self.before)
         if self.left and session.config.getoption(OPTION) and exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def _remove_ray_dir(self) -> None:
-        if self.ray_dir is not None:
-            shutil.rmtree(self.ray_dir, ignore_errors=True)
-            os.environ.pop("RAY_TMPDIR", None)
-            self.ray_dir = None
+    def _remove_run_dirs(self) -> None:
+        for env, path in self.run_dirs.items():
+            shutil.rmtree(path, ignore_errors=True)
+            os.environ.pop(env, None)
+        self.run_dirs = {}
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self._remove_ray_dir()  # also when the session did not finish normally
+        self._remove_run_dirs()  # also when the session did not finish normally
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.left:
@@ -102,6 +112,6 @@ class Leftovers:
             for path in self.left:
                 terminalreporter.line(str(path))
         if self.noted:
-            terminalreporter.section(f"new Ray session folders in {self.tmp} (this run's or another's)")
+            terminalreporter.section(f"new Ray session folders and vLLM sockets in {self.tmp} (another's)")
             for path in self.noted:
                 terminalreporter.line(str(path))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.leftovers import OPTION as LEFTOVERS_OPTION
-from tests.leftovers import sweep_unused_ray_folders
+from tests.leftovers import RUN_FOLDERS, sweep_unused_run_folders
 from tests.skip_policy import CUDA_REASON, OPTION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def run_pytest(
     tmp_path: Path, source: str, *args: str, plugin: str = "tests.skip_policy"
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_sample.py").write_text(source)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"}  # this run's own, not ours
+    env = {k: v for k, v in os.environ.items() if k not in RUN_FOLDERS}  # this run's own, not ours
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", plugin, "-p", "no:cacheprovider", *args],
         check=False,
@@ -76,20 +76,26 @@ def test_ray_goes_to_a_folder_of_this_run():
     (ray_dir / "ray" / "session_x").mkdir(parents=True)  # what ray.init would write
     pathlib.Path("ray_dir.txt").write_text(str(ray_dir))
 
+def test_vllm_goes_to_a_folder_of_this_run():
+    vllm_dir = pathlib.Path(os.environ["VLLM_RPC_BASE_PATH"])
+    (vllm_dir / "0b7e5a8e-3f1c-4e4e-9d55-6a1f0c3b2a11").touch()  # what an engine would write
+    pathlib.Path("vllm_dir.txt").write_text(str(vllm_dir))
+
 def test_that_forgets_its_folder():
     pathlib.Path("left.txt").write_text(tempfile.mkdtemp(prefix="asyncgrpo-webhook-forgotten-"))
 """
 
 
-def test_a_run_removes_its_ray_folder_and_ci_fails_on_a_folder_left_in_tmp(tmp_path: Path) -> None:
+def test_a_run_removes_its_ray_and_vllm_folders_and_ci_fails_on_a_folder_left_in_tmp(tmp_path: Path) -> None:
     result = run_pytest(tmp_path, LEAVES, LEFTOVERS_OPTION, plugin="tests.leftovers")
     left = Path((tmp_path / "left.txt").read_text())
     try:
         assert result.returncode == 1, result.stdout
         assert str(left) in result.stdout.split("left in ")[1], result.stdout
-        ray_dir = Path((tmp_path / "ray_dir.txt").read_text())
-        assert ray_dir.name.startswith("asyncgrpo-ray-") and not ray_dir.exists()
-        assert str(ray_dir) not in result.stdout
+        for name, prefix in (("ray_dir.txt", "asyncgrpo-ray-"), ("vllm_dir.txt", "asyncgrpo-vllm-")):
+            run_dir = Path((tmp_path / name).read_text())
+            assert run_dir.name.startswith(prefix) and not run_dir.exists()
+            assert str(run_dir) not in result.stdout
     finally:
         left.rmdir()
 
@@ -101,16 +107,17 @@ def test_without_the_option_a_folder_left_in_tmp_is_listed_but_does_not_fail(tmp
     assert result.returncode == 0 and str(left) in result.stdout, result.stdout
 
 
-def test_a_ray_folder_no_live_process_names_is_swept_and_one_in_use_is_kept(tmp_path: Path) -> None:
+def test_a_run_folder_no_live_process_names_is_swept_and_one_in_use_is_kept(tmp_path: Path) -> None:
     stale, in_use = tmp_path / "asyncgrpo-ray-stale", tmp_path / "asyncgrpo-ray-inuse"
-    for folder in (stale, in_use):
+    stale_vllm = tmp_path / "asyncgrpo-vllm-stale"
+    for folder in (stale, in_use, stale_vllm):
         (folder / "ray").mkdir(parents=True)
     user = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RAY_TMPDIR": str(in_use)}
     )
     try:
-        assert sweep_unused_ray_folders(tmp_path) == [stale]
+        assert sweep_unused_run_folders(tmp_path) == [stale, stale_vllm]
     finally:
         user.kill()
         user.wait()
-    assert not stale.exists() and in_use.exists()
+    assert not stale.exists() and not stale_vllm.exists() and in_use.exists()

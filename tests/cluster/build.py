@@ -295,33 +295,19 @@ def _log(msg: str) -> None:
     print(f"[ctrlplane build] {msg}", file=sys.stderr, flush=True)
 
 
-COLD_BUILD_SECONDS: dict[str, float] = {
-    "kubernetes": 603.0,
-    "etcd": 42.0,
-    "kwok": 256.0,
-    "kuberay": 304.0,
-    "helm": 201.0,
-    "kueue": 330.0,
-    "kubelet": 573.0,
-    "containerd": 404.0,
-    "cni-plugins": 15.0,
-    "cri-tools": 108.0,
-    "coredns": 117.0,
-}
-"""Seconds of each cold `go build` on a 2-core machine: the five default ones as recorded in
-build-times.jsonl by the first build on this project's machine (2026-12-01, 23.4 min in all,
-module downloads included); Kueue's from its CPU time (389 s user+sys, docs/benchmarks.md); the
-real node's from its cold build with an empty GOCACHE (2026-12-02, 20.3 min in all, load 7-12).
-Only the progress output's estimate of what is left uses them; this machine's own records win."""
-PROGRESS_EVERY_SECONDS = 30.0
+PROGRESS_EVERY_SECONDS = float(os.environ.get("ASYNCGRPO_BUILD_PROGRESS_SECONDS", "30"))
+"""How often a running `go build` reports; tests/cluster/test_build_progress.py sets it shorter."""
+GO_LOG = "go-build.log"
+"""Go's own output (hundreds of `go: downloading` lines), kept beside the binaries, not printed."""
 
 
 def estimates() -> dict[str, float]:
-    """Expected seconds per component: this machine's latest recorded build of each (any cache
-    folder), else COLD_BUILD_SECONDS. An estimate: a warm Go build cache is much faster."""
-    out = dict(COLD_BUILD_SECONDS)
-    records = sorted(cache_root().glob("*/build-times.jsonl")) if cache_root().exists() else []
-    for path in records:
+    """Seconds of each component's latest build on this machine (any cache folder), from the
+    build-times.jsonl every build appends. A component never built here has no estimate: a figure
+    from another machine (or a cold cache when this one is warm) misleads more than none."""
+    out: dict[str, float] = {}
+    records = cache_root().glob("*/build-times.jsonl") if cache_root().exists() else []
+    for path in sorted(records, key=lambda p: p.stat().st_mtime):
         for line in path.read_text().splitlines():
             try:
                 seconds = json.loads(line).get("seconds", {})
@@ -339,19 +325,44 @@ class Progress:
     expected: dict[str, float]
     done: int = 0
 
-    def left_after(self, component: str, elapsed: float) -> tuple[float, float]:
-        """(seconds left for this component, seconds left for the whole build)."""
-        mine = max(self.expected.get(component, 60.0) - elapsed, 0.0)
-        later = sum(self.expected.get(c, 60.0) for c in self.pending[self.pending.index(component) + 1 :])
-        return mine, mine + later
+    def left_after(self, component: str, elapsed: float) -> tuple[float | None, float | None]:
+        """(seconds left for this component, for the whole build); None where a component in it
+        has no measured time."""
+        mine = self.expected.get(component)
+        mine_left = None if mine is None else max(mine - elapsed, 0.0)
+        later = [self.expected.get(c) for c in self.pending[self.pending.index(component) + 1 :]]
+        known = [s for s in later if s is not None]
+        total = None if mine_left is None or len(known) < len(later) else mine_left + sum(known)
+        return mine_left, total
+
+    def started(self, component: str) -> str:
+        """The bracket of the `building ...` line: which step, and what is left if known."""
+        mine, total = self.left_after(component, 0.0)
+        step = f"{self.done + 1} of {self.done + len(self.pending)}"
+        if mine is None:
+            return f"[{step}]"
+        rest = f", {_minutes(total)} left in all" if total is not None else ""
+        return f"[{step}; {_minutes(mine)} last time{rest}]"
+
+    def running(self, component: str, elapsed: float) -> str:
+        """A progress line while `component` builds: time so far, and what is left if known."""
+        line = f"{component}: {_minutes(elapsed)} so far"
+        mine, total = self.left_after(component, elapsed)
+        if mine is None:
+            return line
+        left = f"about {_minutes(mine)} left for it" if mine > 0 else "longer than last time"
+        if total is not None:
+            left += f", {_minutes(total)} for the whole build"
+        return f"{line}; {left} (from this machine's last build)"
 
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-def build_target(t: Target, bin_dir: Path, progress: Progress | None = None) -> float:
-    """Run one `go build` into `bin_dir`, printing what is left every 30 s; return its wall time."""
+def build_target(t: Target, bin_dir: Path, progress: Progress, go_log: Path) -> float:
+    """Run one `go build` into `bin_dir`, its output appended to `go_log`, printing a progress
+    line every PROGRESS_EVERY_SECONDS; return its wall time."""
     comp = components()[t.component]
     cmd = ["go", "build", "-trimpath"]
     if t.tags:
@@ -362,39 +373,25 @@ def build_target(t: Target, bin_dir: Path, progress: Progress | None = None) -> 
     else:
         cmd += ["-o", str(bin_dir) + "/"]
     cmd += list(t.packages)
-    where = ""
-    if progress is not None:
-        mine, total = progress.left_after(t.component, 0.0)
-        step = f"{progress.done + 1} of {progress.done + len(progress.pending)}"
-        where = f" [{step}; about {_minutes(mine)}, {_minutes(total)} left in all]"
-    _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}){where} ...")
+    _log(f"building {', '.join(t.binaries)} ({comp.module} {comp.version}) {progress.started(t.component)}")
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=comp.gomod_dir, env=_go_env())
-    while True:
-        try:
-            code = proc.wait(timeout=PROGRESS_EVERY_SECONDS)
-            break
-        except subprocess.TimeoutExpired:
-            elapsed = time.monotonic() - start
-            if progress is None:
-                _log(f"{t.component}: {_minutes(elapsed)} so far")
-                continue
-            mine, total = progress.left_after(t.component, elapsed)
-            left = (
-                f"about {_minutes(mine)} left for it, {_minutes(total)} for the whole build"
-                if mine > 0
-                else f"past its estimate; then about {_minutes(total)} for the rest"
-            )
-            _log(
-                f"{t.component}: {_minutes(elapsed)} so far; {left} (estimates from a cold build on 2 cores)"
-            )
+    with go_log.open("a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=comp.gomod_dir, env=_go_env(), stdout=log, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                code = proc.wait(timeout=PROGRESS_EVERY_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                _log(progress.running(t.component, time.monotonic() - start))
     elapsed = time.monotonic() - start
     if code != 0:
-        raise BuildError(f"go build of {t.component} failed (exit {code}): {' '.join(cmd)}")
-    _log(f"built {', '.join(t.binaries)} in {elapsed:.0f} s")
-    if progress is not None:
-        progress.pending.remove(t.component)
-        progress.done += 1
+        tail = "\n".join(go_log.read_text().splitlines()[-20:])
+        raise BuildError(f"go build of {t.component} failed (exit {code}); last lines of {go_log}:\n{tail}")
+    _log(f"built {', '.join(t.binaries)} in {_minutes(elapsed)}")
+    progress.pending.remove(t.component)
+    progress.done += 1
     return elapsed
 
 
@@ -459,15 +456,16 @@ def build(force: bool = False) -> Layout:
         times: dict[str, float] = {}
         todo = [t for t in targets() if force or not all(out.binary(b).is_file() for b in t.binaries)]
         progress = Progress([t.component for t in todo], estimates())
+        if todo:
+            _log(f"go's own output (module downloads, errors): {out.root / GO_LOG}")
         for t in todo:
-            times[t.component] = round(build_target(t, out.bin, progress), 1)
+            times[t.component] = round(build_target(t, out.bin, progress, out.root / GO_LOG), 1)
         if force or not any(out.kuberay_crds.glob("*.json")):
             copy_kuberay_crds(out)
         if times:
             record = {"go": go_version(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
             with (out.root / "build-times.jsonl").open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
-    _log(f"binaries in {out.bin}")
     return out
 
 
@@ -486,14 +484,15 @@ def build_optional(name: str, force: bool = False) -> OptionalLayout:
         times: dict[str, float] = {}
         target = optional_targets()[name]
         if force or not all(out.binary(b).is_file() for b in target.binaries):
-            times[name] = round(build_target(target, out.bin, Progress([name], estimates())), 1)
+            _log(f"go's own output (module downloads, errors): {out.root / GO_LOG}")
+            progress = Progress([name], estimates())
+            times[name] = round(build_target(target, out.bin, progress, out.root / GO_LOG), 1)
         if name == "kueue" and (force or not out.complete()):
             copy_kueue_files(out)
         if times:
             record = {"go": go_version(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
             with (out.root / "build-times.jsonl").open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
-    _log(f"{name} in {out.bin}")
     return out
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.cluster.build import Layout
 from tests.cluster.config import HOST, NODE_GRACE_SECONDS, NODE_IP, POD_CIDR, PORTS, SERVICE_CIDR
-from tests.cluster.pki import Pki
+from tests.cluster.pki import FRONT_PROXY_CLIENT, Pki
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,13 @@ def kube_apiserver(b: Layout, s: StatePaths) -> Spec:
         f"--tls-cert-file={p.server_crt}",
         f"--tls-private-key-file={p.server_key}",
         f"--client-ca-file={p.ca_crt}",
+        f"--requestheader-client-ca-file={p.front_proxy_ca_crt}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={p.front_proxy_client_crt}",
+        f"--proxy-client-key-file={p.front_proxy_client_key}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={p.sa_pub}",
         f"--service-account-signing-key-file={p.sa_key}",

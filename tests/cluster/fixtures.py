@@ -5,8 +5,8 @@ folder in ASYNCGRPO_CLUSTER_STATE, else the default one). Sessions register in t
 two pytest runs on one machine share a cluster safely: a cluster started by a session is stopped by
 the last session to finish (one started with `python -m tests.cluster up` is never stopped);
 ASYNCGRPO_KEEP_CLUSTER=1 leaves it running for a faster next run. Every test gets its own
-namespace, deleted afterwards. When a test that uses the cluster fails, the report names the log
-folder so CI can print the component logs.
+namespace, deleted afterwards. When a test that uses the cluster fails, its report names the log
+folder and shows what each component logged during that test.
 """
 
 from __future__ import annotations
@@ -78,15 +78,48 @@ def namespace(kube_api: Api, request: pytest.FixtureRequest) -> Iterator[str]:
             raise
 
 
+_LOG_SIZES = pytest.StashKey[dict[str, int]]()
+LOG_LINES_PER_COMPONENT = 40
+
+
+def log_sizes(logs: Path) -> dict[str, int]:
+    return {f.name: f.stat().st_size for f in logs.glob("*.log")} if logs.is_dir() else {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Note how long each component log is before a cluster test, so its report can show what the
+    components logged during the test and nothing from the rest of the session."""
+    if "local_cluster" in getattr(item, "fixturenames", ()):
+        item.stash[_LOG_SIZES] = log_sizes(LocalCluster.from_env().logs)
+
+
+def logged_during(logs: Path, before: dict[str, int], lines: int = LOG_LINES_PER_COMPONENT) -> dict[str, str]:
+    """The last `lines` lines each component logged since `before` (a log that shrank, i.e. was
+    restarted, from its start); components that logged nothing are left out."""
+    out: dict[str, str] = {}
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        start = before.get(log.name, 0)
+        with log.open("rb") as fh:
+            fh.seek(start if start <= log.stat().st_size else 0)
+            gained = fh.read().decode(errors="replace").splitlines()
+        if gained:
+            out[log.stem] = "\n".join(gained[-lines:])
+    return out
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Attach the log folder to the report of every failed test that used the cluster."""
+    """A failed cluster test's report shows what each component logged during it (pytest prints it
+    under the failure), so CI need not dump every log of the session."""
     report = yield
     if report.failed and "local_cluster" in getattr(item, "fixturenames", ()):
         logs = LocalCluster.from_env().logs
         report.sections.append(("control plane", f"component logs: {logs}"))
+        for name, text in logged_during(logs, item.stash.get(_LOG_SIZES, {})).items():
+            report.sections.append((f"{name} during this test (last {LOG_LINES_PER_COMPONENT} lines)", text))
         _FAILED_WITH_CLUSTER.append(item.nodeid)
     return report
 

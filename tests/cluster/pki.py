@@ -5,6 +5,11 @@ system:masters, used by every component and by the tests) and any webhook servin
 test needs; the apiserver dials webhooks at https://127.0.0.1:<port>, so those need an IP SAN.
 ECDSA P-256 keys keep generation fast on 2 cores; the service-account key is RSA because that is
 what every token consumer accepts.
+
+A second CA, the front proxy's, signs the client certificate the API server presents to aggregated
+APIs. Without it the API server publishes no requestheader-client-ca-file in kube-system's
+extension-apiserver-authentication ConfigMap, and the controller manager and scheduler log
+`missing content for CA bundle` every minute, a line that reads like an error in a failed run's log.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ SERVER_SANS = (
     "kubernetes.default",
     "kubernetes.default.svc",
 )
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""The front proxy's client certificate's CN, the one name --requestheader-allowed-names allows."""
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
@@ -61,6 +69,18 @@ class Pki:
     @property
     def admin_key(self) -> Path:
         return self.dir / "admin.key"
+
+    @property
+    def front_proxy_ca_crt(self) -> Path:
+        return self.dir / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_client_crt(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
 
     @property
     def sa_key(self) -> Path:
@@ -141,7 +161,7 @@ def _load_ca(pki: Pki) -> tuple[x509.Certificate, PrivateKey]:
 
 
 def create(directory: Path) -> Pki:
-    """Create the CA, serving, admin and service-account keys under `directory`."""
+    """Create the CAs, serving, admin, front-proxy and service-account keys under `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -150,6 +170,21 @@ def create(directory: Path) -> Pki:
     _write_key(ca_key, pki.ca_key)
     issue(pki, "serving", cn="kube-apiserver", usage=ExtendedKeyUsageOID.SERVER_AUTH, sans=SERVER_SANS)
     issue(pki, "admin", cn="admin", org="system:masters", usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    proxy_ca_key = ec.generate_private_key(ec.SECP256R1())
+    proxy_ca_name = _name("asyncgrpo-local-front-proxy-ca")
+    _write_cert(
+        _sign(proxy_ca_name, proxy_ca_key, proxy_ca_name, proxy_ca_key, is_ca=True), pki.front_proxy_ca_crt
+    )
+    proxy_key = ec.generate_private_key(ec.SECP256R1())
+    proxy_cert = _sign(
+        _name(FRONT_PROXY_CLIENT),
+        proxy_key,
+        proxy_ca_name,
+        proxy_ca_key,
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
+    _write_cert(proxy_cert, pki.front_proxy_client_crt)
+    _write_key(proxy_key, pki.front_proxy_client_key)
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(sa, pki.sa_key)
     pki.sa_pub.write_bytes(

@@ -15,7 +15,6 @@ from cryptography.x509.oid import NameOID
 
 from tests.cluster import hostnet, kueue, oci, pki
 from tests.cluster.build import (
-    COLD_BUILD_SECONDS,
     NODE_COMPONENTS,
     Progress,
     build_hash,
@@ -24,11 +23,10 @@ from tests.cluster.build import (
     k8s_ldflags,
     node_layout,
     optional_layout,
-    optional_targets,
-    targets,
 )
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
+from tests.cluster.fixtures import log_sizes, logged_during
 from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
 
 
@@ -147,6 +145,11 @@ def test_pki_certificates_fit_their_use(tmp_path: Path) -> None:
     orgs = admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
     assert [o.value for o in orgs] == ["system:masters"]
     assert oct(p.ca_key.stat().st_mode & 0o777) == "0o600"
+    proxy_ca = x509.load_pem_x509_certificate(p.front_proxy_ca_crt.read_bytes())
+    proxy_client = x509.load_pem_x509_certificate(p.front_proxy_client_crt.read_bytes())
+    proxy_client.verify_directly_issued_by(proxy_ca)  # a CA of its own: the cluster CA's clients
+    assert proxy_ca.subject != ca.subject  # must not be able to pose as the front proxy
+    assert proxy_client.subject.rfc4514_string() == f"CN={pki.FRONT_PROXY_CLIENT}"
 
 
 def test_stop_signals_only_a_recorded_live_process(tmp_path: Path) -> None:
@@ -181,7 +184,7 @@ def test_build_progress_says_what_is_left_for_the_part_and_the_whole() -> None:
     assert progress.left_after("kubernetes", 100.0) == (500.0, 790.0)
     assert progress.left_after("kubernetes", 900.0) == (0.0, 290.0)  # past its estimate: the rest
     assert progress.left_after("kwok", 50.0) == (200.0, 200.0)
-    assert set(COLD_BUILD_SECONDS) == {t.component for t in targets()} | set(optional_targets())
+    assert progress.started("kubernetes") == "[1 of 3; 10.0 min last time, 14.8 min left in all]"
 
 
 def test_one_real_node_per_machine_a_live_holder_keeps_it(
@@ -199,3 +202,25 @@ def test_one_real_node_per_machine_a_live_holder_keeps_it(
     assert hostnet.owned_by(b)
     hostnet.release(b)
     assert hostnet.owned_by(a)
+
+
+def test_build_progress_without_a_measured_time_says_only_what_it_knows() -> None:
+    progress = Progress(["kubernetes", "etcd"], {"kubernetes": 600.0})
+    assert progress.left_after("kubernetes", 100.0) == (500.0, None)
+    assert progress.running("kubernetes", 100.0).endswith(
+        "about 8.3 min left for it (from this machine's last build)"
+    )
+    assert progress.started("etcd") == "[1 of 2]"
+    assert progress.running("etcd", 30.0) == "etcd: 30 s so far"
+
+
+def test_a_failed_tests_report_shows_only_what_components_logged_during_it(tmp_path: Path) -> None:
+    (tmp_path / "etcd.log").write_text("started\n")
+    (tmp_path / "kube-apiserver.log").write_text("started\n")
+    before = log_sizes(tmp_path)
+    with (tmp_path / "kube-apiserver.log").open("a") as fh:
+        fh.write("".join(f"line {i}\n" for i in range(50)))
+    (tmp_path / "kwok.log").write_text("new component\n")
+    during = logged_during(tmp_path, before)
+    assert set(during) == {"kube-apiserver", "kwok"}  # etcd logged nothing during the test
+    assert during["kube-apiserver"].splitlines() == [f"line {i}" for i in range(10, 50)]

@@ -4,8 +4,8 @@
 
 What it does, printing each step:
 1. The local control plane (tests/cluster): attaches to a live one, else builds the binaries from Go
-   modules (first time only: about 10 minutes on 2 cores, cached in ~/.cache/asyncgrpo; progress is
-   printed) and starts it.
+   modules (first time only, cached in ~/.cache/asyncgrpo; progress is printed every 30 s) and
+   starts it.
 2. `helm install` of charts/asyncgrpo-operator, with the webhook called at a URL on 127.0.0.1, and
    the operator started as a local process with the chart ServiceAccount's token.
 3. `kubectl apply` of the demo job; the operator creates its RayCluster, KubeRay the head pod.
@@ -113,11 +113,10 @@ def control_plane() -> tuple[LocalCluster, bool]:
             )
         say(
             "Control plane: building etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok,\n"
-            "    the KubeRay operator and helm from Go modules. This happens once: about 10 minutes on\n"
-            f"    2 cores (cached in {layout().root.parent}; later runs start in ~20 s)."
+            "    the KubeRay operator and helm from Go modules. This happens once, with a progress line\n"
+            f"    every 30 s (cached in {layout().root.parent}; later runs start in ~20 s)."
         )
-        with heartbeat("building the control plane"):
-            build()
+        build()  # prints its own progress every 30 s
     say("Control plane: starting it (processes on 127.0.0.1; kwok fakes a CPU node and a GPU pool)")
     start = time.monotonic()
     started = cluster.join(build)
@@ -130,8 +129,9 @@ def queue_in_kueue(cluster: LocalCluster, installation: DemoInstallation, job_fi
     job file labelled with it."""
     if not optional_layout("kueue").complete():
         say("Kueue: building its controller from Go modules (once; cached like the control plane)")
-    with heartbeat("building and starting Kueue"):
-        cluster.start_kueue(build_optional("kueue"))
+    binaries = build_optional("kueue")  # prints its own progress every 30 s
+    with heartbeat("starting Kueue"):
+        cluster.start_kueue(binaries)
     queue = "demo"
     kueue_component.create_local_queue(cluster.api, installation.jobs_ns, queue)
     say(
@@ -234,6 +234,7 @@ def run(job_file: Path, *, keep: bool, with_kueue: bool = False) -> int:
             print("    the control plane is still used by another session or --keep: left up")
         else:
             print("    the control plane was already up: left up")
+        print(f"    the demo's files, the operator's and the driver's logs among them, are kept in {workdir}")
 
 
 def main(argv: list[str] | None = None) -> int:

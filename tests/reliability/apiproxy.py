@@ -167,7 +167,10 @@ class RecordingProxy:
         await self._site.start()
 
     def _run(self) -> None:
-        self._loop.run_until_complete(self._serve())
+        """Serve until `stop`, then cancel what is left (the handlers of connections cut mid-request)
+        and close the loop: left pending, each prints `Task was destroyed but it is pending!` at exit."""
+        with asyncio.Runner(loop_factory=lambda: self._loop) as runner:
+            runner.run(self._serve())
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()

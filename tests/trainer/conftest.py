@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import ray
+
+from tests.trainer import pretrained_doc
 
 
 @pytest.fixture(scope="session")
@@ -25,33 +25,26 @@ def ray_address() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def warm_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal, made as the CPU example's
-    comment makes it (`asyncgrpo make-tiny-checkpoint --warm-start`, asyncgrpo_trainer/warm_start.py): the
-    pretrained-path tests' stand-in for a pretrained model, made once per session. It must answer
+def pretrained_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder laid out like the clone's root where the first of the pretrained CPU example's
+    documented commands (docs/guides/models.md, `make-tiny-checkpoint --warm-start`) has run as
+    written: made once per session, since the warm start takes minutes. Its checkpoint must answer
     the taught lengths and not the RL task's 4 digits, which the RL tests start below 0.1 from.
 
-    It is made in a fresh interpreter with 2 torch threads: in-process, after other tests had run,
-    the same seed once carried reversal over to 4 digits (0.38 exact) where a fresh process gets 0.0."""
-    directory = tmp_path_factory.mktemp("warm") / "tiny-qwen2"
-    size = ["--hidden-size", "128", "--heads", "4", "--intermediate-size", "512"]
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asyncgrpo_cli.main",
-            "make-tiny-checkpoint",
-            str(directory),
-            *size,
-            "--warm-start",
-        ],
-        env={**os.environ, "OMP_NUM_THREADS": "2"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    The command runs in a fresh interpreter: in-process, after other tests had run, the same seed
+    once carried reversal over to 4 digits (0.38 exact) where a fresh process gets 0.0."""
+    root = pretrained_doc.clone_root(tmp_path_factory.mktemp("example"))
+    command = pretrained_doc.documented_commands()[0]
+    assert "make-tiny-checkpoint" in command and "--warm-start" in command, command
+    out = pretrained_doc.run(root, command)
     accuracy = json.loads(out.stdout.strip().splitlines()[-1])["warm_start"]["accuracy_by_digits"]
     assert accuracy["3"] >= 0.9 and accuracy["5"] >= 0.9 and accuracy["4"] < 0.1, accuracy
-    return directory
+    assert "warm start: step 600/600" in out.stderr, out.stderr  # it shows progress
+    return root
+
+
+@pytest.fixture(scope="session")
+def warm_qwen2(pretrained_example: Path) -> Path:
+    """The tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal that the example's first
+    command made: the pretrained-path tests' stand-in for a pretrained model (copy it to write)."""
+    return pretrained_example / ".asyncgrpo" / "models" / "tiny-qwen2"

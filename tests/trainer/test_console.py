@@ -106,3 +106,32 @@ def test_the_summary_says_how_far_how_well_how_fast_and_where_the_checkpoint_is(
 
 def test_durations_read_as_seconds_minutes_or_hours() -> None:
     assert [console.duration(s) for s in (3.21, 245, 3720)] == ["3.2 s", "4 min 05 s", "1 h 02 min"]
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_final_validation_after_the_last_update_redraws_the_bar_so_bar_and_summary_agree(
+    clock: Clock, tty: bool
+) -> None:
+    out = io.StringIO()
+    run = HumanProgress(out, tty=tty)
+    run.update(doc(0, total=60), [])
+    clock.now += 10
+    run.update(doc(60, total=60, samples=640.0, validation_accuracy=0.99), [])  # step 50's validation
+    run.end()
+    clock.now += 5  # the final validation ran after the last update
+    run.summary({"steps": 60, "wall_seconds": 15.0, "validation_accuracy": 0.98})
+    text = out.getvalue()
+    bar = [line.split("\r")[-1] for line in text.splitlines() if "] 60/60" in line][-1]
+    assert "validation accuracy 0.98" in bar and "64 samples/s" in bar, text  # as of the last update
+    assert "  validation accuracy 0.980" in text
+    if tty:  # redrawn over the old bar, not printed as a second one
+        assert text.count("\x1b[A\r") == 1 and text.endswith("\n"), text
+
+
+def test_the_bar_is_not_redrawn_when_the_summary_adds_nothing_new(clock: Clock) -> None:
+    out = io.StringIO()
+    run = HumanProgress(out, tty=False)
+    run.update(doc(10, validation_accuracy=0.5), [])
+    run.end()
+    run.summary({"steps": 10, "wall_seconds": 1.0, "validation_accuracy": 0.5})
+    assert len([line for line in out.getvalue().splitlines() if line.startswith("[")]) == 1

@@ -123,8 +123,10 @@ def test_a_run_relays_a_bar_and_a_summary_for_a_person_and_one_json_line_per_ste
 def test_asyncgrpo_run_says_where_to_look_then_shows_a_bar_and_a_summary_and_no_json(tmp_path: Path) -> None:
     """The README's `asyncgrpo run` for a newcomer, as a real process with its own embedded Ray:
     the first lines name the checkpoint directory and /progress (127.0.0.1, a free port), which
-    answers while it runs; no warning about the checkpoint directory it chose; no JSON lines."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", driver.USAGE_STATS_ENV)}
+    answers while it runs; no warning about the checkpoint directory it chose or Ray's auth mode; no
+    JSON lines."""
+    unset = ("RAY_ADDRESS", driver.USAGE_STATS_ENV, local_run.RAY_AUTH_MODE_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "asyncgrpo"), "run", str(EXAMPLE), "--max-steps", "6"],
         cwd=tmp_path,
@@ -156,3 +158,4 @@ def test_asyncgrpo_run_says_where_to_look_then_shows_a_bar_and_a_summary_and_no_
     assert f"  checkpoint          step 6 in {checkpoints}" in text, text
     assert not [line for line in (text + err).splitlines() if line.lstrip().startswith("{")], text
     assert "checkpoint" not in err, err
+    assert "Token authentication" not in err, err  # the run set its own Ray's auth mode

@@ -7,11 +7,13 @@ file, and different from the checkpoint it started from (it trained). The model 
 example's comment makes, `asyncgrpo make-tiny-checkpoint --warm-start` (the session's `warm_qwen2`):
 a random checkpoint answers no reversal right, so every GRPO advantage is zero and its weights would
 rightly not move. `asyncgrpo make-tiny-checkpoint` without the warm start is checked on its own.
+The guide's command sequence for the example runs as written (tests/trainer/pretrained_doc.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
+from tests.trainer import pretrained_doc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "pretrained-cpu.yaml"
@@ -96,3 +99,28 @@ def test_make_tiny_checkpoint_writes_a_checkpoint_transformers_and_the_trainer_l
     with torch.no_grad():
         ours, _ = build.instantiate().eval()(ids)
     assert (ours - _logits(directory, ids)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_the_guides_pretrained_cpu_commands_run_as_written_and_the_model_learns(
+    pretrained_example: Path,
+) -> None:
+    """The rest of the guide's block, after the session's warm start (its first command): the run
+    trains the example's 60 steps and export writes a Hugging Face directory."""
+    _warm_start, train, export = pretrained_doc.documented_commands()
+    out = pretrained_doc.run(pretrained_example, train)
+    accuracy = re.search(r"^  validation accuracy +([0-9.]+)$", out.stdout, re.MULTILINE)
+    assert accuracy is not None and float(accuracy.group(1)) >= 0.5, out.stdout
+    assert (
+        pretrained_example / ".asyncgrpo" / "pretrained-cpu" / "checkpoints" / "final" / "config.json"
+    ).is_file()
+    pretrained_doc.run(pretrained_example, export)
+    assert (pretrained_example / ".asyncgrpo" / "exported-qwen2" / "config.json").is_file()
+
+
+def test_the_examples_comment_gives_the_guides_commands() -> None:
+    """The example's YAML comment and the guide (which CI runs) show one sequence."""
+    comment = [line.removeprefix("#") for line in EXAMPLE.read_text().splitlines() if line.startswith("#")]
+    commands = " ".join(" ".join(comment).replace("\\", " ").split())
+    for command in pretrained_doc.documented_commands():
+        assert command in commands, command

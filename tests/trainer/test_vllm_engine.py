@@ -35,10 +35,12 @@ GREEDY = sampling.SamplingParams(max_new_tokens=12, temperature=0.0)
 
 
 class Engine:
-    """The module's engine and the event loop it lives on (AsyncLLM binds to one loop)."""
+    """The module's engine and the event loop it lives on (AsyncLLM binds to one loop). A Runner,
+    not a bare loop: closing it cancels the engine's leftover tasks, which a closed loop would leave
+    to print `Task was destroyed but it is pending!` at exit."""
 
     def __init__(self, build: recipe.ModelBuild, stop_token: int) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.runner = asyncio.Runner()
         self.build, self.stop_token = build, stop_token
         self.worker = self.run(self._start())
 
@@ -48,7 +50,7 @@ class Engine:
         )
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(coro)
+        return self.runner.run(coro)
 
 
 def _greedy_reference(build: recipe.ModelBuild, n: int) -> list[int]:
@@ -73,7 +75,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     eng = Engine(build, stop)
     yield eng
     eng.run(eng.worker.shutdown())
-    eng.loop.close()
+    eng.runner.close()
 
 
 def _policy(build: recipe.ModelBuild) -> policy.TorchPolicyWorker:

@@ -45,6 +45,7 @@ class HumanProgress:
         self._first: tuple[float, int, float] | None = None
         """(time, step, samples trained) at the first update: rates and the ETA count from there."""
         self._last: dict[str, Any] = {}
+        self._last_at = 0.0
         self._rewards: list[tuple[int, float]] = []
         self._drawn = False
         self._written = -1
@@ -58,12 +59,12 @@ class HumanProgress:
         if self._first is None:
             self._first = (now, int(progress["step"]), samples)
             self._next_line = int(progress["step"]) + 1
-        self._last = progress
+        self._last, self._last_at = progress, now
         self._rewards += [
             (int(r["step"]), float(r["reward_mean"])) for r in records if r.get("reward_mean") is not None
         ]
         step, total = int(progress["step"]), max(int(progress["max_steps"]), 1)
-        line = self._line(now, step, total, samples)
+        line = self._line()
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
             self._drawn = True
@@ -73,10 +74,13 @@ class HumanProgress:
             self._written, self._next_line = step, step + max(total // LINES_PER_RUN, 1)
         self.stream.flush()
 
-    def _line(self, now: float, step: int, total: int, samples: float) -> str:
+    def _line(self) -> str:
+        """The bar for the last update, as of its time."""
         assert self._first is not None
         t0, step0, samples0 = self._first
-        elapsed = now - t0
+        step, total = int(self._last["step"]), max(int(self._last["max_steps"]), 1)
+        samples = float(self._last.get("counters", {}).get("samples_trained", 0.0))
+        elapsed = self._last_at - t0
         filled = BAR_WIDTH * min(step, total) // total
         parts = [f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {step}/{total}"]
         parts.append(f"reward {_number(self._last.get('reward_mean'))}")
@@ -95,8 +99,25 @@ class HumanProgress:
             self.stream.flush()
             self._drawn = False
 
+    def _settle(self, summary: dict[str, Any]) -> None:
+        """Redraw the bar once more when the run's final validation came after its last update, so
+        that the bar's last line and the summary show the same accuracy (they showed step 50's and
+        step 60's)."""
+        final = {key: summary[key] for key, _ in ACCURACY_KEYS if summary.get(key) is not None}
+        if self._first is None or all(self._last.get(k) == v for k, v in final.items()):
+            return
+        self._last = {**self._last, **final}
+        if not self.tty:
+            self.stream.write(self._line() + "\n")
+        elif self._drawn:  # still the current line: redraw it in place and end it
+            self.stream.write("\r" + self._line() + "\x1b[K\n")
+            self._drawn = False
+        else:  # `end` moved below it: up one line, redraw, back down
+            self.stream.write("\x1b[A\r" + self._line() + "\x1b[K\n")
+
     def summary(self, summary: dict[str, Any]) -> None:
         """A few aligned lines: what was trained, how well, how fast, and where it was saved."""
+        self._settle(summary)
         last = self._last
         steps, total = int(summary.get("steps", last.get("step", 0))), int(last.get("max_steps", 0))
         mode = f" ({last['mode']})" if last.get("mode") else ""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import ray
+from ray._private.authentication import authentication_token_setup as ray_auth
 
 from asyncgrpo_trainer import driver, progress
 from asyncgrpo_trainer.console import HumanProgress
@@ -96,6 +97,21 @@ def required_cpus(manifest: dict[str, Any]) -> int:
     return ranks(cluster.get("policyWorkers", {})) + ranks(cluster.get("generationWorkers", {})) + 1
 
 
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
+def own_ray_auth() -> None:
+    """The Ray that `asyncgrpo run` starts is its own, so it picks the auth mode: token, Ray's
+    default for a new local cluster, said explicitly, which spares every run Ray's "Token
+    authentication is enabled for this Ray cluster" warning. A user's RAY_AUTH_MODE wins; a cluster
+    the driver joins (a pod's, RAY_ADDRESS) is never touched (driver.execute).
+
+    Ray 2.60 reads the mode into its C++ config when it is imported, so setting the variable now is
+    not enough: this is Ray's own switch for a new cluster (environment, then a config reload)."""
+    if RAY_AUTH_MODE_ENV not in os.environ:
+        ray_auth._enable_token_auth()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncgrpo run", description="Run an AsyncGRPOJob on this machine.")
     parser.add_argument("job", help="AsyncGRPOJob manifest (YAML or JSON)")
@@ -141,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         cpus = ns.num_cpus or max(os.cpu_count() or 1, required_cpus(manifest))
         server = progress.ProgressServer(ns.progress_port, host="127.0.0.1")
         _banner(human, manifest, cpus, ns.gpus, server.port)
+        own_ray_auth()
         try:
             driver.init_ray(
                 num_cpus=cpus, num_gpus=ns.gpus, include_dashboard=False, logging_level=logging.WARNING

@@ -241,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warm-start",
         action="store_true",
-        help="then teach it 3- and 5-digit reversal by supervised fine-tuning (under a minute on 2 "
-        "cores), so that GRPO on 4-digit reversal (docs/examples/pretrained-cpu.yaml) has a signal",
+        help="then teach it 3- and 5-digit reversal by supervised fine-tuning (1-4 minutes on 2 "
+        "threads; progress on stderr), so that GRPO on 4-digit reversal "
+        "(docs/examples/pretrained-cpu.yaml) has a signal",
     )
     parser.add_argument("--warm-start-steps", type=int, default=600, help="fine-tuning steps of 64 examples")
     ns = parser.parse_args(argv)
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.warm_start:
         from asyncgrpo_trainer.warm_start import warm_start  # noqa: PLC0415  (torch training)
 
-        accuracy = warm_start(out, steps=ns.warm_start_steps, seed=ns.seed)
+        accuracy = warm_start(out, steps=ns.warm_start_steps, seed=ns.seed, log=sys.stderr)
         made["warm_start"] = {"task": "reverse", "accuracy_by_digits": accuracy}
     print(json.dumps(made))
     return 0
