@@ -879,6 +879,12 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 f"is ignored with the {transport} refit this job runs (only the broadcast, weightSync."
                 f"transport nccl or auto between GPU pools, packs buckets); remove it",
             )
+    if trainer.policy.learning_rate_schedule == "constant":
+        for field in _non_default(trainer.policy, "min_learning_rate_ratio"):
+            yield Finding(
+                f"{TRAINER}.policy.{field}",
+                "is ignored with learningRateSchedule constant; set learningRateSchedule cosine or remove it",
+            )
     if trainer.env.score_truncated and trainer.env.function is None:
         yield Finding(
             f"{TRAINER}.env.scoreTruncated",

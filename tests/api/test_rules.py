@@ -611,6 +611,7 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
         [{"cluster": GPU_POOLS}, {"trainer": {"weightSync": {"transport": "nccl"}}}],  # NCCL; gloo on CPU
     ),
     ("env.scoreTruncated", True, [{}], [{"trainer": {"env": {"function": "my_team.rewards:score"}}}]),
+    ("policy.minLearningRateRatio", 0.1, [{}], [{"trainer": {"policy": {"learningRateSchedule": "cosine"}}}]),
 ]
 
 

@@ -4,6 +4,7 @@ micro-batched, normalized once) against direct computations, and the engine's pr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -212,3 +213,24 @@ def test_a_cached_prompt_is_prefilled_again_once_it_is_older_than_the_staleness_
 
     # v0 computes, v0 and v1 reuse (age <= 1), v2 recomputes (age 2), v2 reuses again
     assert asyncio.run(scenario()) == [0, 1, 2, 2, 3]
+
+
+def test_the_learning_rate_warms_up_then_falls_down_a_half_cosine_to_its_floor() -> None:
+    """Hand-computed: peak 1.0, 2 warm-up steps, 6 optimizer steps in all, floor 0.1. The cosine
+    spans steps 2..5: step 3 is a third of the way, 0.1 + 0.9 x (1 + cos(pi/3)) / 2 = 0.775."""
+    optim = policy.OptimConfig(
+        learning_rate=1.0,
+        weight_decay=0.0,
+        max_grad_norm=None,
+        warmup_steps=2,
+        micro_batch_size=1,
+        logprob_batch_size=1,
+        temperature=1.0,
+        schedule="cosine",
+        min_lr_ratio=0.1,
+        total_steps=6,
+    )
+    rates = [policy.learning_rate_at(optim, step) for step in range(7)]
+    assert rates == pytest.approx([0.5, 1.0, 1.0, 0.775, 0.325, 0.1, 0.1])
+    constant = dataclasses.replace(optim, schedule="constant")
+    assert [policy.learning_rate_at(constant, step) for step in range(4)] == [0.5, 1.0, 1.0, 1.0]

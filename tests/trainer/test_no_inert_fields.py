@@ -89,6 +89,7 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "trainer.model.path": PRETRAINED,
     "trainer.data.chatTemplate": PRETRAINED,
     "trainer.data.systemPrompt": PRETRAINED,
+    "trainer.policy.minLearningRateRatio": {"trainer": {"policy": {"learningRateSchedule": "cosine"}}},
     "trainer.generation.tensorParallelSize": VLLM_ON_GPUS,
     "trainer.generation.gpuMemoryUtilization": VLLM_ON_GPUS,
     # maxBufferedRollouts must be exactly P x (S+1) unless overSampling.

@@ -87,6 +87,9 @@ def optim_config(t: TrainerSpec) -> policy.OptimConfig:
         top_p=t.generation.top_p,
         top_k=t.generation.top_k,
         minibatches=t.samples_per_step // t.train_global_batch_size,
+        schedule=p.learning_rate_schedule,
+        min_lr_ratio=p.min_learning_rate_ratio,
+        total_steps=t.grpo.max_num_steps * (t.samples_per_step // t.train_global_batch_size),
     )
 
 

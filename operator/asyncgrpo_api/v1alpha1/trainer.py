@@ -230,6 +230,19 @@ class PolicySpec(ApiModel):
         description="Linear learning-rate warm-up, in optimizer steps (P x N / trainGlobalBatchSize per RL "
         "step).",
     )
+    learning_rate_schedule: Literal["constant", "cosine"] = Field(
+        default="constant",
+        description="The rate after the warm-up. constant: learningRate to the end; cosine: down a half "
+        "cosine from learningRate to minLearningRateRatio x learningRate at the last optimizer step "
+        "(grpo.maxNumSteps x the optimizer steps per RL step), so late steps, when most groups carry "
+        "no signal, are small.",
+    )
+    min_learning_rate_ratio: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="With learningRateSchedule cosine: the last step's rate as a fraction of learningRate.",
+    )
     megatron: MegatronSpec = Field(
         default_factory=MegatronSpec, description="Parallel layout when backend is megatron."
     )

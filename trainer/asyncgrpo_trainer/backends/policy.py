@@ -44,6 +44,7 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -94,6 +95,11 @@ class OptimConfig:
     temperature: float
     minibatches: int = 1
     """Optimizer steps per RL step: P x N / policy.trainGlobalBatchSize (PPO mini-batches)."""
+    schedule: str = "constant"
+    """policy.learningRateSchedule: constant or cosine (`learning_rate_at`)."""
+    min_lr_ratio: float = 0.0
+    total_steps: int = 0
+    """Optimizer steps in the whole run (grpo.maxNumSteps x minibatches): where cosine ends."""
     top_p: float = 1.0
     top_k: int | None = None
 
@@ -485,10 +491,24 @@ def hf_export(build: ModelBuild, weights: dict[str, torch.Tensor]) -> hf.Export 
     return hf.Export(weights, build.config, build.checkpoint, build.torch_dtype)
 
 
+def learning_rate_at(optim: OptimConfig, steps_taken: int) -> float:
+    """The rate of optimizer step `steps_taken` (0-based): a linear warm-up over warmup_steps, then
+    constant, or down a half cosine from learning_rate to min_lr_ratio x learning_rate at the last
+    of total_steps."""
+    peak, warm = optim.learning_rate, optim.warmup_steps
+    if warm and steps_taken < warm:
+        return peak * (steps_taken + 1) / warm
+    if optim.schedule != "cosine":
+        return peak
+    span = max(optim.total_steps - 1 - warm, 1)
+    progress = min(max(steps_taken - warm, 0) / span, 1.0)
+    floor = peak * optim.min_lr_ratio
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def optimizer_step(optimizer: torch.optim.Optimizer, optim: OptimConfig, steps_taken: int) -> float:
-    """Step `optimizer` at the learning rate of step `steps_taken` (linear warmup); that rate."""
-    warm = optim.warmup_steps
-    lr = optim.learning_rate * (min(1.0, (steps_taken + 1) / warm) if warm else 1.0)
+    """Step `optimizer` at the learning rate of step `steps_taken` (`learning_rate_at`); that rate."""
+    lr = learning_rate_at(optim, steps_taken)
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()
