@@ -524,7 +524,14 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
     generation = trainer.generation
     serving_pool, serving_path = (policy_pool, policy_path) if generation.colocated else (gen_pool, gen_path)
     if generation.backend == "vllm":
-        if serving_pool.gpus_per_replica and serving_pool.gpus_per_replica % generation.tensor_parallel_size:
+        if generation.colocated and generation.tensor_parallel_size > 1:
+            yield Finding(
+                f"{TRAINER}.generation.tensorParallelSize",
+                f"must be 1 when generation.colocated is true: a colocated engine shares one policy "
+                f"rank's GPU and cannot span {generation.tensor_parallel_size}; set tensorParallelSize: 1 "
+                f"(more policy GPUs give more engines) or colocated: false with a generationWorkers pool",
+            )
+        elif serving_pool.gpus_per_replica and serving_pool.gpus_per_replica % generation.tensor_parallel_size:
             yield Finding(
                 f"{TRAINER}.generation.tensorParallelSize",
                 f"must divide {serving_path}.gpusPerReplica ({serving_pool.gpus_per_replica}) so one "

@@ -236,6 +236,20 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
             "spec.trainer.policy.megatron.tensorParallelSize",
             "must divide model.tiny.numHeads (6)",
         ),
+        (
+            {
+                "cluster": {
+                    "policyWorkers": {"replicas": 1, "gpusPerReplica": 2},
+                    "generationWorkers": {"replicas": 0},
+                },
+                "trainer": {
+                    "generation": {"backend": "vllm", "colocated": True, "tensorParallelSize": 2},
+                    "model": {"source": "pretrained", "path": "/models/qwen2.5-0.5b"},
+                },
+            },
+            "spec.trainer.generation.tensorParallelSize",
+            "must be 1 when generation.colocated is true",
+        ),
     ],
     ids=[
         "megatron-without-gpus",
@@ -247,6 +261,7 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
         "megatron-pipeline-parallel",
         "megatron-context-parallel",
         "megatron-tp-splitting-heads",
+        "colocated-vllm-with-tp",
     ],
 )
 def test_gpu_layouts_that_cannot_be_placed_are_rejected(
