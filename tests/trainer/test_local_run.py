@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -159,3 +160,76 @@ def test_asyncgrpo_run_says_where_to_look_then_shows_a_bar_and_a_summary_and_no_
     assert not [line for line in (text + err).splitlines() if line.lstrip().startswith("{")], text
     assert "checkpoint" not in err, err
     assert "Token authentication" not in err, err  # the run set its own Ray's auth mode
+
+
+@pytest.mark.parametrize(
+    ("requested", "needed", "available", "gpus"),
+    [(None, 0, 0, 0), (None, 0, 2, 0), (None, 2, 2, 2), (None, 1, 8, 1), (2, 1, 2, 2), (0, 0, 0, 0)],
+)
+def test_the_gpus_of_the_embedded_ray_are_the_jobs_when_the_machine_has_them(
+    requested: int | None, needed: int, available: int, gpus: int
+) -> None:
+    assert local_run.choose_gpus(requested, needed, available) == gpus
+
+
+@pytest.mark.parametrize(
+    ("requested", "needed", "available", "text"),
+    [
+        (None, 2, 0, "the job asks for 2 GPUs"),
+        (None, 2, 1, "this machine has 1 GPU;"),
+        (1, 0, 0, "--gpus 1 but this machine has 0 GPUs"),
+        (1, 2, 4, "--gpus 1 is fewer than the job needs"),
+    ],
+)
+def test_gpus_the_machine_cannot_give_are_refused_naming_what_is_asked_and_had(
+    requested: int | None, needed: int, available: int, text: str
+) -> None:
+    with pytest.raises(local_run.GpuError, match=text) as err:
+        local_run.choose_gpus(requested, needed, available)
+    assert "--gpus" in str(err.value) and f"has {available} GPU" in str(err.value)
+
+
+def _gpu_job(tmp_path: Path, gpus_per_replica: int) -> Path:
+    manifest = driver.read_manifest(EXAMPLE)
+    pools = manifest["spec"].setdefault("cluster", {})
+    for pool in ("policyWorkers", "generationWorkers"):
+        pools.setdefault(pool, {}).update({"replicas": 1, "gpusPerReplica": gpus_per_replica})
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(manifest))
+    assert local_run.required_gpus(driver.read_manifest(path)) == 2 * gpus_per_replica
+    return path
+
+
+@pytest.mark.parametrize(
+    ("gpus_per_replica", "args", "text"),
+    [
+        (1, [], "the job asks for 2 GPUs"),
+        (0, ["--gpus", "1"], "--gpus 1 but this machine has 0 GPUs"),
+    ],
+    ids=["job-asks-for-gpus", "gpus-flag-beyond-the-machine"],
+)
+def test_asyncgrpo_run_without_the_gpus_it_needs_fails_at_once_naming_gpus_and_the_machine(
+    tmp_path: Path, gpus_per_replica: int, args: list[str], text: str
+) -> None:
+    """Issue 29 item 11: not the placement group's 180 s wait and Ray's resource dump."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"CUDA_VISIBLE_DEVICES": ""}
+    cmd = [str(Path(sys.executable).parent / "asyncgrpo"), "run", str(_gpu_job(tmp_path, gpus_per_replica))]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [*cmd, *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, (out, err)
+    assert time.monotonic() - started < 90
+    assert text in err and "--gpus" in err and "this machine has 0 GPUs" in err, err
+    assert "embedded Ray" not in out, out

@@ -1,7 +1,11 @@
 """`asyncgrpo run job.yaml`: the same job file `kubectl apply` takes, run on this machine.
 
-Starts an embedded Ray (CPU by default; `--gpus` to use local GPUs) and runs the driver in this
-process. What it prints is for a person: where checkpoints and /progress are, a progress bar and a
+Starts an embedded Ray and runs the driver in this process. A job that asks for GPUs
+(gpusPerReplica > 0) gets them without `--gpus` when this machine has as many (torch's device
+count); when it has fewer, or fewer than `--gpus N`, the run fails at once (`choose_gpus`) rather
+than wait for a placement group Ray cannot place.
+
+What it prints is for a person: where checkpoints and /progress are, a progress bar and a
 summary; `--jsonl FILE` writes the driver's JSON step lines as well ("-": stdout, and the bar goes
 to stderr). /progress and /metrics are served on 127.0.0.1 and a free port (`--progress-port`).
 
@@ -23,8 +27,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import ray
+import torch
 from ray._private.authentication import authentication_token_setup as ray_auth
 
+from asyncgrpo_api import rules
 from asyncgrpo_trainer import driver, progress
 from asyncgrpo_trainer.console import HumanProgress
 
@@ -97,6 +103,43 @@ def required_cpus(manifest: dict[str, Any]) -> int:
     return ranks(cluster.get("policyWorkers", {})) + ranks(cluster.get("generationWorkers", {})) + 1
 
 
+def required_gpus(manifest: dict[str, Any]) -> int:
+    """GPUs the job's placement groups reserve: both pools' replicas x gpusPerReplica (colocated,
+    the generation pool has no replicas). 0 for a spec that does not validate: the driver names
+    its errors."""
+    job = rules.validate_manifest(manifest).job
+    if job is None:
+        return 0
+    return job.spec.cluster.policy_workers.total_gpus + job.spec.cluster.generation_workers.total_gpus
+
+
+class GpuError(ValueError):
+    """The job cannot be placed on this machine's GPUs."""
+
+
+def choose_gpus(requested: int | None, needed: int, available: int) -> int:
+    """The embedded Ray's GPUs: `--gpus` (`requested`) if given, else what the job needs when the
+    machine has that many (`available`, torch.cuda.device_count()). GpuError, at once, where Ray
+    would wait for a placement group it cannot place."""
+    has = f"this machine has {available} GPU{'' if available == 1 else 's'}"
+    asks = (
+        f"the job asks for {needed} GPU{'' if needed == 1 else 's'} "
+        "(replicas x gpusPerReplica of spec.cluster's pools)"
+    )
+    if requested is None:
+        if needed <= available:
+            return needed
+        raise GpuError(
+            f"{asks} and {has}; run it where the GPUs are, or give the job gpusPerReplica: 0 for CPU "
+            f"(--gpus N uses N local GPUs)"
+        )
+    if requested > available:
+        raise GpuError(f"--gpus {requested} but {has}; {asks}")
+    if requested < needed:
+        raise GpuError(f"--gpus {requested} is fewer than the job needs: {asks}; {has}")
+    return requested
+
+
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
@@ -140,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         "LOCAL_DIR here; repeatable",
     )
     parser.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the embedded Ray")
-    parser.add_argument("--gpus", type=int, default=0, help="GPUs of the embedded Ray (default 0: CPU)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs of the embedded Ray (default: the GPUs the job asks for, if this machine has them)",
+    )
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="asyncgrpo: %(message)s", stream=sys.stderr)
     logging.getLogger("asyncgrpo_trainer").setLevel(logging.INFO)
@@ -151,16 +199,21 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"asyncgrpo: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    try:
+        gpus = choose_gpus(ns.gpus, required_gpus(manifest), torch.cuda.device_count())
+    except GpuError as exc:
+        print(f"asyncgrpo: cannot run here: {exc}", file=sys.stderr)
+        return 1
     human = sys.stderr if ns.jsonl == "-" else sys.stdout
     with contextlib.ExitStack() as stack:
         reporters = reporters_for(ns.jsonl, human, manifest["spec"]["checkpoint"].get("path"), stack)
         cpus = ns.num_cpus or max(os.cpu_count() or 1, required_cpus(manifest))
         server = progress.ProgressServer(ns.progress_port, host="127.0.0.1")
-        _banner(human, manifest, cpus, ns.gpus, server.port)
+        _banner(human, manifest, cpus, gpus, server.port, chosen=ns.gpus is None)
         own_ray_auth()
         try:
             driver.init_ray(
-                num_cpus=cpus, num_gpus=ns.gpus, include_dashboard=False, logging_level=logging.WARNING
+                num_cpus=cpus, num_gpus=gpus, include_dashboard=False, logging_level=logging.WARNING
             )
             return driver.run_job(manifest, server=server, reporters=reporters, grace_seconds=0)
         finally:
@@ -180,12 +233,17 @@ def reporters_for(
     return out
 
 
-def _banner(out: TextIO, manifest: dict[str, Any], cpus: int, gpus: int, port: int) -> None:
-    """What runs, and where to look: the checkpoint directory and the /progress URL."""
+def _banner(
+    out: TextIO, manifest: dict[str, Any], cpus: int, gpus: int, port: int, *, chosen: bool = False
+) -> None:
+    """What runs, and where to look: the checkpoint directory and the /progress URL. `chosen`: the
+    GPUs were taken from the job, not from --gpus."""
     spec = manifest.get("spec", {})
     name = manifest.get("metadata", {}).get("name", "job")
     steps = spec.get("trainer", {}).get("grpo", {}).get("maxNumSteps")
     devices = f"{cpus} CPUs" + (f", {gpus} GPUs" if gpus else "")
+    if gpus and chosen:
+        devices += " the job asks for, found on this machine"
     out.write(
         f"asyncgrpo run {name}: {f'{steps} steps ' if steps else ''}on an embedded Ray ({devices})\n"
         f"  checkpoints  {spec.get('checkpoint', {}).get('path')}\n"
