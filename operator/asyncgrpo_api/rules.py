@@ -531,7 +531,7 @@ def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
                 f"rank's GPU and cannot span {generation.tensor_parallel_size}; set tensorParallelSize: 1 "
                 f"(more policy GPUs give more engines) or colocated: false with a generationWorkers pool",
             )
-        elif serving_pool.gpus_per_replica and serving_pool.gpus_per_replica % generation.tensor_parallel_size:
+        elif serving_pool.gpus_per_replica % generation.tensor_parallel_size:
             yield Finding(
                 f"{TRAINER}.generation.tensorParallelSize",
                 f"must divide {serving_path}.gpusPerReplica ({serving_pool.gpus_per_replica}) so one "
