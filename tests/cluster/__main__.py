@@ -1,4 +1,4 @@
-"""CLI: python -m tests.cluster build|up|down|status|logs|env|restart|prune|import-image.
+"""CLI: python -m tests.cluster build|images|up|down|status|logs|env|restart|prune|import-image.
 
 `up` builds first when the binaries are missing, so `python -m tests.cluster up` is the one command
 a developer or the demo needs. The processes outlive the CLI; `down` stops them by recorded PID.
@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 from tests.cluster.build import BuildError, build, build_node, build_optional, layout, stale_layouts
+from tests.cluster.buildah import ImageError
 from tests.cluster.cluster import ClusterError, LocalCluster
+from tests.cluster.images import build_all
 from tests.cluster.processes import log_tail
 
 
@@ -24,6 +26,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(build_optional("kueue", force=args.force).bin)
     if args.real_node:
         print(build_node(force=args.force).bin)
+    return 0
+
+
+def _cmd_images(args: argparse.Namespace) -> int:
+    built = build_all()
+    if args.json:
+        print(json.dumps([{"ref": b.ref, "archive": str(b.archive), "bytes": b.size} for b in built]))
+    else:
+        print("\n".join(f"{b.ref} {b.archive}" for b in built))
     return 0
 
 
@@ -133,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kueue", action="store_true", help="also build Kueue (optional component)")
     p.add_argument("--real-node", action="store_true", help="also build the real node (optional)")
     p.set_defaults(fn=_cmd_build)
+    p = sub.add_parser(
+        "images", help="build the operator and CPU trainer images (cached); prints `<ref> <archive>`"
+    )
+    p.add_argument("--json", action="store_true", help="a JSON list of {ref, archive, bytes}")
+    p.set_defaults(fn=_cmd_images)
     p = sub.add_parser("up", help="build if needed, start everything, print the KUBECONFIG")
     p.add_argument("--kueue", action="store_true", help="also build (once) and start Kueue with a GPU queue")
     p.add_argument("--real-node", action="store_true", help="also build (once) and start the real node")
@@ -166,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc: int = args.fn(args)
-    except (BuildError, ClusterError) as err:
+    except (BuildError, ClusterError, ImageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return rc
