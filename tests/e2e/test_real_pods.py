@@ -38,7 +38,7 @@ from tests.cluster.samples import pod_ready, pods, wait_until
 from tests.e2e.whole_path import AgjWatch, job_status, tiny_job, wait_with_watch
 from tests.webhook.cluster_harness import Kubectl
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer, pytest.mark.images]
 
 TRAINER_UID = 1000  # images/trainer.Dockerfile: USER 1000
 SELECTOR_LABEL = "asyncgrpo.dev/real-pods-e2e"
@@ -187,7 +187,8 @@ class InClusterChart:
         out = []
         for pod in self.operator_pods():
             name = pod["metadata"]["name"]
-            out.append(json.dumps(pod.get("status", {}), indent=1)[-3000:])
+            status = pod.get("status", {})
+            out.append(f"{name}: {status.get('phase')} {json.dumps(status.get('containerStatuses'))[-1500:]}")
             out.append(self.kubectl("logs", "-n", self.namespace, name, "--tail=40").stdout)
         return "\n".join(out)
 
@@ -360,3 +361,41 @@ def test_a_cpu_job_trains_across_real_pods_to_succeeded_with_held_out_accuracy(
         f"validation accuracy {progress['validationAccuracy']}; rows:\n"
         + "\n".join(r.line for r in watch.rows)
     )
+
+
+def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpoint(
+    chart: InClusterChart, images: dict[str, Built], tmp_path: Path
+) -> None:
+    ns, name = chart.jobs_ns, "real-fault"
+    checkpoints = checkpoint_dir(tmp_path)
+    job = real_job(name, max_steps=FAULT_STEPS, checkpoints=checkpoints, image=images["trainer-cpu"].ref)
+    outcome = chart.kubectl.apply(ns, job)
+    assert outcome.returncode == 0, outcome.stderr
+    watch = AgjWatch(chart.kubectl, ns, name, out=sys.stderr, every=3.0)
+
+    def checkpointed() -> bool:
+        progress = job_status(chart.api, ns, name).get("progress") or {}
+        return (progress.get("lastCheckpointStep") or 0) >= 8
+
+    wait_with_watch(watch, checkpointed, "a checkpoint of step 8", timeout=JOB_TIMEOUT, interval=2)
+    victim = job_pods(chart.api, ns, name)["policy-worker"]["metadata"]["name"]
+    deleted = chart.kubectl("delete", "pod", "-n", ns, victim, "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+    t0 = time.monotonic()
+    wait_with_watch(
+        watch,
+        lambda: job_status(chart.api, ns, name).get("phase") in ("Succeeded", "Failed"),
+        f"{name} Succeeded or Failed",
+        timeout=JOB_TIMEOUT,
+        interval=2,
+    )
+    record("fault: worker pod deleted until Succeeded", time.monotonic() - t0)
+    status = job_status(chart.api, ns, name)
+    assert status["phase"] == "Succeeded" and status["restarts"] >= 1, status
+    assert status["progress"]["step"] == FAULT_STEPS
+    head = job_pods(chart.api, ns, name)["head"]
+    assert head["metadata"]["labels"]["asyncgrpo.dev/attempt"] == str(status["attempt"])
+    log = head_log(chart, head)
+    assert "resuming from the checkpoint of step" in log, log[-3000:]
+    rows = "\n".join(r.line for r in watch.rows)
+    print(f"kubectl get agj:\n{rows}")
