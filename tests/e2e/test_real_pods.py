@@ -418,3 +418,59 @@ def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpo
     record("fault: the retry resumed", 0.0, step=int(resumed[1]), deleted_after=steps_before)
     rows = "\n".join(r.line for r in watch.rows)
     print(f"kubectl get agj:\n{rows}")
+
+
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def restricted_job() -> JSON:
+    """The demo's job as Pod Security `restricted` admits it: what the operator renders lacks the
+    four securityContext fields below (the job's podTemplate sets them), and hostPath is refused
+    (checkpoints on a PVC)."""
+    job: JSON = yaml.safe_load(DEMO_JOB.read_text())
+    cluster = job["spec"]["cluster"]
+    containers = {
+        "head": ["ray-head", "driver"],
+        "policyWorkers": ["ray-worker"],
+        "generationWorkers": ["ray-worker"],
+    }
+    for group, names in containers.items():
+        cluster.setdefault(group, {})["podTemplate"] = {
+            "spec": {
+                "securityContext": RESTRICTED_POD,
+                "containers": [{"name": n, "securityContext": RESTRICTED} for n in names],
+            }
+        }
+    job["spec"]["storage"]["checkpoints"] = {"pvc": {"claimName": "checkpoints"}, "mountPath": "/checkpoints"}
+    return job
+
+
+@pytest.mark.parametrize("restricted", [False, True], ids=["as-rendered", "with-pod-template"])
+def test_pod_security_restricted_admits_the_pods_only_with_the_pod_template_fields(
+    kube_api: Api, namespace: str, restricted: bool
+) -> None:
+    from asyncgrpo_api.rules import validate_manifest  # noqa: PLC0415
+    from asyncgrpo_operator import manifests  # noqa: PLC0415
+
+    kube_api.merge_patch(
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+    )
+    job = restricted_job() if restricted else yaml.safe_load(DEMO_JOB.read_text())
+    report = validate_manifest(job)
+    assert report.job is not None, report.errors
+    cluster = manifests.ray_cluster(report.job, 0)["spec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    for i, template in enumerate(templates):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i}"}, "spec": template["spec"]}
+        try:
+            kube_api.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod, query={"dryRun": "All"})
+            refused = ""
+        except ApiError as err:
+            refused = str(err)
+        if restricted:
+            assert not refused, refused
+        else:
+            for field_ in ("allowPrivilegeEscalation", "capabilities.drop", "runAsNonRoot", "seccompProfile"):
+                assert field_ in refused, refused
