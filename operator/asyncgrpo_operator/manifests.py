@@ -289,6 +289,10 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
     pod_spec = _pod_spec(job, head, [ray_head, driver], [_RAY_TMP, _SHM, job_spec_volume])
     # Never: the kubelet must not restart a finished driver; a lost head is a new attempt.
     pod_spec["restartPolicy"] = "Never"
+    # The driver's ray.init finds the head's raylet by its process (Ray scans the processes for
+    # `--node_id`); in a container of its own it sees none and fails "No node info found", so the
+    # head's containers share one process namespace.
+    pod_spec["shareProcessNamespace"] = True
     template = {"metadata": _pod_metadata(job, attempt, naming.COMPONENT_HEAD, head), "spec": pod_spec}
     return overrides.merge(template, head.pod_template)
 

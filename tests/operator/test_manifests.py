@@ -110,6 +110,7 @@ def test_the_head_runs_ray_in_container_zero_and_the_driver_beside_it_never_rest
     cluster = manifests.ray_cluster(load(EVERY_FIELD), 0)
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
     assert head["restartPolicy"] == "Never"
+    assert head["shareProcessNamespace"] is True  # the driver's ray.init looks for the raylet's process
     ray, driver = head["containers"]
     assert ray["name"] == naming.RAY_HEAD_CONTAINER and "command" not in ray
     assert driver["name"] == naming.DRIVER_CONTAINER

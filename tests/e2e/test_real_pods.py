@@ -1,0 +1,479 @@
+"""The whole path with real containers on the real node: no host process stands in for a pod.
+
+`helm install` runs the operator image (images/operator.Dockerfile, imported into the node's
+containerd) as a pod on real-node-0, and the API server calls its webhook through the webhook
+Service's ClusterIP (kube-proxy's rules apply to host processes too). A CPU job then runs as a
+KubeRay RayCluster whose head and two workers (policy, generation) are containers of the CPU
+trainer image: `ray start` in each, the driver in the head's `driver` container, the workers
+joining over the pod network and cluster DNS, the operator reading /progress from the head pod's
+IP, checkpoints on a hostPath volume. tests/e2e/test_whole_path.py (kwok, driver on the host)
+stays for what a real pod cannot show quickly; docs/operations/local-cluster.md lists both.
+
+Needs root, the real node (tests/e2e/test_real_node.py) and the images (`make images`; cached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.helm import CHART, NO_HELM, find_helm, helm
+from tests.cluster import node
+from tests.cluster.cluster import LocalCluster
+from tests.cluster.config import REAL_NODE_NAME
+from tests.cluster.images import Built, build_all
+from tests.cluster.rest import JSON, Api, ApiError
+from tests.cluster.samples import pod_ready, pods, wait_until
+from tests.e2e.whole_path import AgjWatch, job_status, tiny_job, wait_with_watch
+from tests.webhook.cluster_harness import Kubectl
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer, pytest.mark.images]
+
+TRAINER_UID = 1000  # images/trainer.Dockerfile: USER 1000
+SELECTOR_LABEL = "asyncgrpo.dev/real-pods-e2e"
+WEBHOOK_NAME = "validate.asyncgrpojobs.asyncgrpo.dev"
+OPERATOR_READY_TIMEOUT = 300.0  # a 350 MB image's first container on 2 loaded cores
+JOB_TIMEOUT = 1200.0  # three Ray nodes starting and training on 2 loaded cores
+JOBS_PATH = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
+TIMINGS = Path(os.environ.get("ASYNCGRPO_REAL_TIMINGS", tempfile.gettempdir())) / "asyncgrpo-real-pods.jsonl"
+
+
+def record(what: str, seconds: float, **extra: Any) -> None:
+    """One timing line (for docs/benchmarks.md), also printed for the test's output."""
+    line = {"what": what, "seconds": round(seconds, 1), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ"), **extra}
+    print(json.dumps(line), file=sys.stderr)
+    with TIMINGS.open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def placement(**extra: Any) -> dict[str, Any]:
+    """A job group's placement on the real node: its label, a toleration of its taint, and one Ray
+    CPU (KubeRay turns the CPU limit into `ray start --num-cpus=1`) on a small request, so three
+    pods fit a 2-core node's allocatable CPU."""
+    key, value = node.NODE_LABEL
+    return {
+        "nodeSelector": {key: value},
+        "tolerations": [{**node.TAINT, "operator": "Equal"}],
+        "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "1"}},
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def real_node(local_cluster: LocalCluster) -> LocalCluster:
+    """The real node on the session's control plane (tests/e2e/test_real_node.py's fixture)."""
+    from tests.cluster.build import build_node  # noqa: PLC0415 - needs Go to hash
+
+    if os.geteuid() != 0 or not node.BUSYBOX.is_file():
+        pytest.fail("the real node needs root and `apt-get install busybox-static runc`")
+    local_cluster.start_real_node(build_node())
+    return local_cluster
+
+
+@pytest.fixture(scope="module")
+def images(real_node: LocalCluster) -> dict[str, Built]:
+    """The operator and CPU trainer images (built when their archives are missing), imported into
+    the node's containerd once per archive while the node runs."""
+    t0 = time.monotonic()
+    built = {b.name: b for b in build_all()}
+    record("images (build_all, cached when unchanged)", time.monotonic() - t0)
+    marks = real_node.paths.node / "imported"
+    marks.mkdir(exist_ok=True)
+    for image in built.values():
+        mark = marks / image.archive.name
+        if mark.exists():
+            continue
+        t0 = time.monotonic()
+        real_node.import_image(image.archive)
+        record("image import", time.monotonic() - t0, image=image.ref, bytes=image.size)
+        mark.touch()
+    return built
+
+
+@dataclass
+class InClusterChart:
+    """`helm install` of the chart with the operator and its webhook as a pod on the real node."""
+
+    cluster: LocalCluster
+    helm_bin: Path
+    operator_image: str
+    suffix: str = field(default_factory=lambda: secrets.token_hex(3))
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="asyncgrpo-real-pods-")))
+
+    @property
+    def release(self) -> str:
+        return f"real-{self.suffix}"
+
+    @property
+    def namespace(self) -> str:
+        return f"asyncgrpo-real-{self.suffix}"
+
+    @property
+    def jobs_ns(self) -> str:
+        return f"t-real-{self.suffix}-jobs"
+
+    @property
+    def api(self) -> Api:
+        return self.cluster.api
+
+    @property
+    def kubectl(self) -> Kubectl:
+        binaries = Path(self.cluster.info()["binaries"]) / "bin"
+        return Kubectl(binaries / "kubectl", self.cluster.kubeconfig, self.workdir / "kube-cache")
+
+    def values(self) -> dict[str, Any]:
+        """What a user of an air-gapped cluster sets: the imported image, never pulled, on the
+        tainted node; the webhook and the operator limited to this test's namespace."""
+        repository, tag = self.operator_image.rsplit(":", 1)
+        key, value = node.NODE_LABEL
+        return {
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "nodeSelector": {key: value},
+            "tolerations": [{**node.TAINT, "operator": "Equal"}],
+            "operator": {"watchNamespaces": [self.jobs_ns], "logFormat": "text"},
+            "webhook": {"namespaceSelector": {"matchLabels": {SELECTOR_LABEL: self.release}}},
+        }
+
+    def install(self) -> None:
+        crds = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+        assert crds.returncode == 0, crds.stderr
+        labels = {SELECTOR_LABEL: self.release, "asyncgrpo.dev/test-namespace": "true"}
+        self.api.create("/api/v1/namespaces", {"metadata": {"name": self.jobs_ns, "labels": labels}})
+        values = self.workdir / "values.yaml"
+        values.write_text(json.dumps(self.values()))
+        t0 = time.monotonic()
+        helm(
+            "install",
+            self.release,
+            str(CHART),
+            "--namespace",
+            self.namespace,
+            "--create-namespace",
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            "--values",
+            str(values),
+            helm_bin=self.helm_bin,
+        )
+        self.wait_operator_ready()
+        record("helm install until the operator pod is Ready", time.monotonic() - t0)
+
+    def operator_pods(self) -> list[JSON]:
+        return pods(self.api, self.namespace, f"app.kubernetes.io/instance={self.release}")
+
+    def wait_operator_ready(self) -> JSON:
+        def ready() -> JSON | None:
+            found = [p for p in self.operator_pods() if pod_ready(p)]
+            return found[0] if found else None
+
+        try:
+            return wait_until(ready, "the operator pod Ready", timeout=OPERATOR_READY_TIMEOUT, interval=2)
+        except TimeoutError:
+            raise AssertionError(f"operator pod not Ready:\n{self.describe()}") from None
+
+    def describe(self) -> str:
+        """The operator pods' status and log tails, for a failure message."""
+        out = []
+        for pod in self.operator_pods():
+            name = pod["metadata"]["name"]
+            status = pod.get("status", {})
+            out.append(f"{name}: {status.get('phase')} {json.dumps(status.get('containerStatuses'))[-1500:]}")
+            out.append(self.kubectl("logs", "-n", self.namespace, name, "--tail=40").stdout)
+        return "\n".join(out)
+
+    def uninstall(self) -> None:
+        for ns in (self.jobs_ns,):
+            with_jobs = self.kubectl("delete", "asyncgrpojobs", "--all", "-n", ns, "--wait=true", timeout=180)
+            sys.stderr.write(with_jobs.stderr)
+        helm(
+            "uninstall",
+            self.release,
+            "--namespace",
+            self.namespace,
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            helm_bin=self.helm_bin,
+        )
+        for ns in (self.jobs_ns, self.namespace):
+            try:
+                self.api.delete(f"/api/v1/namespaces/{ns}")
+            except ApiError as err:
+                if err.status != 404:
+                    raise
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def chart(real_node: LocalCluster, images: dict[str, Built]) -> Iterator[InClusterChart]:
+    helm_bin = find_helm()
+    if helm_bin is None:
+        pytest.fail(NO_HELM)
+    installation = InClusterChart(real_node, helm_bin, images["operator"].ref)
+    installation.install()
+    try:
+        yield installation
+    finally:
+        sys.stderr.write(f"\n--- operator pods ---\n{installation.describe()}\n")
+        installation.uninstall()
+
+
+def test_the_operator_runs_as_a_pod_on_the_real_node_and_the_api_server_calls_its_webhook_service(
+    chart: InClusterChart,
+) -> None:
+    (pod,) = [p for p in chart.operator_pods() if pod_ready(p)]
+    assert pod["spec"]["nodeName"] == REAL_NODE_NAME
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["image"].endswith(chart.operator_image.split("/", 1)[1])
+    webhooks = chart.api.get("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations")
+    mine = [
+        hook
+        for config in webhooks["items"]
+        if config["metadata"]["name"].startswith(chart.release)
+        for hook in config["webhooks"]
+    ]
+    assert mine and all("service" in hook["clientConfig"] for hook in mine), mine
+    assert all("url" not in hook["clientConfig"] for hook in mine)
+    # A batch (8 prompts x 8 samples) that micro-batches of 5 cannot split: only the webhook knows.
+    bad = tiny_job("bad-batch", policy={"trainMicroBatchSize": 5})
+    outcome = chart.kubectl.apply(chart.jobs_ns, bad)
+    assert outcome.returncode != 0
+    assert f'admission webhook "{WEBHOOK_NAME}" denied the request' in outcome.stderr, outcome.stderr
+    assert "spec.trainer.policy.trainMicroBatchSize" in outcome.stderr
+    good = real_job("admitted", max_steps=2, image="ghcr.io/asyncgrpo/trainer:0.1.0-cpu")
+    outcome = chart.kubectl(
+        "create", "--dry-run=server", "-n", chart.jobs_ns, "-f", "-", stdin=json.dumps(good)
+    )
+    assert outcome.returncode == 0, outcome.stderr
+
+
+def real_job(
+    name: str, *, max_steps: int, image: str, checkpoints: Path | None = None, demo: bool = False
+) -> JSON:
+    """tiny_job (or, with `demo`, the job `make demo` applies) on the real node: the CPU trainer
+    image, never pulled, each group one Ray CPU; the RayCluster is kept after success so that the
+    head's log can be read."""
+    if demo:
+        job = yaml.safe_load(DEMO_JOB.read_text())
+        job["metadata"]["name"] = name
+        job["spec"]["trainer"]["grpo"]["maxNumSteps"] = max_steps
+    else:
+        job = tiny_job(name, max_steps=max_steps)
+    spec = job["spec"]
+    spec["image"] = image
+    spec["imagePullPolicy"] = "Never"
+    # 2, not the demo's 1: the CRD is cluster-wide, and other checkouts sharing the cluster apply
+    # theirs, where the minimum is 2.
+    spec["progress"] = {**spec.get("progress", {}), "pollSeconds": 2}
+    spec["cleanupPolicy"] = {"onSuccess": "KeepCluster"}
+    spec["cluster"]["head"] = placement()
+    spec["cluster"]["policyWorkers"] = placement(replicas=1, gpusPerReplica=0)
+    spec["cluster"]["generationWorkers"] = placement(replicas=1, gpusPerReplica=0)
+    if checkpoints is not None:
+        spec["storage"]["checkpoints"]["hostPath"] = {"path": str(checkpoints), "type": "Directory"}
+    return job
+
+
+DEMO_JOB = Path(__file__).resolve().parent / "demo-job.yaml"
+DEMO_STEPS = 150  # the demo's: held-out accuracy 0 -> 1.0 by step 80 (docs/benchmarks.md)
+FAULT_STEPS = 400  # the demo's job runs about 3 steps/s here: minutes left after the first checkpoint
+
+
+def checkpoint_dir(base: Path) -> Path:
+    """The node's folder for a job's checkpoints, writable by the trainer image's uid (a hostPath
+    folder the kubelet creates is root's, and the containers run as 1000)."""
+    path = base / "checkpoints"
+    path.mkdir()
+    os.chown(path, TRAINER_UID, TRAINER_UID)
+    return path
+
+
+def job_pods(api: Api, namespace: str, job: str) -> dict[str, JSON]:
+    """The job's live pods by component (head, policy-worker, generation-worker)."""
+    found = pods(api, namespace, f"asyncgrpo.dev/job-name={job}")
+    return {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]: p
+        for p in found
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def running_on_the_node(api: Api, namespace: str, job: str) -> dict[str, JSON] | None:
+    found = job_pods(api, namespace, job)
+    wanted = {"head", "policy-worker", "generation-worker"}
+    if set(found) >= wanted and all(found[c]["status"].get("phase") == "Running" for c in wanted):
+        return found
+    return None
+
+
+def run_real_job(chart: InClusterChart, job: JSON, *, what: str) -> tuple[AgjWatch, JSON]:
+    """kubectl apply the job; wait (watching `kubectl get agj`) until it is terminal."""
+    ns, name = chart.jobs_ns, job["metadata"]["name"]
+    t0 = time.monotonic()
+    outcome = chart.kubectl.apply(ns, job)
+    assert outcome.returncode == 0, outcome.stderr
+    watch = AgjWatch(chart.kubectl, ns, name, out=sys.stderr, every=3.0)
+    running = wait_until(
+        lambda: watch.tick() or running_on_the_node(chart.api, ns, name),
+        "head and workers Running",
+        timeout=JOB_TIMEOUT,
+        interval=2,
+    )
+    record(f"{what}: kubectl apply until head and 2 workers Running", time.monotonic() - t0)
+    assert {p["spec"]["nodeName"] for p in running.values()} == {REAL_NODE_NAME}
+    wait_with_watch(
+        watch,
+        lambda: job_status(chart.api, ns, name).get("phase") in ("Succeeded", "Failed"),
+        f"{name} Succeeded or Failed",
+        timeout=JOB_TIMEOUT,
+        interval=2,
+    )
+    record(f"{what}: kubectl apply until {job_status(chart.api, ns, name)['phase']}", time.monotonic() - t0)
+    return watch, running
+
+
+def head_log(chart: InClusterChart, pod: JSON) -> str:
+    done = chart.kubectl("logs", "-n", chart.jobs_ns, pod["metadata"]["name"], "-c", "driver")
+    return done.stdout
+
+
+def test_a_cpu_job_trains_across_real_pods_to_succeeded_with_held_out_accuracy(
+    chart: InClusterChart, images: dict[str, Built], tmp_path: Path
+) -> None:
+    ns, name = chart.jobs_ns, "real-demo"
+    checkpoints = checkpoint_dir(tmp_path)
+    job = real_job(
+        name, max_steps=DEMO_STEPS, checkpoints=checkpoints, image=images["trainer-cpu"].ref, demo=True
+    )
+    watch, running = run_real_job(chart, job, what="the demo job (150 steps)")
+    status = job_status(chart.api, ns, name)
+    assert (status["phase"], status["reason"], status["restarts"]) == ("Succeeded", "DriverSucceeded", 0), (
+        status
+    )
+    progress = status["progress"]
+    assert progress["step"] == DEMO_STEPS and progress["lastCheckpointStep"] == DEMO_STEPS
+    assert progress["validationAccuracy"] >= 0.5, progress  # the demo's job learns the task
+    # kubectl get showed the steps advance: the operator read /progress at the head pod's IP.
+    steps = watch.steps()
+    assert len(set(steps)) >= 2 and steps == sorted(steps), [r.line for r in watch.rows]
+    assert any(r.phase == "Running" and r.step for r in watch.rows)
+    head = chart.api.get(f"/api/v1/namespaces/{ns}/pods/{running['head']['metadata']['name']}")
+    log = head_log(chart, head)
+    assert '"step": 1' in log or '"step":1' in log, log[-2000:]
+    assert any(checkpoints.iterdir()), "no checkpoint on the hostPath volume"
+    print(
+        f"validation accuracy {progress['validationAccuracy']}; rows:\n"
+        + "\n".join(r.line for r in watch.rows)
+    )
+
+
+def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpoint(
+    chart: InClusterChart, images: dict[str, Built], tmp_path: Path
+) -> None:
+    ns, name = chart.jobs_ns, "real-fault"
+    checkpoints = checkpoint_dir(tmp_path)
+    job = real_job(
+        name, max_steps=FAULT_STEPS, checkpoints=checkpoints, image=images["trainer-cpu"].ref, demo=True
+    )
+    outcome = chart.kubectl.apply(ns, job)
+    assert outcome.returncode == 0, outcome.stderr
+    watch = AgjWatch(chart.kubectl, ns, name, out=sys.stderr, every=3.0)
+
+    def checkpointed() -> bool:
+        progress = job_status(chart.api, ns, name).get("progress") or {}
+        return (progress.get("lastCheckpointStep") or 0) >= 25  # the demo's job: every 25 steps
+
+    wait_with_watch(watch, checkpointed, "a checkpoint of step 25", timeout=JOB_TIMEOUT, interval=1)
+    assert job_status(chart.api, ns, name)["phase"] == "Running"
+    steps_before = (job_status(chart.api, ns, name).get("progress") or {}).get("step")
+    victim = job_pods(chart.api, ns, name)["policy-worker"]["metadata"]["name"]
+    deleted = chart.kubectl("delete", "pod", "-n", ns, victim, "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+    t0 = time.monotonic()
+    wait_with_watch(
+        watch,
+        lambda: job_status(chart.api, ns, name).get("phase") in ("Succeeded", "Failed"),
+        f"{name} Succeeded or Failed",
+        timeout=JOB_TIMEOUT,
+        interval=2,
+    )
+    record("fault: worker pod deleted until Succeeded", time.monotonic() - t0)
+    status = job_status(chart.api, ns, name)
+    assert status["phase"] == "Succeeded" and status["restarts"] >= 1, status
+    assert status["progress"]["step"] == FAULT_STEPS
+    head = job_pods(chart.api, ns, name)["head"]
+    assert head["metadata"]["labels"]["asyncgrpo.dev/attempt"] == str(status["attempt"])
+    log = head_log(chart, head)
+    resumed = re.search(r"resuming from the checkpoint of step (\d+)", log)
+    assert resumed and 25 <= int(resumed[1]) < FAULT_STEPS, log[-3000:]
+    record("fault: the retry resumed", 0.0, step=int(resumed[1]), deleted_after=steps_before)
+    rows = "\n".join(r.line for r in watch.rows)
+    print(f"kubectl get agj:\n{rows}")
+
+
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def restricted_job() -> JSON:
+    """The demo's job as Pod Security `restricted` admits it: what the operator renders lacks the
+    four securityContext fields below (the job's podTemplate sets them), and hostPath is refused
+    (checkpoints on a PVC)."""
+    job: JSON = yaml.safe_load(DEMO_JOB.read_text())
+    cluster = job["spec"]["cluster"]
+    containers = {
+        "head": ["ray-head", "driver"],
+        "policyWorkers": ["ray-worker"],
+        "generationWorkers": ["ray-worker"],
+    }
+    for group, names in containers.items():
+        cluster.setdefault(group, {})["podTemplate"] = {
+            "spec": {
+                "securityContext": RESTRICTED_POD,
+                "containers": [{"name": n, "securityContext": RESTRICTED} for n in names],
+            }
+        }
+    job["spec"]["storage"]["checkpoints"] = {"pvc": {"claimName": "checkpoints"}, "mountPath": "/checkpoints"}
+    return job
+
+
+@pytest.mark.parametrize("restricted", [False, True], ids=["as-rendered", "with-pod-template"])
+def test_pod_security_restricted_admits_the_pods_only_with_the_pod_template_fields(
+    kube_api: Api, namespace: str, restricted: bool
+) -> None:
+    from asyncgrpo_api.rules import validate_manifest  # noqa: PLC0415
+    from asyncgrpo_operator import manifests  # noqa: PLC0415
+
+    kube_api.merge_patch(
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+    )
+    job = restricted_job() if restricted else yaml.safe_load(DEMO_JOB.read_text())
+    report = validate_manifest(job)
+    assert report.job is not None, report.errors
+    cluster = manifests.ray_cluster(report.job, 0)["spec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    for i, template in enumerate(templates):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i}"}, "spec": template["spec"]}
+        try:
+            kube_api.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod, query={"dryRun": "All"})
+            refused = ""
+        except ApiError as err:
+            refused = str(err)
+        if restricted:
+            assert not refused, refused
+        else:
+            for field_ in ("allowPrivilegeEscalation", "capabilities.drop", "runAsNonRoot", "seccompProfile"):
+                assert field_ in refused, refused
