@@ -58,6 +58,10 @@ class ProgressError(Exception):
     """The endpoint did not answer with a JSON object."""
 
 
+class NotListeningError(ProgressError):
+    """Nothing accepted the connection (the driver's server is not up yet): a cheap failure."""
+
+
 def check_url_template(template: str) -> str:
     """The template, or ValueError naming what is wrong with it (checked once, at startup)."""
     fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
@@ -110,6 +114,8 @@ async def read_progress(
                 body += chunk
                 if len(body) > max_bytes:
                     raise ProgressError(f"GET {url}: the answer is larger than {max_bytes} bytes")
+    except aiohttp.ClientConnectorError as exc:
+        raise NotListeningError(f"GET {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ProgressError(f"GET {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
     return await asyncio.to_thread(_parse, url, bytes(body))
@@ -148,7 +154,8 @@ class Poller:
     """Reads the /progress of every job a pass asked for (`track`), each about once per its
     pollSeconds (at least MIN_POLL_SECONDS), with at most `slots` reads at once: heads whose last
     read succeeded first, then the earliest due. A failed read doubles the wait before the next
-    one, up to MAX_BACKOFF_SECONDS, so heads that hang cannot keep the slots from the others.
+    one, up to MAX_BACKOFF_SECONDS, so heads that hang cannot keep the slots from the others; a
+    refused connection (a driver still starting) is read again at its interval.
     `changed` is told which job has a result that differs from its previous one (the work queue:
     a pass writes it to the status). No read starts while `active` is False: a replica that lost
     its lease stops reading the heads along with its passes."""
@@ -223,6 +230,12 @@ class Poller:
         try:
             reading = await read_progress(self.session, target.url, self.timeout, self.max_bytes)
             poll = Poll(_now(), reading, None)
+            target.failures = 0
+        except NotListeningError as exc:
+            # A driver that has not started its server yet (every driver, for its first seconds or
+            # minutes) is refused at once and holds no slot: read it again at its interval, so the
+            # first step shows when it happens, not after a backoff of up to a minute.
+            poll = Poll(_now(), None, str(exc))
             target.failures = 0
         except ProgressError as exc:
             poll = Poll(_now(), None, str(exc))

@@ -322,6 +322,47 @@ def test_heads_that_hang_or_flood_do_not_delay_a_healthy_jobs_progress() -> None
     assert lag < 2.0, f"the event loop stalled for {lag:.2f} s"  # reading 1 GiB on it took 6.8 s
 
 
+async def a_head_that_starts_late(refusing: float) -> float:
+    """A job's head whose server comes up `refusing` seconds after the poller starts reading it
+    (connections refused until then), polled every 0.5 s; how long after the server came up the
+    first reading arrived."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    loop = asyncio.get_running_loop()
+    read: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        poller = progress.Poller(
+            session,
+            changed=lambda _: read.append(loop.time()) if poller.latest(("team", "late")).reading else None,  # type: ignore[union-attr]
+            timeout=1.0,
+            min_interval=0.5,
+        )
+        poller.track(("team", "late"), f"http://127.0.0.1:{port}/progress", 0.5)
+        task = asyncio.create_task(poller.run())
+        await asyncio.sleep(refusing)
+        app = web.Application()
+        app.router.add_get("/progress", lambda _: web.json_response(DOC))  # type: ignore[arg-type,return-value]
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        up = loop.time()
+        while not read and loop.time() - up < 30:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await runner.cleanup()
+    assert read, "never read"
+    return read[0] - up
+
+
+def test_a_driver_that_starts_late_is_read_at_its_interval_once_it_listens() -> None:
+    # Refused for 7.5 s: with a doubling backoff (reads at 0, 1, 3, 7, then 15 s) the next read came
+    # 7.5 s after the server was up (a minute for a real driver); a refusal costs nothing.
+    assert asyncio.run(a_head_that_starts_late(refusing=7.5)) < 1.5
+
+
 def running_job_cache() -> Cache:
     """A synced cache with job team/demo running: its RayCluster provisioned, its pods ready, the
     driver container running, its spec ConfigMap up to date."""
