@@ -24,7 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.cluster.buildah import ImageError, buildah, has_image, images_root, locked, log
+from tests.cluster.buildah import ImageError, buildah, has_image, images_root, log
+from tests.cluster.filelock import locked
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"

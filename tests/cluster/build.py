@@ -14,7 +14,6 @@ when something asks for it, and pinning or bumping it never rebuilds the others.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -23,8 +22,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -33,6 +30,7 @@ import yaml
 
 from tests.cluster import oci
 from tests.cluster.config import GOMOD_DIR, VERSIONS_FILE, cache_root, components
+from tests.cluster.filelock import locked
 
 K8S_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 BUILD_DATE = "2026-01-01T00:00:00Z"  # fixed, so identical inputs give identical binaries
@@ -433,25 +431,13 @@ def copy_kueue_files(out: OptionalLayout) -> None:
     out.webhooks.write_text(json.dumps(docs, separators=(",", ":")))
 
 
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """Serialise concurrent builders (two pytest sessions) on one cache folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def build(force: bool = False) -> Layout:
     """Build whatever is missing from the cache folder and return it; a no-op when complete."""
     out = layout()
     if out.complete() and not force:
         return out
     check_pins()
-    with _lock(out.root / ".lock"):
+    with locked(out.root / ".lock"):
         out.bin.mkdir(parents=True, exist_ok=True)
         times: dict[str, float] = {}
         todo = [t for t in targets() if force or not all(out.binary(b).is_file() for b in t.binaries)]
@@ -479,7 +465,7 @@ def build_optional(name: str, force: bool = False) -> OptionalLayout:
     if out.complete() and not force:
         return out
     check_pins([name])
-    with _lock(out.root / ".lock"):
+    with locked(out.root / ".lock"):
         out.bin.mkdir(parents=True, exist_ok=True)
         times: dict[str, float] = {}
         target = optional_targets()[name]
@@ -556,7 +542,7 @@ def build_node(force: bool = False) -> NodeLayout:
     if out.complete() and not force:
         return out
     check_pins(list(NODE_COMPONENTS))
-    with _lock(out.root / ".lock"):
+    with locked(out.root / ".lock"):
         out.bin.mkdir(parents=True, exist_ok=True)
         times: dict[str, float] = {}
         todo = [

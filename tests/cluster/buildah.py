@@ -10,14 +10,11 @@ vfs always works; the driver that worked is recorded in `storage-driver` and use
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -131,15 +128,3 @@ def prune(keep: list[str]) -> None:
                 buildah("rmi", image["id"], capture=True)
             except ImageError as err:  # e.g. a container of it was left by an interrupted test
                 log(f"kept {image['id'][:12]}: {err}")
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Serialise builders (two pytest sessions, `make images` beside a test) on one cache entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

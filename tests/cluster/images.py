@@ -28,7 +28,8 @@ from pathlib import Path
 import yaml
 
 from tests.cluster.baseimages import python_base
-from tests.cluster.buildah import buildah, images_root, install_tools, locked, log, prune
+from tests.cluster.buildah import buildah, images_root, install_tools, log, prune
+from tests.cluster.filelock import locked
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "asyncgrpo-operator"
