@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -237,35 +238,25 @@ def test_a_replica_deposed_during_a_pass_makes_no_write_after_losing_the_lease()
             leading = False
             return await super().patch_job_status(*args)
 
-    async def scenario() -> DeposingApi:
-        api = DeposingApi(new_job())
-        async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(
-                api,  # type: ignore[arg-type]
-                progress.Poller(session),
-                cached(api.job),
-                may_act=lambda: leading,
-            )
-            with pytest.raises(NotLeadingError):
-                await reconciler.reconcile(("team", "demo"))
-        return api
-
-    api = asyncio.run(scenario())
+    api = DeposingApi(new_job())
+    asyncio.run(reconcile_without_the_lease(api, lambda: leading))
     assert [n for n, _, _ in api.calls] == ["patch_job_status"]
 
 
 def test_a_replica_that_does_not_lead_writes_nothing() -> None:
-    async def scenario() -> TimedApi:
-        api = TimedApi(new_job())
-        async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(
-                api,  # type: ignore[arg-type]
-                progress.Poller(session),
-                cached(api.job),
-                may_act=lambda: False,
-            )
-            with pytest.raises(NotLeadingError):
-                await reconciler.reconcile(("team", "demo"))
-        return api
+    api = TimedApi(new_job())
+    asyncio.run(reconcile_without_the_lease(api, lambda: False))
+    assert api.calls == []
 
-    assert asyncio.run(scenario()).calls == []
+
+async def reconcile_without_the_lease(api: TimedApi, may_act: Callable[[], bool]) -> None:
+    """One pass of team/demo that must end in NotLeadingError (the lease is, or goes, missing)."""
+    async with aiohttp.ClientSession() as session:
+        reconciler = Reconciler(
+            api,  # type: ignore[arg-type]
+            progress.Poller(session),
+            cached(api.job),
+            may_act=may_act,
+        )
+        with pytest.raises(NotLeadingError):
+            await reconciler.reconcile(("team", "demo"))
