@@ -423,6 +423,41 @@ def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpo
     print(f"kubectl get agj:\n{rows}")
 
 
+DRIVER_MEMORY_LIMIT = "128Mi"  # the driver's imports alone reach ~560 MB resident
+
+
+def test_a_driver_over_its_memory_limit_is_oom_killed_and_the_job_says_so(
+    chart: InClusterChart, images: dict[str, Built]
+) -> None:
+    """The kernel, not a fake, kills the driver container at its cgroup's memory limit; the kubelet
+    reports OOMKilled, and the operator's status names it and the field that bounds it."""
+    ns, name = chart.jobs_ns, "real-oom"
+    job = real_job(name, max_steps=DEMO_STEPS, image=images["trainer-cpu"].ref, demo=True)
+    job["spec"]["backoffLimit"] = 0
+    job["spec"]["cluster"]["head"]["driverResources"] = {"limits": {"memory": DRIVER_MEMORY_LIMIT}}
+    outcome = chart.kubectl.apply(ns, job)
+    assert outcome.returncode == 0, outcome.stderr
+    watch = AgjWatch(chart.kubectl, ns, name, out=sys.stderr, every=3.0)
+    t0 = time.monotonic()
+    wait_with_watch(
+        watch,
+        lambda: job_status(chart.api, ns, name).get("phase") == "Failed",
+        f"{name} Failed",
+        timeout=JOB_TIMEOUT,
+        interval=2,
+    )
+    record("fault: the driver over its memory limit until Failed", time.monotonic() - t0)
+    status = job_status(chart.api, ns, name)
+    assert status["reason"] == "BackoffLimitExceeded", status
+    assert "DriverKilled: the driver container was OOMKilled" in status["message"], status
+    fix = f"over its memory limit {DRIVER_MEMORY_LIMIT}; raise spec.cluster.head.driverResources"
+    assert fix in status["message"], status
+    head = job_pods(chart.api, ns, name)["head"]
+    driver = next(c for c in head["status"]["containerStatuses"] if c["name"] == "driver")
+    assert driver["state"]["terminated"]["reason"] == "OOMKilled", driver
+    assert driver["state"]["terminated"]["exitCode"] == 137, driver
+
+
 RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
