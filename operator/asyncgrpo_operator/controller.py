@@ -120,8 +120,11 @@ class Controller:
             timeout = min(self._heap[0][0] - now, 5.0) if self._heap else 5.0
             if not self.is_active():
                 timeout = 1.0  # standing by: look again soon, leadership may have changed
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that arrives
+            # as the wake fires, and the loop would then outlive the TaskGroup's shutdown.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(timeout, 0.0))
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await self._wake.wait()
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()

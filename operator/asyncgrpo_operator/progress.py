@@ -222,8 +222,11 @@ class Poller:
                     group.create_task(self._read(key, target), name="asyncgrpo-progress")
                 later = [t.due - now for _, t in idle if t.due > now]
                 timeout = min([1.0, *later]) if self._busy < self.slots else 1.0
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the wait's result
+                # when a cancel arrives as the wake fires, so the loop would outlive its cancel.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
 
     async def _read(self, key: Key, target: _Target) -> None:
         started = self.clock()

@@ -497,3 +497,26 @@ def test_a_replica_that_does_not_lead_reads_no_head_and_reads_again_once_it_lead
 
     while_deposed, after = asyncio.run(scenario())
     assert while_deposed == 0 and after >= 1
+
+
+def test_a_cancel_that_arrives_as_the_poller_wakes_stops_the_poller() -> None:
+    """Python 3.11's asyncio.wait_for returned the wait's result when a cancel arrived in the same
+    loop turn as the wake, so `Poller.run` kept looping after its cancel (a test hung 16 minutes)."""
+
+    async def scenario() -> bool:
+        async with aiohttp.ClientSession() as session:
+            poller = progress.Poller(session, min_interval=0.1)
+            task = asyncio.create_task(poller.run())
+            await asyncio.sleep(0.1)  # the poller waits for its wake
+            poller.track(JOB, "http://127.0.0.1:9/progress", 60.0)  # sets the wake ...
+            task.cancel()  # ... in the same loop turn as the cancel
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await task
+            stopped = task.done()
+            while not task.done():  # a later cancel, with no wake beside it, lands: let the test end
+                task.cancel()
+                await asyncio.sleep(0.05)
+            return stopped
+
+    assert asyncio.run(scenario()), "the poller kept running after it was cancelled"

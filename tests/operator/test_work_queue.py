@@ -267,3 +267,29 @@ def test_a_pass_that_fails_because_the_lease_was_lost_is_requeued_not_backed_off
     controller = asyncio.run(scenario())
     assert len(times) == 2 and controller.stats.failures == 0
     assert times[1] - times[0] < 1.5
+
+
+def test_a_cancel_that_arrives_as_the_dispatcher_wakes_stops_the_controller() -> None:
+    """Python 3.11's asyncio.wait_for returned the wait's result when a cancel arrived in the same
+    loop turn as the wake, and the dispatcher's loop then outlived the TaskGroup's shutdown: the
+    operator could not stop (seen as a test hung for 16 minutes)."""
+
+    async def reconcile(key: Key) -> float | None:
+        return None
+
+    async def scenario() -> bool:
+        controller = Controller(reconcile=reconcile, list_keys=no_keys, resync_seconds=3600)
+        task = asyncio.create_task(controller.run())
+        await asyncio.sleep(0.1)  # the dispatcher waits for its wake
+        controller.enqueue(A)  # sets the wake ...
+        task.cancel()  # ... in the same loop turn as the cancel
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            async with asyncio.timeout(2.0):
+                await task
+        stopped = task.done()
+        while not task.done():  # a later cancel, with no wake beside it, lands: let the test end
+            task.cancel()
+            await asyncio.sleep(0.05)
+        return stopped
+
+    assert asyncio.run(scenario()), "the controller kept running after it was cancelled"
