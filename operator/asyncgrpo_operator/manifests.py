@@ -27,6 +27,7 @@ Shape of the RayCluster, and why:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -374,12 +375,27 @@ def _scheduler_labels(job: AsyncGRPOJob) -> dict[str, str]:
     return labels
 
 
+RESTRICTED_POD_SECURITY: Manifest = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+"""Pod Security Standards `restricted`, pod level: a namespace that enforces it admits the pods as
+rendered (the trainer image runs as uid 1000). A pool's podTemplate securityContext is merged over
+it, key by key, for an image that must run as root."""
+RESTRICTED_CONTAINER_SECURITY: Manifest = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""`restricted`, container level; KubeRay copies the Ray container's into the init container it
+injects into worker pods."""
+
+
 def _pod_spec(
     job: AsyncGRPOJob, placement: Placement, containers: list[Manifest], extra_volumes: list[Manifest]
 ) -> Manifest:
     spec = job.spec
+    for container in containers:
+        container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER_SECURITY)
     pod: Manifest = {
         "enableServiceLinks": False,
+        "securityContext": copy.deepcopy(RESTRICTED_POD_SECURITY),
         "containers": containers,
     }
     if spec.service_account_name is not None:

@@ -29,7 +29,9 @@ def merge(template: Manifest, override: Mapping[str, Any] | None) -> Manifest:
     spec = override.get("spec") or {}
     pod = out["spec"]
     for key in SET_FIELDS:
-        if key in spec:
+        if key == "securityContext" and key in spec:
+            pod[key] = _merged(pod.get(key), spec[key])
+        elif key in spec:
             pod[key] = copy.deepcopy(spec[key])
     for key in LIST_FIELDS:
         if spec.get(key):
@@ -44,5 +46,12 @@ def merge(template: Manifest, override: Mapping[str, Any] | None) -> Manifest:
             if container.get(key):
                 target[key] = [*target.get(key, []), *copy.deepcopy(list(container[key]))]
         if "securityContext" in container:
-            target["securityContext"] = copy.deepcopy(container["securityContext"])
+            target["securityContext"] = _merged(target.get("securityContext"), container["securityContext"])
     return out
+
+
+def _merged(ours: Mapping[str, Any] | None, theirs: Mapping[str, Any]) -> Manifest:
+    """A securityContext with the override's keys over the operator's `restricted` defaults: an
+    override that adds `fsGroup` keeps `runAsNonRoot` and the seccomp profile; one that sets
+    `runAsNonRoot: false` (an image that runs as root) replaces just that."""
+    return {**copy.deepcopy(dict(ours or {})), **copy.deepcopy(dict(theirs))}

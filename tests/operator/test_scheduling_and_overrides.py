@@ -90,6 +90,8 @@ def test_an_override_adds_to_the_rendered_pods_and_keeps_everything_the_operator
     for ours in plain_head["spec"]["containers"]:
         theirs = containers[ours["name"]]
         for key, value in ours.items():
+            if key == "securityContext":
+                continue  # merged key by key: below
             if isinstance(value, list):
                 assert theirs[key][: len(value)] == value, key
             else:
@@ -97,9 +99,14 @@ def test_an_override_adds_to_the_rendered_pods_and_keeps_everything_the_operator
     driver = containers["driver"]
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in driver["env"]
     assert {"name": "creds", "mountPath": "/creds", "readOnly": True} in driver["volumeMounts"]
-    assert driver["securityContext"] == {"allowPrivilegeEscalation": False}
+    # The override's keys over the operator's Pod Security `restricted` defaults.
+    assert driver["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     assert driver["command"] == plain_head["spec"]["containers"][1]["command"]
-    assert head["spec"]["securityContext"] == {"runAsNonRoot": True, "fsGroup": 1000}
+    assert head["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "fsGroup": 1000,
+    }
     assert [c["name"] for c in head["spec"]["initContainers"]] == ["fetch-credentials"]
     assert [v["name"] for v in head["spec"]["volumes"]][-1] == "creds"
     assert head["spec"]["volumes"][: len(plain_head["spec"]["volumes"])] == plain_head["spec"]["volumes"]
@@ -149,3 +156,28 @@ def test_the_override_is_not_shared_between_renders() -> None:
     again = manifests.ray_cluster(job, 0)
     assert again["spec"]["headGroupSpec"]["template"]["spec"]["initContainers"][0]["image"] == "busybox:1.36"
     assert copy.deepcopy(job.spec.cluster.head.pod_template) == job.spec.cluster.head.pod_template
+
+
+def _head_runs_as_root(doc: dict[str, Any]) -> None:
+    _without_overrides(doc)
+    doc["spec"]["cluster"]["head"]["podTemplate"] = {"spec": {"securityContext": {"runAsNonRoot": False}}}
+
+
+def test_every_rendered_pod_meets_pod_security_restricted_unless_an_override_says_otherwise() -> None:
+    job = load("pod-template", _without_overrides)
+    cluster = manifests.ray_cluster(job, 0)["spec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    for template in templates:
+        assert template["spec"]["securityContext"] == {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        for container in template["spec"]["containers"]:
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            }
+    # An image that must run as root: the override replaces that key and keeps the others.
+    root = manifests.ray_cluster(load("pod-template", _head_runs_as_root), 0)
+    pod = root["spec"]["headGroupSpec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": False, "seccompProfile": {"type": "RuntimeDefault"}}
