@@ -263,35 +263,16 @@ def test_a_driver_over_its_memory_limit_is_oom_killed_and_the_job_says_so(
     assert driver["state"]["terminated"]["exitCode"] == 137, driver
 
 
-RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-
-
-def restricted_job() -> JSON:
-    """The demo's job as Pod Security `restricted` admits it: what the operator renders lacks the
-    four securityContext fields below (the job's podTemplate sets them), and hostPath is refused
-    (checkpoints on a PVC)."""
-    job: JSON = yaml.safe_load(DEMO_JOB.read_text())
-    cluster = job["spec"]["cluster"]
-    containers = {
-        "head": ["ray-head", "driver"],
-        "policyWorkers": ["ray-worker"],
-        "generationWorkers": ["ray-worker"],
-    }
-    for group, names in containers.items():
-        cluster.setdefault(group, {})["podTemplate"] = {
-            "spec": {
-                "securityContext": RESTRICTED_POD,
-                "containers": [{"name": n, "securityContext": RESTRICTED} for n in names],
-            }
-        }
+def on_a_pvc(job: JSON) -> JSON:
+    """The job with its checkpoints on a PVC: Pod Security `baseline` and `restricted` refuse
+    hostPath volumes, whoever renders them."""
     job["spec"]["storage"]["checkpoints"] = {"pvc": {"claimName": "checkpoints"}, "mountPath": "/checkpoints"}
     return job
 
 
-@pytest.mark.parametrize("restricted", [False, True], ids=["as-rendered", "with-pod-template"])
-def test_pod_security_restricted_admits_the_pods_only_with_the_pod_template_fields(
-    kube_api: Api, namespace: str, restricted: bool
+@pytest.mark.parametrize("checkpoints", ["pvc", "hostPath"])
+def test_pod_security_restricted_admits_the_pods_as_rendered_and_refuses_only_a_hostpath(
+    kube_api: Api, namespace: str, checkpoints: str
 ) -> None:
     from asyncgrpo_api.rules import validate_manifest  # noqa: PLC0415
     from asyncgrpo_operator import manifests  # noqa: PLC0415
@@ -300,7 +281,9 @@ def test_pod_security_restricted_admits_the_pods_only_with_the_pod_template_fiel
         f"/api/v1/namespaces/{namespace}",
         {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
     )
-    job = restricted_job() if restricted else yaml.safe_load(DEMO_JOB.read_text())
+    job = yaml.safe_load(DEMO_JOB.read_text())  # checkpoints on a hostPath
+    if checkpoints == "pvc":
+        job = on_a_pvc(job)
     report = validate_manifest(job)
     assert report.job is not None, report.errors
     cluster = manifests.ray_cluster(report.job, 0)["spec"]
@@ -312,8 +295,9 @@ def test_pod_security_restricted_admits_the_pods_only_with_the_pod_template_fiel
             refused = ""
         except ApiError as err:
             refused = str(err)
-        if restricted:
+        if checkpoints == "pvc":
             assert not refused, refused
         else:
-            for field_ in ("allowPrivilegeEscalation", "capabilities.drop", "runAsNonRoot", "seccompProfile"):
-                assert field_ in refused, refused
+            assert 'volume "checkpoints" uses restricted volume type "hostPath"' in refused, refused
+            for field_ in ("allowPrivilegeEscalation", "capabilities", "runAsNonRoot", "seccompProfile"):
+                assert field_ not in refused, refused

@@ -79,9 +79,10 @@ class Placement(ApiModel):
     pod_template: dict[str, Any] | None = Field(
         default=None,
         description="A partial core/v1 PodTemplateSpec merged into the pool's pods: metadata.labels and "
-        "annotations; spec.securityContext, runtimeClassName, topologySpreadConstraints, priorityClassName, "
-        "initContainers, volumes, and containers (an entry named like the operator's container adds env, "
-        "envFrom and volumeMounts and sets its securityContext; other entries are added as sidecars). The "
+        "annotations; spec.securityContext (merged key by key over the operator's Pod Security restricted "
+        "defaults), runtimeClassName, topologySpreadConstraints, priorityClassName, initContainers, volumes, "
+        "and containers (an entry named like the operator's container adds env, envFrom and volumeMounts and "
+        "merges its securityContext over the operator's; other entries are added as sidecars). The "
         "driver command, the Ray ports and the operator's names cannot be overridden; admission names the "
         "field. See docs/guides/pod-templates.md.",
     )

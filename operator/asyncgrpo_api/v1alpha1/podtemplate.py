@@ -6,11 +6,12 @@ volume, a RuntimeClass, spread constraints). The override is a partial core/v1 P
 merged into what the operator renders (operator/asyncgrpo_operator/overrides.py):
 
 - metadata.labels and metadata.annotations are added;
-- spec.securityContext, runtimeClassName, topologySpreadConstraints and priorityClassName are set;
+- spec.securityContext is merged key by key over the operator's Pod Security `restricted` defaults;
+- spec.runtimeClassName, topologySpreadConstraints and priorityClassName are set;
 - spec.initContainers and spec.volumes are appended;
 - spec.containers: an entry named like the operator's container of that pool (head: `ray-head`
-  and `driver`; workers: `ray-worker`) adds env, envFrom and volumeMounts to it and sets its
-  securityContext; any other entry is an extra container (a sidecar).
+  and `driver`; workers: `ray-worker`) adds env, envFrom and volumeMounts to it and merges its
+  securityContext over the operator's; any other entry is an extra container (a sidecar).
 
 What the operator relies on cannot be overridden, and admission says which field and why: the
 containers' command, args, image and ports (the driver command and the Ray ports), the operator's
