@@ -65,9 +65,13 @@ def loss_config(t: TrainerSpec) -> losses.LossConfig:
         ratio_clip_c=loss.ratio_clip_c,
         use_importance_sampling_correction=loss.use_importance_sampling_correction,
         truncated_importance_sampling_ratio=loss.truncated_importance_sampling_ratio,
+        truncated_importance_sampling_ratio_min=loss.truncated_importance_sampling_ratio_min,
+        truncated_importance_sampling_type=loss.truncated_importance_sampling_type,
+        sequence_level_importance_ratios=loss.sequence_level_importance_ratios,
         reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
         kl_type=loss.kl_type,
         token_level_loss=loss.token_level_loss,
+        constant_normalizer=t.generation.max_new_tokens if loss.constant_normalizer else None,
     )
 
 

@@ -48,6 +48,7 @@ SCALARS: dict[str, tuple[str, float]] = {
     "max_staleness": ("async/staleness_max", 1.0),
     "is_weight_mean": ("async/is_weight_mean", 1.0),
     "is_weight_max": ("async/is_weight_max", 1.0),
+    "is_out_of_bounds": ("async/is_out_of_bounds", 1.0),
     "evicted_groups": ("async/evicted_groups", 1.0),
     "tokens_per_second": ("perf/tokens_per_second", 1.0),
     "refit": ("perf/refit_ms", 1000.0),

@@ -171,7 +171,30 @@ class LossSpec(ApiModel):
         default=2.0,
         gt=0,
         le=1000,
-        description="Cap on the importance weight (TIS); unset leaves it uncapped.",
+        description="Upper bound of the importance weight (see truncatedImportanceSamplingType); unset "
+        "leaves it uncapped (tis only).",
+    )
+    truncated_importance_sampling_ratio_min: float | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Lower bound of the importance weight; unset means 0 with tis. Required by icepop "
+        "and seq-mask-tis.",
+    )
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] = Field(
+        default="tis",
+        description="What a weight outside [truncatedImportanceSamplingRatioMin, "
+        "truncatedImportanceSamplingRatio] becomes, as in NeMo-RL. tis: clamped into the bounds; "
+        "icepop (masked IS): 0, so that token (per sequence with sequenceLevelImportanceRatios: that "
+        "sequence) adds nothing; seq-mask-tis: a sequence whose geometric-mean token weight is outside "
+        "the bounds is dropped whole, the others keep their untruncated token weights.",
+    )
+    sequence_level_importance_ratios: bool = Field(
+        default=False,
+        description="GSPO: one ratio per sequence, the geometric mean of its token ratios pi_theta / "
+        "pi_old, clipped as a whole, and one importance weight per sequence, its likelihood ratio "
+        "pi_old / pi_generation (truncated as truncatedImportanceSamplingType says). Needs "
+        "tokenLevelLoss false.",
     )
     reference_policy_kl_penalty: float = Field(
         default=0.0,
@@ -183,6 +206,12 @@ class LossSpec(ApiModel):
     token_level_loss: bool = Field(
         default=True,
         description="Average over all tokens of the step (true) or per sequence then over sequences.",
+    )
+    constant_normalizer: bool = Field(
+        default=False,
+        description="Dr. GRPO: divide the step's summed token loss by its number of samples x "
+        "generation.maxNewTokens, a constant, instead of its actual token count, so that shorter "
+        "responses do not get larger per-token gradients. Needs tokenLevelLoss true.",
     )
 
 
