@@ -928,6 +928,13 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                     "is 1: GSPO's gradient is GRPO's); set trainGlobalBatchSize below P x N or "
                     "useImportanceSamplingCorrection true",
                 )
+    if trainer.logprob_gate.threshold is None:
+        for field in _non_default(trainer.logprob_gate, "steps", "fail_job"):
+            yield Finding(
+                f"{TRAINER}.logprobGate.{field}",
+                "is ignored while logprobGate.threshold is unset (the gate is off); set a threshold or "
+                "remove it",
+            )
     if trainer.loss.reference_policy_kl_penalty == 0:
         for field in _non_default(trainer.loss, "kl_type"):
             yield Finding(

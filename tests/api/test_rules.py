@@ -751,6 +751,8 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
         [{"cluster": GPU_POOLS}, {"trainer": {"weightSync": {"transport": "nccl"}}}],  # NCCL; gloo on CPU
     ),
     ("env.scoreTruncated", True, [{}], [{"trainer": {"env": {"function": "my_team.rewards:score"}}}]),
+    ("logprobGate.steps", 3, [{"trainer": {"logprobGate": {"threshold": None}}}], [{}]),
+    ("logprobGate.failJob", True, [{"trainer": {"logprobGate": {"threshold": None}}}], [{}]),
     ("policy.minLearningRateRatio", 0.1, [{}], [{"trainer": {"policy": {"learningRateSchedule": "cosine"}}}]),
 ]
 

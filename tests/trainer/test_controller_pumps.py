@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncgrpo_trainer import checkpoint, controller, data, envs, sampler, weights
+from asyncgrpo_trainer import checkpoint, controller, data, envs, logprob_gate, sampler, weights
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.envs.base import Score
@@ -114,6 +114,8 @@ def _controller(
     timeout: float | None = None,
     prompts: int = P,
     rewards: Any = None,
+    policy: FakePolicy | None = None,
+    gate: logprob_gate.GateSettings | None = None,
 ) -> tuple[controller.SingleController, FakePolicy]:
     knobs = {
         "sync": (0, False, True, prompts, prompts),
@@ -124,7 +126,7 @@ def _controller(
     s_, over, in_order, cap, min_groups = knobs
     env = envs.build("reverse")
     tok = CharTokenizer(env.alphabet)
-    pol = FakePolicy()
+    pol = policy or FakePolicy()
     rewards = rewards or FakeRewards()
     rollout = RolloutManager(
         gen,
@@ -156,6 +158,7 @@ def _controller(
         checkpoint_every=1000,
         checkpoint_keep=1,
         seed=0,
+        logprob_gate=gate or logprob_gate.GateSettings(threshold=None),
         watchdog_interval_seconds=0.02,
     )
     args = controller.ControllerArgs(

@@ -54,6 +54,7 @@ from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example, Score
+from asyncgrpo_trainer.logprob_gate import GateSettings, LogprobGate
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
@@ -65,6 +66,15 @@ from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 20_000
+STEP_GAUGES = (
+    "gen_kl_error",
+    "entropy",
+    "clip_fraction",
+    "response_length_mean",
+    "response_length_max",
+    "truncated_fraction",
+)
+"""Figures of the newest step that /progress carries for /metrics (`progress.Progress`)."""
 
 
 class StallError(RuntimeError):
@@ -126,6 +136,8 @@ class Settings:
     checkpoint_every: int
     checkpoint_keep: int
     seed: int
+    logprob_gate: GateSettings = field(default_factory=lambda: GateSettings(threshold=None))
+    """spec.trainer.logprobGate (`logprob_gate`)."""
     log_level: str = "INFO"
     attempt: int | None = None
     """The job's attempt (the operator's ASYNCGRPO_ATTEMPT), recorded in the step records' file."""
@@ -213,6 +225,7 @@ class SingleController:
         self.validation_accuracy: float | None = None
         self.gen_logprob_error: float | None = None
         """The engine-vs-policy log-prob gate of the newest step that had fresh rows."""
+        self.logprob_gate = LogprobGate(self.s.logprob_gate)
         self.failure_budget = FailureBudget(self.s.prompts_per_step)
         self.step_reward_failures: collections.Counter[int] = collections.Counter()
         """Dropped groups by the trainer version of the step they were dispatched for."""
@@ -316,6 +329,9 @@ class SingleController:
                 "validation_accuracy": self.validation_accuracy,
                 "reward_failures": int(self.counters["reward_failures"]),
                 "gen_logprob_error": self.gen_logprob_error,
+                "logprob_mismatch": self.logprob_gate.mismatch,
+                # The newest step's training and sampling figures, for /metrics.
+                **{key: last.get(key) for key in STEP_GAUGES},
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,
@@ -459,6 +475,7 @@ class SingleController:
         while self.version < self.s.max_steps:
             record = await self._train_step()
             self._record(record)
+            self.logprob_gate.observe(record["step"], record.get("gen_logprob_error"))
             await self._after_step()
 
     async def _select_chunk(self, remaining: int, step: dict[str, float]) -> list[Slot]:
@@ -487,6 +504,8 @@ class SingleController:
         step: dict[str, float] = collections.defaultdict(float)
         rewards: list[float] = []
         correct: list[bool] = []
+        lengths: list[int] = []
+        truncated: list[bool] = []
         spreads: list[float] = []
         staleness: list[int] = []
         taken = tokens = chunks = 0
@@ -511,6 +530,8 @@ class SingleController:
                     rewards.extend(g.record.rewards)
                     correct.extend(g.record.correct)
                     spreads.append(max(g.record.rewards) - min(g.record.rewards))
+                    lengths.extend(len(r) for r in g.record.response_ids)
+                    truncated.extend(not f for f in g.record.finished)
             staleness.extend(self.version - g.start_version for g in groups)
         t0 = time.perf_counter()
         metrics = await self.a.policy.finish_step()
@@ -537,6 +558,10 @@ class SingleController:
             # advantage and adds no gradient; a step where every group does trains nothing.
             "reward_spread": sum(spreads) / len(spreads),
             "zero_advantage_groups": sum(s == 0 for s in spreads) / len(spreads),
+            "response_length_mean": sum(lengths) / len(lengths),
+            "response_length_max": max(lengths),
+            # Cut at maxNewTokens without a stop: the environments score these 0.
+            "truncated_fraction": sum(truncated) / len(truncated),
             "mean_staleness": sum(staleness) / len(staleness),
             "max_staleness": max(staleness),
             "chunks": chunks,

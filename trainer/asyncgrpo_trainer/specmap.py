@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
-from asyncgrpo_trainer import controller, sampler
+from asyncgrpo_trainer import controller, logprob_gate, sampler
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
 from asyncgrpo_trainer.models import recipe
@@ -44,6 +44,9 @@ def settings(job: AsyncGRPOJob) -> controller.Settings:
         checkpoint_every=job.spec.checkpoint.every_steps,
         checkpoint_keep=job.spec.checkpoint.keep_last,
         seed=t.grpo.seed,
+        logprob_gate=logprob_gate.GateSettings(
+            threshold=t.logprob_gate.threshold, steps=t.logprob_gate.steps, fail=t.logprob_gate.fail_job
+        ),
         log_level=t.log_level,
     )
 

@@ -215,6 +215,32 @@ class LossSpec(ApiModel):
     )
 
 
+class LogprobGateSpec(ApiModel):
+    """The generation engine's log-prob gate (status.progress and /metrics: genLogprobError): the
+    mean over the tokens each step's own weights generated of exp|log pi_engine - log pi_policy|,
+    1 when the engine samples exactly the policy's distribution."""
+
+    threshold: float | None = Field(
+        default=1.1,
+        ge=1,
+        le=1000,
+        description="Above this for `steps` measured steps in a row, the job's LogprobMismatch condition "
+        "turns True (with a Warning event). NeMo-RL's bar is 1.1 in bf16; unset turns the gate off.",
+    )
+    steps: int = Field(
+        default=5,
+        ge=1,
+        le=100_000,
+        description="Consecutive measured steps (steps with samples of their own weights) above the "
+        "threshold that trip the gate.",
+    )
+    fail_job: bool = Field(
+        default=False,
+        description="Fail the job (TrainingError, not retried) when the gate trips, instead of only "
+        "setting the condition.",
+    )
+
+
 class MegatronSpec(ApiModel):
     """Model-parallel layout of the Megatron-core policy backend."""
 
@@ -460,6 +486,10 @@ class TrainerSpec(ApiModel):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Refit transport.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training and validation prompts.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="The reward environment.")
+    logprob_gate: LogprobGateSpec = Field(
+        default_factory=LogprobGateSpec,
+        description="Whether the generation engine samples the policy's distribution, checked every step.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the driver and its controller actor."
     )
