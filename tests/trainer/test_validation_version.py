@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncgrpo_trainer import envs
+from asyncgrpo_trainer import controller, envs
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.recipe import ModelBuild
@@ -131,3 +131,27 @@ def test_an_answer_from_other_weights_than_the_validations_fails_the_run(tmp_pat
     ctl, _ = _controller(tmp_path, "sync", LaggingEngine(), steps=2, validation=held_out, val_period=1)
     with pytest.raises(RuntimeError, match=r"validation of step 0 was pinned to weights 0, but 3 held-out"):
         asyncio.run(ctl.run())
+
+
+class HangingValidation(FakeGeneration):
+    """Answers the first validation; every later held-out answer never comes."""
+
+    def __init__(self, answered: int) -> None:
+        super().__init__()
+        self.answered = answered
+
+    async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
+        if params.temperature == 0.0:
+            self.answered -= 1
+            if self.answered < 0:
+                await asyncio.Event().wait()
+        return await super().generate(prompt_ids, n, params, seed)
+
+
+def test_a_validation_that_never_finishes_holding_the_refit_is_a_stall_that_says_so(tmp_path: Path) -> None:
+    held_out = envs.build("reverse").builtin_examples(split="validation", count=2, seed=0)
+    engine = HangingValidation(answered=len(held_out))
+    ctl, _ = _controller(tmp_path, "sync", engine, steps=4, validation=held_out, val_period=1, stall=0.5)
+    with pytest.raises(controller.StallError, match="the refit waits for a validation still generating"):
+        asyncio.run(ctl.run())
+    assert ctl.version == 2  # step 1 trained, its validation hung, step 2 trained and could not refit

@@ -745,10 +745,15 @@ class SingleController:
             if now != last:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since > self.s.stall_timeout_seconds:
+                pinned = (
+                    "; the refit waits for a validation still generating its answers"
+                    if self.validation_pin is not None
+                    else ""
+                )
                 raise StallError(
                     f"no rollout committed and no step trained for {self.s.stall_timeout_seconds:g}s "
                     f"(step {self.version}, {len(self.inflight)} groups in flight, "
-                    f"{len(self.buffer)} buffered)"
+                    f"{len(self.buffer)} buffered{pinned})"
                 )
 
 
