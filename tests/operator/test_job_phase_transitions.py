@@ -281,6 +281,11 @@ def test_the_drivers_log_prob_mismatch_sets_a_condition_with_a_warning_event_unt
         observe(55, rc, pods=healthy_pods(rc), progress={"step": 9, "logprobMismatch": why}),
     )
     assert "GenLogprobErrorHigh" not in reasons(again.events)  # one event per transition
+    # With logprobGate.failJob the driver then exits 1: the job fails, and the condition says why.
+    error = f"LogprobMismatchError: {why}; logprobGate.failJob is set"
+    failed = step(job(), again.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(1, error))))
+    assert failed.status.phase == "Failed" and failed.status.reason == "TrainingError"
+    assert failed.condition(plan.LOGPROB_MISMATCH).status == "True"  # type: ignore[union-attr]
     cleared = step(job(), again.status, observe(60, rc, pods=healthy_pods(rc), progress={"step": 10}))
     cond = cleared.condition(plan.LOGPROB_MISMATCH)
     assert cond is not None and cond.status == "False"
