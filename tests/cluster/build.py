@@ -552,7 +552,7 @@ def build_node(force: bool = False) -> NodeLayout:
         ]
         progress = Progress([t.component for t in todo], estimates())
         for t in todo:
-            times[t.component] = round(build_target(t, out.bin, progress), 1)
+            times[t.component] = round(build_target(t, out.bin, progress, out.root / GO_LOG), 1)
         if force or not out.pause_image.is_file():
             build_pause(out)
         if times:

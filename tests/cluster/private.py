@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster.config import _BASE_PORTS  # type: ignore[attr-defined]
+from tests.cluster.config import _BASE_PORTS
 from tests.cluster.pki import Pki
 from tests.cluster.rest import Api
 

@@ -1,6 +1,6 @@
 """`make demo`: one AsyncGRPOJob from `kubectl apply` to Succeeded on a local Kubernetes control plane.
 
-    python -m tests.e2e.demo [--job FILE] [--keep] [--kueue]
+    python -m tests.e2e.demo [--job FILE] [--keep] [--kueue | --real-node]
 
 What it does, printing each step:
 1. The local control plane (tests/cluster): attaches to a live one, else builds the binaries from Go
@@ -20,12 +20,22 @@ few minutes, never by the plain demo): a LocalQueue `demo` on the control plane'
 ClusterQueue, and the job labelled kueue.x-k8s.io/queue-name: demo; it is Queued until Kueue admits
 it (at once, with nothing else in the queue).
 
+With --real-node (`make demo REAL_NODE=1`) nothing runs on the host in a pod's place: the real node
+(kubelet, containerd, runc, CNI, kube-proxy, CoreDNS; built from Go modules once) starts beside the
+control plane, the operator and CPU trainer images are built from images/*.Dockerfile (buildah,
+cached by content) and imported into its containerd, `helm install` runs the operator and its
+webhook as a pod, and the job's head and two workers are containers of the trainer image;
+`kubectl get pods -o wide` is printed beside `kubectl get agj` whenever the pods change. Needs
+root and Debian's runc and busybox-static (`.ci/run` installs them). Cold, the node's build and
+the images add about half an hour; warm, the trainer image's import into containerd (~2 min).
+
 Without Kubernetes, the same trainer runs with `asyncgrpo run docs/examples/async-exact.yaml`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -40,11 +50,15 @@ import yaml
 
 from tests.chart.helm import CHART, NO_HELM, REPO, find_helm
 from tests.cluster import kueue as kueue_component
-from tests.cluster.build import BuildError, build, build_optional, layout, optional_layout
+from tests.cluster import node
+from tests.cluster.build import BuildError, build, build_node, build_optional, layout, optional_layout
 from tests.cluster.cluster import ClusterError, LocalCluster
+from tests.cluster.rest import Api
+from tests.cluster.samples import pods
+from tests.e2e.real_pods import InClusterChart, checkpoint_dir, import_images, real_job
 from tests.e2e.test_operator import ProgressServer
-from tests.e2e.whole_path import AgjWatch, DriverKubelet, LocalDriver, drive, wait_terminal
-from tests.webhook.cluster_harness import SELECTOR_LABEL, Installation
+from tests.e2e.whole_path import AgjWatch, DriverKubelet, LocalDriver, drive, terminal, wait_terminal
+from tests.webhook.cluster_harness import SELECTOR_LABEL, Installation, Kubectl
 
 DEMO_JOB = Path(__file__).with_name("demo-job.yaml")
 JOB_TIMEOUT = 900.0
@@ -237,13 +251,161 @@ def run(job_file: Path, *, keep: bool, with_kueue: bool = False) -> int:
         print(f"    the demo's files, the operator's and the driver's logs among them, are kept in {workdir}")
 
 
+@dataclass
+class PodsWatch:
+    """`kubectl get pods -o wide` of the job's pods, printed whenever a pod appears, goes, changes
+    phase or readiness, or gets its node and IP (not on every tick: AGE alone changes)."""
+
+    api: Api
+    kubectl: Kubectl
+    namespace: str
+    job: str
+    _last: tuple[tuple[str, ...], ...] = ()
+
+    def tick(self) -> None:
+        found = pods(self.api, self.namespace, f"asyncgrpo.dev/job-name={self.job}")
+        key = tuple(
+            sorted(
+                (
+                    p["metadata"]["name"],
+                    str(p.get("status", {}).get("phase")),
+                    str([c.get("ready") for c in p.get("status", {}).get("containerStatuses") or []]),
+                    str(p.get("spec", {}).get("nodeName")),
+                    str(p.get("status", {}).get("podIP")),
+                    str(bool(p["metadata"].get("deletionTimestamp"))),
+                )
+                for p in found
+            )
+        )
+        if key == self._last:
+            return
+        self._last = key
+        selector = f"asyncgrpo.dev/job-name={self.job}"
+        table = self.kubectl("get", "pods", "-o", "wide", "-n", self.namespace, "-l", selector)
+        print(f"$ kubectl get pods -o wide -n {self.namespace}")
+        print(table.stdout.rstrip() or table.stderr.rstrip(), flush=True)
+
+
+def real_node_ready(cluster: LocalCluster) -> None:
+    """Build (once) and start the real node beside the control plane."""
+    if os.geteuid() != 0 or not node.BUSYBOX.is_file():
+        raise SystemExit(
+            "error: the real node needs root and Debian's runc and busybox-static:\n"
+            "    apt-get install -y runc busybox-static   (or run the demo without REAL_NODE=1)"
+        )
+    say(
+        "Real node: kubelet, containerd, runc, the CNI plugins, kube-proxy and CoreDNS beside the kwok\n"
+        "    nodes (built from Go modules the first time, with a progress line every 30 s; cached)"
+    )
+    binaries = build_node()
+    with heartbeat("starting the real node"):
+        cluster.start_real_node(binaries)
+
+
+def run_on_real_node(job_file: Path, *, keep: bool) -> int:
+    """The demo with real containers: the operator and the job's Ray pods on the real node."""
+    t0 = time.monotonic()
+    cluster, started = control_plane()
+    helm_bin = find_helm()
+    if helm_bin is None:
+        raise SystemExit(f"error: {NO_HELM}")
+    chart: InClusterChart | None = None
+    try:
+        real_node_ready(cluster)
+        say(
+            "Images: the operator and the CPU trainer from images/*.Dockerfile (buildah; the first build\n"
+            "    takes minutes, later ones reuse it while the files are unchanged), imported into the\n"
+            "    node's containerd: no registry, imagePullPolicy Never"
+        )
+        built = import_images(cluster, lambda what, seconds, **_: print(f"    {what}: {seconds:.0f} s"))
+        chart = InClusterChart(cluster, helm_bin, built["operator"].ref, name="demo")
+        say(
+            f"helm install {chart.release} {CHART.relative_to(REPO)} -n {chart.namespace}"
+            " --create-namespace\n"
+            "    (the operator and its webhook as a pod of the operator image; the API server calls the\n"
+            "    webhook through its Service)"
+        )
+        with heartbeat("waiting for the operator pod", every=15):
+            seconds = chart.install()
+        print(f"    operator pod Ready after {seconds:.0f} s")
+        ns = chart.jobs_ns
+        job = real_job(
+            yaml.safe_load(job_file.read_text())["metadata"]["name"],
+            image=built["trainer-cpu"].ref,
+            checkpoints=checkpoint_dir(chart.workdir),
+            demo=True,
+            job_file=job_file,
+        )
+        name = job["metadata"]["name"]
+        say(
+            f"kubectl apply -n {ns} (the job of {job_file.name}, on the real node: the trainer image, one\n"
+            "    Ray CPU per pod, checkpoints on a hostPath folder)"
+        )
+        outcome = chart.kubectl.apply(ns, job)
+        print("    " + (outcome.stdout.strip() or outcome.stderr.strip()))
+        if outcome.returncode != 0:
+            return 1
+        say(
+            "KubeRay starts the head (Ray head + driver) and the workers; the operator reads /progress\n"
+            "    at the head pod's IP"
+        )
+        agj = AgjWatch(chart.kubectl, ns, name, out=sys.stdout, every=2.0)
+        pod_watch = PodsWatch(chart.api, chart.kubectl, ns, name)
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not terminal(chart.api, ns, name):
+            if time.monotonic() > deadline:
+                print(f"error: {name} not finished after {JOB_TIMEOUT:.0f} s", file=sys.stderr)
+                return 1
+            pod_watch.tick()
+            agj.tick()
+            time.sleep(1)
+        pod_watch.tick()
+        agj.poll()
+        status = wait_terminal(chart.api, ns, name)
+        progress = status.get("progress") or {}
+        held_out = progress.get("validationAccuracy")
+        print(
+            f"\n{name}: {status.get('phase')} ({status.get('reason')}) after {progress.get('step')} steps"
+            " on real pods"
+            + (f"; held-out accuracy {held_out:.2f} (greedy)" if held_out is not None else "")
+            + f"; restarts {status.get('restarts', 0)}; {time.monotonic() - t0:.0f} s in all"
+        )
+        job_pods = pods(chart.api, ns, f"asyncgrpo.dev/job-name={name}")
+        head = [p for p in job_pods if p["metadata"]["labels"].get("app.kubernetes.io/component") == "head"]
+        if head:
+            print(f"the driver's log: kubectl logs -n {ns} {head[0]['metadata']['name']} -c driver")
+        return 0 if status.get("phase") == "Succeeded" else 1
+    finally:
+        say("Cleaning up: the job, the chart and the operator")
+        if chart is not None:
+            try:
+                chart.uninstall()
+            except Exception as exc:  # cleanup must not hide the outcome
+                print(f"    cleanup: {exc}")
+        if cluster.leave(keep=keep):
+            print("    the control plane and the real node this demo started are stopped")
+        elif started:
+            print("    the control plane is still used by another session or --keep: left up")
+        else:
+            print("    the control plane was already up: left up")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.e2e.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--job", type=Path, default=DEMO_JOB, help="the AsyncGRPOJob to apply")
     parser.add_argument("--keep", action="store_true", help="leave a control plane this demo started up")
     parser.add_argument("--kueue", action="store_true", help="queue the job in Kueue (built on first use)")
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="run the operator and the job's pods as containers on the real node (root; built on first use)",
+    )
     ns = parser.parse_args(argv)
+    if ns.kueue and ns.real_node:
+        parser.error("--kueue and --real-node are separate demos; pick one")
     try:
+        if ns.real_node:
+            return run_on_real_node(ns.job.resolve(), keep=ns.keep)
         return run(ns.job.resolve(), keep=ns.keep, with_kueue=ns.kueue)
     except (BuildError, ClusterError) as err:
         print(f"error: {err}", file=sys.stderr)

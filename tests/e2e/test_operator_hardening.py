@@ -16,6 +16,7 @@ would refuse can reach it, as they do when the webhook fails open or the rules c
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 import urllib.request
@@ -412,6 +413,10 @@ def progress_step(status: JSON) -> int | None:
     return int(step) if step is not None else None
 
 
+def at_step(step: int, status: JSON) -> bool:
+    return progress_step(status) == step
+
+
 HEAD_ONLY = {"policyWorkers": {"replicas": 0}, "generationWorkers": {"replicas": 0}}
 """Jobs of a head pod alone: dozens fit on the fake CPU node next to other sessions' jobs."""
 
@@ -437,7 +442,7 @@ def test_heads_that_hang_or_flood_do_not_hold_up_a_healthy_jobs_status(
     for step in (5, 6, 7, 8):
         driver_progress.docs[(namespace, "healthy")] = {**driver_progress.doc, "step": step}
         started = time.monotonic()
-        until(kube_api, namespace, "healthy", f"step {step}", lambda s, n=step: progress_step(s) == n)
+        until(kube_api, namespace, "healthy", f"step {step}", functools.partial(at_step, step))
         lags.append(time.monotonic() - started)
     print("healthy job's step in its status after (s):", [round(lag, 1) for lag in lags])
     assert max(lags) < 5, lags

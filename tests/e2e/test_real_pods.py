@@ -17,37 +17,38 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.chart.helm import CHART, NO_HELM, find_helm, helm
+from tests.chart.helm import NO_HELM, find_helm
 from tests.cluster import node
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.config import REAL_NODE_NAME
-from tests.cluster.images import Built, build_all
+from tests.cluster.images import Built
 from tests.cluster.rest import JSON, Api, ApiError
-from tests.cluster.samples import pod_ready, pods, wait_until
+from tests.cluster.samples import pod_ready, wait_until
+from tests.e2e.real_pods import (
+    DEMO_JOB,
+    InClusterChart,
+    checkpoint_dir,
+    import_images,
+    job_pods,
+    real_job,
+    running_on_the_node,
+)
 from tests.e2e.whole_path import AgjWatch, job_status, tiny_job, wait_with_watch
-from tests.webhook.cluster_harness import Kubectl
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer, pytest.mark.images]
 
-TRAINER_UID = 1000  # images/trainer.Dockerfile: USER 1000
-SELECTOR_LABEL = "asyncgrpo.dev/real-pods-e2e"
 WEBHOOK_NAME = "validate.asyncgrpojobs.asyncgrpo.dev"
-OPERATOR_READY_TIMEOUT = 300.0  # a 350 MB image's first container on 2 loaded cores
 JOB_TIMEOUT = 1200.0  # three Ray nodes starting and training on 2 loaded cores
-JOBS_PATH = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
 TIMINGS = Path(os.environ.get("ASYNCGRPO_REAL_TIMINGS", tempfile.gettempdir())) / "asyncgrpo-real-pods.jsonl"
 
 
@@ -57,19 +58,6 @@ def record(what: str, seconds: float, **extra: Any) -> None:
     print(json.dumps(line), file=sys.stderr)
     with TIMINGS.open("a") as fh:
         fh.write(json.dumps(line) + "\n")
-
-
-def placement(**extra: Any) -> dict[str, Any]:
-    """A job group's placement on the real node: its label, a toleration of its taint, and one Ray
-    CPU (KubeRay turns the CPU limit into `ray start --num-cpus=1`) on a small request, so three
-    pods fit a 2-core node's allocatable CPU."""
-    key, value = node.NODE_LABEL
-    return {
-        "nodeSelector": {key: value},
-        "tolerations": [{**node.TAINT, "operator": "Equal"}],
-        "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "1"}},
-        **extra,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -85,135 +73,7 @@ def real_node(local_cluster: LocalCluster) -> LocalCluster:
 
 @pytest.fixture(scope="module")
 def images(real_node: LocalCluster) -> dict[str, Built]:
-    """The operator and CPU trainer images (built when their archives are missing), imported into
-    the node's containerd once per archive while the node runs."""
-    t0 = time.monotonic()
-    built = {b.name: b for b in build_all()}
-    record("images (build_all, cached when unchanged)", time.monotonic() - t0)
-    marks = real_node.paths.node / "imported"
-    marks.mkdir(exist_ok=True)
-    for image in built.values():
-        mark = marks / image.archive.name
-        if mark.exists():
-            continue
-        t0 = time.monotonic()
-        real_node.import_image(image.archive)
-        record("image import", time.monotonic() - t0, image=image.ref, bytes=image.size)
-        mark.touch()
-    return built
-
-
-@dataclass
-class InClusterChart:
-    """`helm install` of the chart with the operator and its webhook as a pod on the real node."""
-
-    cluster: LocalCluster
-    helm_bin: Path
-    operator_image: str
-    suffix: str = field(default_factory=lambda: secrets.token_hex(3))
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="asyncgrpo-real-pods-")))
-
-    @property
-    def release(self) -> str:
-        return f"real-{self.suffix}"
-
-    @property
-    def namespace(self) -> str:
-        return f"asyncgrpo-real-{self.suffix}"
-
-    @property
-    def jobs_ns(self) -> str:
-        return f"t-real-{self.suffix}-jobs"
-
-    @property
-    def api(self) -> Api:
-        return self.cluster.api
-
-    @property
-    def kubectl(self) -> Kubectl:
-        binaries = Path(self.cluster.info()["binaries"]) / "bin"
-        return Kubectl(binaries / "kubectl", self.cluster.kubeconfig, self.workdir / "kube-cache")
-
-    def values(self) -> dict[str, Any]:
-        """What a user of an air-gapped cluster sets: the imported image, never pulled, on the
-        tainted node; the webhook and the operator limited to this test's namespace."""
-        repository, tag = self.operator_image.rsplit(":", 1)
-        key, value = node.NODE_LABEL
-        return {
-            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-            "nodeSelector": {key: value},
-            "tolerations": [{**node.TAINT, "operator": "Equal"}],
-            "operator": {"watchNamespaces": [self.jobs_ns], "logFormat": "text"},
-            "webhook": {"namespaceSelector": {"matchLabels": {SELECTOR_LABEL: self.release}}},
-        }
-
-    def install(self) -> None:
-        crds = self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-        assert crds.returncode == 0, crds.stderr
-        labels = {SELECTOR_LABEL: self.release, "asyncgrpo.dev/test-namespace": "true"}
-        self.api.create("/api/v1/namespaces", {"metadata": {"name": self.jobs_ns, "labels": labels}})
-        values = self.workdir / "values.yaml"
-        values.write_text(json.dumps(self.values()))
-        t0 = time.monotonic()
-        helm(
-            "install",
-            self.release,
-            str(CHART),
-            "--namespace",
-            self.namespace,
-            "--create-namespace",
-            "--kubeconfig",
-            str(self.cluster.kubeconfig),
-            "--values",
-            str(values),
-            helm_bin=self.helm_bin,
-        )
-        self.wait_operator_ready()
-        record("helm install until the operator pod is Ready", time.monotonic() - t0)
-
-    def operator_pods(self) -> list[JSON]:
-        return pods(self.api, self.namespace, f"app.kubernetes.io/instance={self.release}")
-
-    def wait_operator_ready(self) -> JSON:
-        def ready() -> JSON | None:
-            found = [p for p in self.operator_pods() if pod_ready(p)]
-            return found[0] if found else None
-
-        try:
-            return wait_until(ready, "the operator pod Ready", timeout=OPERATOR_READY_TIMEOUT, interval=2)
-        except TimeoutError:
-            raise AssertionError(f"operator pod not Ready:\n{self.describe()}") from None
-
-    def describe(self) -> str:
-        """The operator pods' status and log tails, for a failure message."""
-        out = []
-        for pod in self.operator_pods():
-            name = pod["metadata"]["name"]
-            status = pod.get("status", {})
-            out.append(f"{name}: {status.get('phase')} {json.dumps(status.get('containerStatuses'))[-1500:]}")
-            out.append(self.kubectl("logs", "-n", self.namespace, name, "--tail=40").stdout)
-        return "\n".join(out)
-
-    def uninstall(self) -> None:
-        for ns in (self.jobs_ns,):
-            with_jobs = self.kubectl("delete", "asyncgrpojobs", "--all", "-n", ns, "--wait=true", timeout=180)
-            sys.stderr.write(with_jobs.stderr)
-        helm(
-            "uninstall",
-            self.release,
-            "--namespace",
-            self.namespace,
-            "--kubeconfig",
-            str(self.cluster.kubeconfig),
-            helm_bin=self.helm_bin,
-        )
-        for ns in (self.jobs_ns, self.namespace):
-            try:
-                self.api.delete(f"/api/v1/namespaces/{ns}")
-            except ApiError as err:
-                if err.status != 404:
-                    raise
-        shutil.rmtree(self.workdir, ignore_errors=True)
+    return import_images(real_node, record)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +82,7 @@ def chart(real_node: LocalCluster, images: dict[str, Built]) -> Iterator[InClust
     if helm_bin is None:
         pytest.fail(NO_HELM)
     installation = InClusterChart(real_node, helm_bin, images["operator"].ref)
-    installation.install()
+    record("helm install until the operator pod is Ready", installation.install())
     try:
         yield installation
     finally:
@@ -259,63 +119,8 @@ def test_the_operator_runs_as_a_pod_on_the_real_node_and_the_api_server_calls_it
     assert outcome.returncode == 0, outcome.stderr
 
 
-def real_job(
-    name: str, *, max_steps: int, image: str, checkpoints: Path | None = None, demo: bool = False
-) -> JSON:
-    """tiny_job (or, with `demo`, the job `make demo` applies) on the real node: the CPU trainer
-    image, never pulled, each group one Ray CPU; the RayCluster is kept after success so that the
-    head's log can be read."""
-    if demo:
-        job = yaml.safe_load(DEMO_JOB.read_text())
-        job["metadata"]["name"] = name
-        job["spec"]["trainer"]["grpo"]["maxNumSteps"] = max_steps
-    else:
-        job = tiny_job(name, max_steps=max_steps)
-    spec = job["spec"]
-    spec["image"] = image
-    spec["imagePullPolicy"] = "Never"
-    # 2, not the demo's 1: the CRD is cluster-wide, and other checkouts sharing the cluster apply
-    # theirs, where the minimum is 2.
-    spec["progress"] = {**spec.get("progress", {}), "pollSeconds": 2}
-    spec["cleanupPolicy"] = {"onSuccess": "KeepCluster"}
-    spec["cluster"]["head"] = placement()
-    spec["cluster"]["policyWorkers"] = placement(replicas=1, gpusPerReplica=0)
-    spec["cluster"]["generationWorkers"] = placement(replicas=1, gpusPerReplica=0)
-    if checkpoints is not None:
-        spec["storage"]["checkpoints"]["hostPath"] = {"path": str(checkpoints), "type": "Directory"}
-    return job
-
-
-DEMO_JOB = Path(__file__).resolve().parent / "demo-job.yaml"
 DEMO_STEPS = 150  # the demo's: held-out accuracy 0 -> 1.0 by step 80 (docs/benchmarks.md)
 FAULT_STEPS = 400  # the demo's job runs about 3 steps/s here: minutes left after the first checkpoint
-
-
-def checkpoint_dir(base: Path) -> Path:
-    """The node's folder for a job's checkpoints, writable by the trainer image's uid (a hostPath
-    folder the kubelet creates is root's, and the containers run as 1000)."""
-    path = base / "checkpoints"
-    path.mkdir()
-    os.chown(path, TRAINER_UID, TRAINER_UID)
-    return path
-
-
-def job_pods(api: Api, namespace: str, job: str) -> dict[str, JSON]:
-    """The job's live pods by component (head, policy-worker, generation-worker)."""
-    found = pods(api, namespace, f"asyncgrpo.dev/job-name={job}")
-    return {
-        p["metadata"]["labels"]["app.kubernetes.io/component"]: p
-        for p in found
-        if not p["metadata"].get("deletionTimestamp")
-    }
-
-
-def running_on_the_node(api: Api, namespace: str, job: str) -> dict[str, JSON] | None:
-    found = job_pods(api, namespace, job)
-    wanted = {"head", "policy-worker", "generation-worker"}
-    if set(found) >= wanted and all(found[c]["status"].get("phase") == "Running" for c in wanted):
-        return found
-    return None
 
 
 def run_real_job(chart: InClusterChart, job: JSON, *, what: str) -> tuple[AgjWatch, JSON]:
@@ -325,12 +130,12 @@ def run_real_job(chart: InClusterChart, job: JSON, *, what: str) -> tuple[AgjWat
     outcome = chart.kubectl.apply(ns, job)
     assert outcome.returncode == 0, outcome.stderr
     watch = AgjWatch(chart.kubectl, ns, name, out=sys.stderr, every=3.0)
-    running = wait_until(
-        lambda: watch.tick() or running_on_the_node(chart.api, ns, name),
-        "head and workers Running",
-        timeout=JOB_TIMEOUT,
-        interval=2,
-    )
+
+    def all_running() -> dict[str, JSON] | None:
+        watch.tick()
+        return running_on_the_node(chart.api, ns, name)
+
+    running = wait_until(all_running, "head and workers Running", timeout=JOB_TIMEOUT, interval=2)
     record(f"{what}: kubectl apply until head and 2 workers Running", time.monotonic() - t0)
     assert {p["spec"]["nodeName"] for p in running.values()} == {REAL_NODE_NAME}
     wait_with_watch(
@@ -421,6 +226,41 @@ def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpo
     record("fault: the retry resumed", 0.0, step=int(resumed[1]), deleted_after=steps_before)
     rows = "\n".join(r.line for r in watch.rows)
     print(f"kubectl get agj:\n{rows}")
+
+
+DRIVER_MEMORY_LIMIT = "128Mi"  # the driver's imports alone reach ~560 MB resident
+
+
+def test_a_driver_over_its_memory_limit_is_oom_killed_and_the_job_says_so(
+    chart: InClusterChart, images: dict[str, Built]
+) -> None:
+    """The kernel, not a fake, kills the driver container at its cgroup's memory limit; the kubelet
+    reports OOMKilled, and the operator's status names it and the field that bounds it."""
+    ns, name = chart.jobs_ns, "real-oom"
+    job = real_job(name, max_steps=DEMO_STEPS, image=images["trainer-cpu"].ref, demo=True)
+    job["spec"]["backoffLimit"] = 0
+    job["spec"]["cluster"]["head"]["driverResources"] = {"limits": {"memory": DRIVER_MEMORY_LIMIT}}
+    outcome = chart.kubectl.apply(ns, job)
+    assert outcome.returncode == 0, outcome.stderr
+    watch = AgjWatch(chart.kubectl, ns, name, out=sys.stderr, every=3.0)
+    t0 = time.monotonic()
+    wait_with_watch(
+        watch,
+        lambda: job_status(chart.api, ns, name).get("phase") == "Failed",
+        f"{name} Failed",
+        timeout=JOB_TIMEOUT,
+        interval=2,
+    )
+    record("fault: the driver over its memory limit until Failed", time.monotonic() - t0)
+    status = job_status(chart.api, ns, name)
+    assert status["reason"] == "BackoffLimitExceeded", status
+    assert "DriverKilled: the driver container was OOMKilled" in status["message"], status
+    fix = f"over its memory limit {DRIVER_MEMORY_LIMIT}; raise spec.cluster.head.driverResources"
+    assert fix in status["message"], status
+    head = job_pods(chart.api, ns, name)["head"]
+    driver = next(c for c in head["status"]["containerStatuses"] if c["name"] == "driver")
+    assert driver["state"]["terminated"]["reason"] == "OOMKilled", driver
+    assert driver["state"]["terminated"]["exitCode"] == 137, driver
 
 
 RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}

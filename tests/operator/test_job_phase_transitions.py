@@ -6,8 +6,11 @@ does, so sequences of tests read like a job's life.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import replace
+
+import pytest
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
@@ -15,6 +18,7 @@ from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import plan
 from asyncgrpo_operator.observed import DriverExit, Observation, ProgressMark
 from tests.operator.builders import (
+    BASE_JOB,
     OWNER,
     at,
     cluster,
@@ -443,6 +447,30 @@ def test_driver_killed_by_a_signal_restarts_with_a_fresh_cluster() -> None:
     created = actions_of(decision, plan.CreateRayCluster)
     assert [c.manifest["metadata"]["name"] for c in created] == ["demo-1"]  # type: ignore[attr-defined]
     assert decision.status.ray_cluster_name is None  # until demo-1 is seen
+
+
+@pytest.mark.parametrize(
+    ("driver_limit", "says"),
+    [
+        ("512Mi", "over its memory limit 512Mi; raise spec.cluster.head.driverResources.limits.memory"),
+        (None, "without a memory limit of its own"),
+    ],
+)
+def test_an_oom_killed_driver_is_named_as_such_with_the_field_that_bounds_it(
+    driver_limit: str | None, says: str
+) -> None:
+    cluster_spec = copy.deepcopy(BASE_JOB["spec"]["cluster"])
+    if driver_limit is not None:
+        cluster_spec["head"] = {"driverResources": {"limits": {"memory": driver_limit}}}
+    the_job = job(cluster=cluster_spec)
+    before = running(the_job)
+    rc = cluster(0, provisioned=True)
+    oom = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": ""}}
+    decision = step(the_job, before.status, observe(60, rc, pods=healthy_pods(rc, driver=oom)))
+
+    assert (decision.status.phase, decision.status.reason) == ("Restarting", "DriverKilled")
+    assert "the driver container was OOMKilled" in (decision.status.message or "")
+    assert says in (decision.status.message or "")
 
 
 def test_driver_that_lost_a_ray_worker_restarts_from_the_checkpoint() -> None:

@@ -163,6 +163,10 @@ def test_every_spec_field_reaches_the_pods() -> None:
     assert driver["envFrom"] == [{"secretRef": {"name": "all-of-wandb"}}]
     assert env["LOG_FORMAT"]["value"] == "json"
     assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0" and env["NCCL_IB_HCA"]["value"] == "mlx5"
+    # The driver's own requests and limits, apart from the Ray head's (a ResourceQuota on limits
+    # refuses a pod with any container that has none).
+    assert driver["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
+    assert head["spec"]["containers"][0]["resources"]["limits"] == {"memory": "16Gi"}
     assert "NCCL_IB_DISABLE" not in env
     spec = head["spec"]
     assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"

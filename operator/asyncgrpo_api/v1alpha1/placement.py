@@ -90,6 +90,14 @@ class Placement(ApiModel):
 class HeadGroup(Placement):
     """The Ray head pod: runs the Ray head and the training driver; needs no GPU."""
 
+    driver_resources: Resources = Field(
+        default_factory=Resources,
+        description="Requests and limits of the head pod's driver container (`resources` is the Ray head "
+        "container's). Set them where a ResourceQuota or LimitRange asks every container for limits, or to "
+        "bound the driver's memory: a driver over its memory limit is OOMKilled, and the job's status says "
+        "so and names this field.",
+    )
+
     @field_validator("pod_template")
     @classmethod
     def _head_override(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
