@@ -312,6 +312,53 @@ def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
+def _loss_variants(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """The GRPO variants' combinations that have no meaning (NeMo-RL refuses the same ones)."""
+    loss = job.spec.trainer.loss
+    path = f"{TRAINER}.loss"
+    kind = loss.truncated_importance_sampling_type
+    hi, lo = loss.truncated_importance_sampling_ratio, loss.truncated_importance_sampling_ratio_min
+    if kind != "tis" and (hi is None or lo is None):
+        missing = " and ".join(
+            name
+            for name, value in (
+                ("truncatedImportanceSamplingRatioMin", lo),
+                ("truncatedImportanceSamplingRatio", hi),
+            )
+            if value is None
+        )
+        yield Finding(
+            f"{path}.truncatedImportanceSamplingType",
+            f"{kind} masks weights outside [truncatedImportanceSamplingRatioMin, "
+            f"truncatedImportanceSamplingRatio], so both bounds are needed; set {missing} (NeMo-RL uses "
+            "0.5 and 5 for icepop, 0.999 and 1.002 for seq-mask-tis) or use tis",
+        )
+    if hi is not None and lo is not None and lo > hi:
+        yield Finding(
+            f"{path}.truncatedImportanceSamplingRatioMin",
+            f"must be at most truncatedImportanceSamplingRatio ({hi}); got {lo}",
+        )
+    if loss.sequence_level_importance_ratios and kind == "seq-mask-tis":
+        yield Finding(
+            f"{path}.sequenceLevelImportanceRatios",
+            "cannot be combined with truncatedImportanceSamplingType seq-mask-tis, which masks "
+            "sequences but weights tokens; use tis or icepop (they then act on the sequence's weight) "
+            "or set this false",
+        )
+    if loss.sequence_level_importance_ratios and loss.token_level_loss:
+        yield Finding(
+            f"{path}.sequenceLevelImportanceRatios",
+            "needs tokenLevelLoss false: GSPO averages each sequence's loss over its tokens, then over "
+            "sequences; set loss.tokenLevelLoss false",
+        )
+    if loss.constant_normalizer and not loss.token_level_loss:
+        yield Finding(
+            f"{path}.constantNormalizer",
+            "needs tokenLevelLoss true: Dr. GRPO sums the loss over tokens and divides by samples x "
+            "generation.maxNewTokens, which replaces the per-sequence means; set loss.tokenLevelLoss true",
+        )
+
+
 def _megatron_samples_unfiltered(job: AsyncGRPOJob) -> Iterator[Finding]:
     trainer = job.spec.trainer
     g = trainer.generation
@@ -860,6 +907,33 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 "N): the ratio to pi_old is exactly 1; set trainGlobalBatchSize to a divisor of P x N or "
                 "remove it",
             )
+    if not trainer.loss.use_importance_sampling_correction:
+        for field in _non_default(
+            trainer.loss,
+            "truncated_importance_sampling_ratio",
+            "truncated_importance_sampling_ratio_min",
+            "truncated_importance_sampling_type",
+        ):
+            yield Finding(
+                f"{TRAINER}.loss.{field}",
+                "is ignored while loss.useImportanceSamplingCorrection is false (no importance weight to "
+                "truncate); set it true or remove this",
+            )
+        if trainer.train_global_batch_size == trainer.samples_per_step:
+            for field in _non_default(trainer.loss, "sequence_level_importance_ratios"):
+                yield Finding(
+                    f"{TRAINER}.loss.{field}",
+                    "is ignored with one optimizer step per RL step and no IS correction (the ratio "
+                    "is 1: GSPO's gradient is GRPO's); set trainGlobalBatchSize below P x N or "
+                    "useImportanceSamplingCorrection true",
+                )
+    if trainer.logprob_gate.threshold is None:
+        for field in _non_default(trainer.logprob_gate, "steps", "fail_job"):
+            yield Finding(
+                f"{TRAINER}.logprobGate.{field}",
+                "is ignored while logprobGate.threshold is unset (the gate is off); set a threshold or "
+                "remove it",
+            )
     if trainer.loss.reference_policy_kl_penalty == 0:
         for field in _non_default(trainer.loss, "kl_type"):
             yield Finding(
@@ -908,6 +982,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _streaming_chunk,
     _whole_mini_batches,
     _batch_divides,
+    _loss_variants,
     _megatron_samples_unfiltered,
     _watchdog_outlasts_rollouts,
     _model_source,

@@ -25,6 +25,9 @@ PODS_SCHEDULED = "PodsScheduled"
 PODS_READY = "PodsReady"
 RUNNING = "Running"
 STALLED = "Stalled"
+LOGPROB_MISMATCH = "LogprobMismatch"
+"""True while the driver's log-prob gate is tripped: genLogprobError stayed above
+spec.trainer.logprobGate.threshold for logprobGate.steps measured steps in a row."""
 RESTARTING = "Restarting"
 COMPLETE = "Complete"
 """True once the driver exited 0; the phase is then Succeeded. Named like batch/v1 Job's and
@@ -40,6 +43,7 @@ CONDITION_ORDER = (
     PODS_READY,
     RUNNING,
     STALLED,
+    LOGPROB_MISMATCH,
     RESTARTING,
     COMPLETE,
     FAILED,
@@ -66,6 +70,7 @@ CLUSTER_NAME_TAKEN = "ClusterNameTaken"
 CONFIGMAP_NAME_TAKEN = "ConfigMapNameTaken"
 WAITING_FOR_PREVIOUS_CLUSTER = "WaitingForPreviousCluster"
 ADMITTED_UNDER_OLDER_RULES = "AdmittedUnderOlderRules"
+GEN_LOGPROB_ERROR_HIGH = "GenLogprobErrorHigh"
 
 BAD_WAITING_REASONS = frozenset(
     {
@@ -102,6 +107,7 @@ _WARNING_REASONS = frozenset(
         HEAD_POD_LOST,
         CLUSTER_LOST,
         "NoProgress",
+        GEN_LOGPROB_ERROR_HIGH,
     }
     | BAD_WAITING_REASONS
 )
@@ -375,7 +381,9 @@ class Draft:
 
 def _kind(reason: str, status: str, type_: str = "") -> Literal["Normal", "Warning"]:
     """Warning for reasons that need attention, unless they describe something ending (False)."""
-    warn = reason in _WARNING_REASONS and (status == "True" or type_ not in (FAILED, STALLED, RESTARTING))
+    warn = reason in _WARNING_REASONS and (
+        status == "True" or type_ not in (FAILED, STALLED, RESTARTING, LOGPROB_MISMATCH)
+    )
     return "Warning" if warn else "Normal"
 
 

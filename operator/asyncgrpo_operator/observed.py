@@ -266,6 +266,8 @@ class ProgressReading:
     reward_failures: int = 0
     data_warning: str | None = None
     validation_accuracy: float | None = None
+    logprob_mismatch: str | None = None
+    """Set while the driver's log-prob gate is tripped (trainer logprob_gate): why, in one line."""
     state: str = "starting"
     error: str | None = None
 
@@ -285,6 +287,7 @@ class ProgressReading:
             reward_failures=_count(doc.get("rewardFailures")) or 0,
             data_warning=str(doc["dataWarning"]) if doc.get("dataWarning") else None,
             validation_accuracy=_rounded(_float_or_none(doc.get("validationAccuracy")), 4),
+            logprob_mismatch=str(doc["logprobMismatch"]) if doc.get("logprobMismatch") else None,
             state=str(doc.get("state") or "starting"),
             error=str(doc["error"]) if doc.get("error") else None,
         )

@@ -61,11 +61,13 @@ from asyncgrpo_operator.decision import (
     DRIVER_KILLED,
     DRIVER_SUCCEEDED,
     FAILED,
+    GEN_LOGPROB_ERROR_HIGH,
     HEAD_POD_LOST,
     INVALID_DATA,
     INVALID_MODEL,
     INVALID_SPEC,
     KUBERAY_MISSING,
+    LOGPROB_MISMATCH,
     PODS_READY,
     PODS_SCHEDULED,
     PROVISIONING_RECHECK_SECONDS,
@@ -96,6 +98,7 @@ from asyncgrpo_operator.observed import (
     Observation,
     PodView,
     ProgressMark,
+    ProgressReading,
 )
 
 __all__ = ["create_retry_seconds", "plan", "plan_invalid"]
@@ -899,6 +902,7 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
                 updated_at=read_at,
             ),
         )
+        _set_logprob_mismatch(draft, reading)
         if mark is None or reading.step != mark.step:
             since = read_at
             if mark is None and stored is not None and stored.step == reading.step and stored.updated_at:
@@ -926,6 +930,20 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
     else:
         draft.set(STALLED, False, "Progressing", "the step advances")
         draft.requeue(limit - quiet)
+
+
+def _set_logprob_mismatch(draft: Draft, reading: ProgressReading) -> None:
+    """LogprobMismatch follows the driver's log-prob gate: True (a Warning event) while it reports
+    a mismatch, False once it stops; absent on a job whose driver never reported one."""
+    if reading.logprob_mismatch is not None:
+        draft.set(LOGPROB_MISMATCH, True, GEN_LOGPROB_ERROR_HIGH, reading.logprob_mismatch)
+    elif draft.has(LOGPROB_MISMATCH):
+        draft.set(
+            LOGPROB_MISMATCH,
+            False,
+            "GenLogprobErrorNormal",
+            "genLogprobError came back to logprobGate.threshold or below",
+        )
 
 
 def _before(when: datetime | None, admitted_at: datetime | None) -> bool:

@@ -529,6 +529,90 @@ def test_what_the_spec_shows_about_data_and_rewards_is_refused_at_admission(
     assert any(e.path == path and text in e.message for e in errors), [str(e) for e in errors]
 
 
+LOSS = "spec.trainer.loss"
+
+
+@pytest.mark.parametrize(
+    ("loss", "path", "text"),
+    [
+        (
+            {"truncatedImportanceSamplingType": "icepop"},
+            f"{LOSS}.truncatedImportanceSamplingType",
+            "so both bounds are needed; set truncatedImportanceSamplingRatioMin",
+        ),
+        (
+            {"truncatedImportanceSamplingType": "seq-mask-tis", "truncatedImportanceSamplingRatio": None},
+            f"{LOSS}.truncatedImportanceSamplingType",
+            "set truncatedImportanceSamplingRatioMin and truncatedImportanceSamplingRatio",
+        ),
+        (
+            {"truncatedImportanceSamplingRatioMin": 3.0},
+            f"{LOSS}.truncatedImportanceSamplingRatioMin",
+            "must be at most truncatedImportanceSamplingRatio (2.0); got 3.0",
+        ),
+        (
+            {
+                "sequenceLevelImportanceRatios": True,
+                "tokenLevelLoss": False,
+                "truncatedImportanceSamplingType": "seq-mask-tis",
+                "truncatedImportanceSamplingRatioMin": 0.5,
+            },
+            f"{LOSS}.sequenceLevelImportanceRatios",
+            "cannot be combined with truncatedImportanceSamplingType seq-mask-tis",
+        ),
+        (
+            {"sequenceLevelImportanceRatios": True},
+            f"{LOSS}.sequenceLevelImportanceRatios",
+            "needs tokenLevelLoss false",
+        ),
+        (
+            {"constantNormalizer": True, "tokenLevelLoss": False},
+            f"{LOSS}.constantNormalizer",
+            "needs tokenLevelLoss true",
+        ),
+    ],
+    ids=[
+        "icepop-without-min",
+        "seq-mask-uncapped",
+        "min-above-max",
+        "gspo-with-seq-mask",
+        "gspo-token-mean",
+        "dr-grpo-seq-mean",
+    ],
+)
+def test_grpo_variants_that_have_no_meaning_are_refused_naming_the_field(
+    loss: dict[str, Any], path: str, text: str
+) -> None:
+    errors = validate_manifest(job_with(loss=loss)).errors
+    assert any(e.path == path and text in e.message for e in errors), [str(e) for e in errors]
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"constantNormalizer": True},
+        {"sequenceLevelImportanceRatios": True, "tokenLevelLoss": False},
+        {"truncatedImportanceSamplingType": "icepop", "truncatedImportanceSamplingRatioMin": 0.5},
+        {
+            "truncatedImportanceSamplingType": "seq-mask-tis",
+            "truncatedImportanceSamplingRatioMin": 0.999,
+            "truncatedImportanceSamplingRatio": 1.002,
+        },
+        {
+            "sequenceLevelImportanceRatios": True,
+            "tokenLevelLoss": False,
+            "truncatedImportanceSamplingType": "icepop",
+            "truncatedImportanceSamplingRatioMin": 0.5,
+        },
+    ],
+    ids=["dr-grpo", "gspo", "icepop", "seq-mask-tis", "gspo-icepop"],
+)
+def test_each_grpo_variant_is_accepted_without_warnings(loss: dict[str, Any]) -> None:
+    report = validate_manifest(job_with(loss=loss))
+    assert report.ok, [str(e) for e in report.errors]
+    assert not [w for w in report.warnings if w.path.startswith(LOSS)], report.warnings
+
+
 def test_a_gsm8k_job_with_a_data_file_keys_and_a_reward_function_is_accepted() -> None:
     report = validate_manifest(
         job_with(
@@ -609,6 +693,47 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
         for field, value in (("ratioClipMin", 0.1), ("ratioClipMax", 0.4), ("ratioClipC", 3.0))
     ),
     ("loss.klType", "k1", [{}], [{"trainer": {"loss": {"referencePolicyKlPenalty": 0.01}}}]),
+    *(
+        (
+            f"loss.{field}",
+            value,
+            [{"trainer": {"loss": {"useImportanceSamplingCorrection": False}}}],
+            [{}],
+        )
+        for field, value in (
+            ("truncatedImportanceSamplingRatio", 5.0),
+            ("truncatedImportanceSamplingRatioMin", 0.5),
+        )
+    ),
+    (
+        "loss.truncatedImportanceSamplingType",
+        "icepop",
+        [
+            {
+                "trainer": {
+                    "loss": {
+                        "useImportanceSamplingCorrection": False,
+                        "truncatedImportanceSamplingRatioMin": 0.5,
+                    }
+                }
+            }
+        ],
+        [{"trainer": {"loss": {"truncatedImportanceSamplingRatioMin": 0.5}}}],
+    ),
+    (
+        "loss.sequenceLevelImportanceRatios",
+        True,
+        [{"trainer": {"loss": {"useImportanceSamplingCorrection": False, "tokenLevelLoss": False}}}],
+        [
+            {"trainer": {"loss": {"tokenLevelLoss": False}}},
+            {
+                "trainer": {
+                    "loss": {"useImportanceSamplingCorrection": False, "tokenLevelLoss": False},
+                    "policy": {"trainGlobalBatchSize": 16},
+                }
+            },
+        ],
+    ),
     (
         "generation.gpuMemoryUtilization",
         0.5,
@@ -626,6 +751,8 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
         [{"cluster": GPU_POOLS}, {"trainer": {"weightSync": {"transport": "nccl"}}}],  # NCCL; gloo on CPU
     ),
     ("env.scoreTruncated", True, [{}], [{"trainer": {"env": {"function": "my_team.rewards:score"}}}]),
+    ("logprobGate.steps", 3, [{"trainer": {"logprobGate": {"threshold": None}}}], [{}]),
+    ("logprobGate.failJob", True, [{"trainer": {"logprobGate": {"threshold": None}}}], [{}]),
     ("policy.minLearningRateRatio", 0.1, [{}], [{"trainer": {"policy": {"learningRateSchedule": "cosine"}}}]),
 ]
 

@@ -262,6 +262,40 @@ def test_a_step_that_stops_advancing_while_pods_look_healthy_is_stalled_with_ste
     assert moving.condition(plan.STALLED).status == "False"  # type: ignore[union-attr]
 
 
+def test_the_drivers_log_prob_mismatch_sets_a_condition_with_a_warning_event_until_it_clears() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    fine = step(job(), before.status, observe(40, rc, pods=healthy_pods(rc), progress={"step": 3}))
+    assert fine.condition(plan.LOGPROB_MISMATCH) is None  # no news while the engine agrees
+    why = "genLogprobError above logprobGate.threshold 1.1 for 5 measured steps in a row (steps 4-8; ...)"
+    tripped = step(
+        job(),
+        fine.status,
+        observe(50, rc, pods=healthy_pods(rc), progress={"step": 8, "logprobMismatch": why}),
+    )
+    cond = tripped.condition(plan.LOGPROB_MISMATCH)
+    assert cond is not None and cond.status == "True" and cond.reason == "GenLogprobErrorHigh"
+    assert cond.message == why
+    warnings = [e for e in tripped.events if e.reason == "GenLogprobErrorHigh"]
+    assert len(warnings) == 1 and warnings[0].type == "Warning" and why in warnings[0].message
+    assert tripped.status.phase == "Running"
+    again = step(
+        job(),
+        tripped.status,
+        observe(55, rc, pods=healthy_pods(rc), progress={"step": 9, "logprobMismatch": why}),
+    )
+    assert "GenLogprobErrorHigh" not in reasons(again.events)  # one event per transition
+    # With logprobGate.failJob the driver then exits 1: the job fails, and the condition says why.
+    error = f"LogprobMismatchError: {why}; logprobGate.failJob is set"
+    failed = step(job(), again.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(1, error))))
+    assert failed.status.phase == "Failed" and failed.status.reason == "TrainingError"
+    assert failed.condition(plan.LOGPROB_MISMATCH).status == "True"  # type: ignore[union-attr]
+    cleared = step(job(), again.status, observe(60, rc, pods=healthy_pods(rc), progress={"step": 10}))
+    cond = cleared.condition(plan.LOGPROB_MISMATCH)
+    assert cond is not None and cond.status == "False"
+    assert [e.type for e in cleared.events if e.reason == "GenLogprobErrorNormal"] == ["Normal"]
+
+
 def test_an_unreachable_progress_endpoint_counts_as_no_progress() -> None:
     before = running()  # Running since 30 s
     rc = cluster(0, provisioned=True)

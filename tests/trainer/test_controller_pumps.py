@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 
-from asyncgrpo_trainer import checkpoint, controller, data, envs, sampler, weights
+from asyncgrpo_trainer import checkpoint, controller, data, envs, logprob_gate, sampler, weights
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
-from asyncgrpo_trainer.envs.base import Score
+from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 from asyncgrpo_trainer.rewards import RewardFailedError
@@ -114,6 +114,11 @@ def _controller(
     timeout: float | None = None,
     prompts: int = P,
     rewards: Any = None,
+    policy: FakePolicy | None = None,
+    gate: logprob_gate.GateSettings | None = None,
+    validation: list[Example] | None = None,
+    val_period: int = 0,
+    validation_tokens: int = 2,
 ) -> tuple[controller.SingleController, FakePolicy]:
     knobs = {
         "sync": (0, False, True, prompts, prompts),
@@ -124,7 +129,7 @@ def _controller(
     s_, over, in_order, cap, min_groups = knobs
     env = envs.build("reverse")
     tok = CharTokenizer(env.alphabet)
-    pol = FakePolicy()
+    pol = policy or FakePolicy()
     rewards = rewards or FakeRewards()
     rollout = RolloutManager(
         gen,
@@ -150,12 +155,13 @@ def _controller(
         leave_one_out=True,
         normalize_rewards=True,
         needs_reference_logprobs=False,
-        val_period=0,
+        val_period=val_period,
         val_at_end=False,
         checkpoint_path=str(tmp_path),
         checkpoint_every=1000,
         checkpoint_keep=1,
         seed=0,
+        logprob_gate=gate or logprob_gate.GateSettings(threshold=None),
         watchdog_interval_seconds=0.02,
     )
     args = controller.ControllerArgs(
@@ -166,11 +172,11 @@ def _controller(
         rollout=rollout,  # type: ignore[arg-type]
         weights=weights.ObjectStoreSynchronizer(pol, gen, 10.0),  # type: ignore[arg-type]
         loader=data.PromptLoader(env.builtin_examples(split="train", count=64, seed=0), prompts, 0),
-        validation=[],
+        validation=validation or [],
         buffer=ReplayBuffer(),
         sampler=sampler.for_spec(max_staleness_versions=s_, over_sampling=over, force_in_order=in_order),
         tokenizer=tok,
-        validation_params=sampling.SamplingParams(2, temperature=0.0),
+        validation_params=sampling.SamplingParams(validation_tokens, temperature=0.0),
         model=recipe.tiny_build(
             tok,
             hidden_size=16,

@@ -33,8 +33,13 @@ def test_normalization_divides_by_group_std_and_leaves_uniform_groups_at_zero() 
 def test_importance_weights_are_truncated_and_non_finite_ones_zeroed() -> None:
     prev = torch.tensor([0.0, 0.0, 0.0])
     gen = torch.tensor([0.0, -2.0, float("-inf")])
-    w = losses.importance_weights(prev, gen, cap=2.0)
-    assert torch.allclose(w, torch.tensor([1.0, 2.0, 0.0]))
+    w, _ = losses.importance_weights(
+        prev.unsqueeze(0),
+        gen.unsqueeze(0),
+        torch.ones(1, 3),
+        losses.LossConfig(truncated_importance_sampling_ratio=2.0),
+    )
+    assert torch.allclose(w, torch.tensor([[1.0, 2.0, 0.0]]))
 
 
 def test_clipped_loss_matches_a_hand_computation() -> None:

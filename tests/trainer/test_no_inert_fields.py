@@ -105,6 +105,10 @@ CONTEXTS: dict[str, dict[str, Any]] = {
 
 ALONG_WITH: dict[str, dict[str, Any]] = {
     # What admission requires together with the field's new value.
+    "trainer.loss.truncatedImportanceSamplingType": {
+        "trainer": {"loss": {"truncatedImportanceSamplingRatioMin": 0.5}}
+    },
+    "trainer.loss.sequenceLevelImportanceRatios": {"trainer": {"loss": {"tokenLevelLoss": False}}},
     "trainer.model.source": PRETRAINED,
     "trainer.policy.backend": {"cluster": {"policyWorkers": {"gpusPerReplica": 1}}},
     "trainer.generation.backend": VLLM_ON_GPUS,

@@ -121,8 +121,18 @@ def test_fully_masked_rows_add_exactly_nothing_to_the_loss_metrics_or_gradient()
     mask = (torch.rand(3, 5, generator=g) < 0.7).float()
     adv = torch.tensor([0.5, -1.0, 2.0])
     pad = torch.randn(2, 5, generator=g) - 3  # arbitrary log-probs in the padding rows
-    for token_level in (True, False):
-        cfg = losses.LossConfig(reference_policy_kl_penalty=0.1, token_level_loss=token_level)
+    variants = [
+        {"token_level_loss": True},
+        {"token_level_loss": False},
+        {"token_level_loss": False, "sequence_level_importance_ratios": True},
+        {
+            "truncated_importance_sampling_type": "seq-mask-tis",
+            "truncated_importance_sampling_ratio_min": 0.9,
+        },
+        {"truncated_importance_sampling_type": "icepop", "truncated_importance_sampling_ratio_min": 0.9},
+    ]
+    for variant in variants:
+        cfg = losses.LossConfig(reference_policy_kl_penalty=0.1, **variant)  # type: ignore[arg-type]
         x = logp.clone().requires_grad_(True)
         total, metrics = losses.policy_loss_terms(
             logprobs=x,
@@ -191,6 +201,7 @@ def test_device_side_sums_equal_the_float_by_float_metrics() -> None:
         "train_tokens",
         "is_weight_mean",
         "is_weight_max",
+        "is_out_of_bounds",
         "clip_fraction",
         "kl",
         "gen_kl_error",

@@ -193,7 +193,7 @@ def test_with_top_k_or_top_p_the_importance_weight_is_one_when_the_weights_are_e
     assert (cut >= plain).all()  # renormalizing over fewer tokens only raises a kept token's log-prob
 
 
-def test_the_step_reports_the_sampled_tokens_entropy_and_the_largest_importance_weight() -> None:
+def test_the_step_reports_the_importance_weighted_entropy_and_the_largest_importance_weight() -> None:
     rows = _rows(8)
     worker = _worker(_optim(learning_rate=1e-3))
     model = BUILD.instantiate()
@@ -202,5 +202,7 @@ def test_the_step_reports_the_sampled_tokens_entropy_and_the_largest_importance_
     weights = torch.exp(logp - gen).clamp(max=2.0) * mask
     worker.train_chunk(rows)
     got = worker.finish_step()
-    assert got["entropy"] == pytest.approx(float((-logp * mask).sum() / mask.sum()), rel=1e-5)
+    # -(pi_theta / pi_gen) log pi_theta per sampled token (the weight untruncated), over the tokens
+    entropy = -torch.exp(logp - gen) * logp * mask
+    assert got["entropy"] == pytest.approx(float(entropy.sum() / mask.sum()), rel=1e-5)
     assert got["is_weight_max"] == pytest.approx(float(weights.max()), rel=1e-5)

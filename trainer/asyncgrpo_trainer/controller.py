@@ -50,10 +50,11 @@ from asyncgrpo_api.v1alpha1.trainer import (
 )
 from asyncgrpo_trainer import checkpoint, runlog
 from asyncgrpo_trainer.algorithms import advantages
-from asyncgrpo_trainer.backends import policy, sampling
+from asyncgrpo_trainer.backends import generation, policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example, Score
+from asyncgrpo_trainer.logprob_gate import GateSettings, LogprobGate
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
@@ -65,6 +66,15 @@ from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 20_000
+STEP_GAUGES = (
+    "gen_kl_error",
+    "entropy",
+    "clip_fraction",
+    "response_length_mean",
+    "response_length_max",
+    "truncated_fraction",
+)
+"""Figures of the newest step that /progress carries for /metrics (`progress.Progress`)."""
 
 
 class StallError(RuntimeError):
@@ -126,6 +136,8 @@ class Settings:
     checkpoint_every: int
     checkpoint_keep: int
     seed: int
+    logprob_gate: GateSettings = field(default_factory=lambda: GateSettings(threshold=None))
+    """spec.trainer.logprobGate (`logprob_gate`)."""
     log_level: str = "INFO"
     attempt: int | None = None
     """The job's attempt (the operator's ASYNCGRPO_ATTEMPT), recorded in the step records' file."""
@@ -213,6 +225,7 @@ class SingleController:
         self.validation_accuracy: float | None = None
         self.gen_logprob_error: float | None = None
         """The engine-vs-policy log-prob gate of the newest step that had fresh rows."""
+        self.logprob_gate = LogprobGate(self.s.logprob_gate)
         self.failure_budget = FailureBudget(self.s.prompts_per_step)
         self.step_reward_failures: collections.Counter[int] = collections.Counter()
         """Dropped groups by the trainer version of the step they were dispatched for."""
@@ -257,13 +270,15 @@ class SingleController:
         self.inflight: dict[int, asyncio.Task[None]] = {}
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.validation_task: asyncio.Task[None] | None = None
+        self.validation_pin: asyncio.Event | None = None
+        """Set once the running validation has generated every answer; until then refits wait."""
         self.t_start = time.perf_counter()
         self.started_at = time.time()
         await self._refit_weights(self.version, reset=True)
         if self.s.val_period and self.version == 0:
             # The curves start at the untrained model (0 samples); before the pumps, so every
             # answer comes from the initial weights.
-            await self._validate(0)
+            await self._validate(0, self._pin_validation())
         self.permitted.set()
         self.state = "running"
         pumps = [
@@ -316,6 +331,9 @@ class SingleController:
                 "validation_accuracy": self.validation_accuracy,
                 "reward_failures": int(self.counters["reward_failures"]),
                 "gen_logprob_error": self.gen_logprob_error,
+                "logprob_mismatch": self.logprob_gate.mismatch,
+                # The newest step's training and sampling figures, for /metrics.
+                **{key: last.get(key) for key in STEP_GAUGES},
                 "state": self.state,
                 "error": self.error,
                 "mode": self.s.mode,
@@ -459,6 +477,7 @@ class SingleController:
         while self.version < self.s.max_steps:
             record = await self._train_step()
             self._record(record)
+            self.logprob_gate.observe(record["step"], record.get("gen_logprob_error"))
             await self._after_step()
 
     async def _select_chunk(self, remaining: int, step: dict[str, float]) -> list[Slot]:
@@ -487,6 +506,8 @@ class SingleController:
         step: dict[str, float] = collections.defaultdict(float)
         rewards: list[float] = []
         correct: list[bool] = []
+        lengths: list[int] = []
+        truncated: list[bool] = []
         spreads: list[float] = []
         staleness: list[int] = []
         taken = tokens = chunks = 0
@@ -511,6 +532,8 @@ class SingleController:
                     rewards.extend(g.record.rewards)
                     correct.extend(g.record.correct)
                     spreads.append(max(g.record.rewards) - min(g.record.rewards))
+                    lengths.extend(len(r) for r in g.record.response_ids)
+                    truncated.extend(not f for f in g.record.finished)
             staleness.extend(self.version - g.start_version for g in groups)
         t0 = time.perf_counter()
         metrics = await self.a.policy.finish_step()
@@ -537,6 +560,10 @@ class SingleController:
             # advantage and adds no gradient; a step where every group does trains nothing.
             "reward_spread": sum(spreads) / len(spreads),
             "zero_advantage_groups": sum(s == 0 for s in spreads) / len(spreads),
+            "response_length_mean": sum(lengths) / len(lengths),
+            "response_length_max": max(lengths),
+            # Cut at maxNewTokens without a stop: the environments score these 0.
+            "truncated_fraction": sum(truncated) / len(truncated),
             "mean_staleness": sum(staleness) / len(staleness),
             "max_staleness": max(staleness),
             "chunks": chunks,
@@ -580,6 +607,10 @@ class SingleController:
             t0 = time.perf_counter()
             await asyncio.wait(list(self.inflight.values()))
             self.totals.add("drain_wait", time.perf_counter() - t0)
+        if self.validation_pin is not None:
+            t0 = time.perf_counter()
+            await self.validation_pin.wait()
+            self.totals.add("validation_pin_wait", time.perf_counter() - t0)
         await self._refit_weights(self.version, reset=self.s.reset_cache_after_refit)
         self.permitted.set()
         self.changed.fire()
@@ -596,23 +627,57 @@ class SingleController:
         if (self.s.val_period and step % self.s.val_period == 0) or (last and self.s.val_at_end):
             if self.validation_task is not None:
                 await self.validation_task
-            self.validation_task = asyncio.create_task(self._validate(step), name=f"validate-{step}")
+            # Pinned before the task starts: no refit can slip in between.
+            pin = self._pin_validation()
+            self.validation_task = asyncio.create_task(self._validate(step, pin), name=f"validate-{step}")
         if step % self.s.checkpoint_every == 0 or last:
             t0 = time.perf_counter()
             await self._checkpoint(step)
             self.totals.add("checkpointing", time.perf_counter() - t0)
 
-    async def _validate(self, step: int) -> None:
-        """Greedy answers to the held-out prompts, scored by the environment, at this version."""
-        if not self.a.validation:
-            return
-        tok = self.a.tokenizer
+    def _pin_validation(self) -> asyncio.Event:
+        """Hold the generation engines at their current weights until the validation about to
+        start has generated its answers (`_refit` waits for the returned event)."""
+        self.validation_pin = asyncio.Event()
+        return self.validation_pin
+
+    async def _validate(self, step: int, pin: asyncio.Event) -> None:
+        """Greedy answers to the held-out prompts, scored by the environment, all generated by
+        weight version `step`: both engines apply a refit between two decode steps of a running
+        request, so the refits wait for `pin`, which is set once every answer is generated (the
+        scoring runs after it); and the prefix caches are reset first, since they may hold prompt
+        KV of older weights (the previous validation's, up to S versions old). An answer from any
+        other version would be a broken pin: the run fails rather than report it as this step's."""
+        version = self.gen_version
+        t0 = time.perf_counter()
+        try:
+            if not self.a.validation:
+                return
+            await self.a.generation.reset_cache()
+            tok = self.a.tokenizer
+            outs = await asyncio.gather(
+                *(
+                    self.a.generation.generate(
+                        tok.encode_prompt(example.model_prompt), 1, self.a.validation_params, i
+                    )
+                    for i, example in enumerate(self.a.validation)
+                )
+            )
+        finally:
+            pin.set()
+            if self.validation_pin is pin:
+                self.validation_pin = None
+        mixed = [i for i, o in enumerate(outs) if (o.first_version, o.last_version) != (version, version)]
+        if mixed:
+            o = outs[mixed[0]]
+            raise RuntimeError(
+                f"validation of step {step} was pinned to weights {version}, but {len(mixed)} held-out "
+                f"answers came from other weights (prompt {mixed[0]}: versions {o.first_version} to "
+                f"{o.last_version})"
+            )
         samples = self.counters["samples_trained"]  # at `step`: later steps may finish meanwhile
 
-        async def one(i: int, example: Example) -> Score | None:
-            out = await self.a.generation.generate(
-                tok.encode_prompt(example.model_prompt), 1, self.a.validation_params, i
-            )
+        async def score(i: int, example: Example, out: generation.Generated) -> Score | None:
             texts = [tok.decode(r) for r in out.response_ids]
             try:
                 return (await self.a.rewards.score(example, texts, out.finished))[0]
@@ -621,8 +686,9 @@ class SingleController:
                 log.warning("validation prompt %d not scored: %s", i, exc)
                 return None
 
-        t0 = time.perf_counter()
-        scored = await asyncio.gather(*(one(i, e) for i, e in enumerate(self.a.validation)))
+        scored = await asyncio.gather(
+            *(score(i, e, o) for i, (e, o) in enumerate(zip(self.a.validation, outs, strict=True)))
+        )
         scores = [s for s in scored if s is not None]
         if not scores:
             return
@@ -633,6 +699,7 @@ class SingleController:
             {
                 "event": "validation",
                 "step": step,
+                "weight_version": version,
                 "samples_trained": samples,
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
@@ -678,10 +745,15 @@ class SingleController:
             if now != last:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since > self.s.stall_timeout_seconds:
+                pinned = (
+                    "; the refit waits for a validation still generating its answers"
+                    if self.validation_pin is not None
+                    else ""
+                )
                 raise StallError(
                     f"no rollout committed and no step trained for {self.s.stall_timeout_seconds:g}s "
                     f"(step {self.version}, {len(self.inflight)} groups in flight, "
-                    f"{len(self.buffer)} buffered)"
+                    f"{len(self.buffer)} buffered{pinned})"
                 )
 
 

@@ -58,6 +58,16 @@ class Progress:
     gen_logprob_error: float | None = None
     """The newest measured mean exp|logp_engine - logp_policy| (1 = the engine and the policy agree),
     over the tokens a step trained that the policy's current weights generated (staleness 0)."""
+    logprob_mismatch: str | None = None
+    """While the log-prob gate is tripped (`logprob_gate`), why, in one line; the operator sets the
+    LogprobMismatch condition from it."""
+    gen_kl_error: float | None = None
+    entropy: float | None = None
+    clip_fraction: float | None = None
+    response_length_mean: float | None = None
+    response_length_max: float | None = None
+    truncated_fraction: float | None = None
+    """The newest step's figures (the step record's keys of the same names), as gauges on /metrics."""
     state: str = "starting"
     error: str | None = None
     mode: str = ""
@@ -87,6 +97,13 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_validation_reward": p.validation_reward,
         "asyncgrpo_validation_accuracy": p.validation_accuracy,
         "asyncgrpo_gen_logprob_error": p.gen_logprob_error,
+        "asyncgrpo_logprob_mismatch": float(p.logprob_mismatch is not None),
+        "asyncgrpo_gen_kl_error": p.gen_kl_error,
+        "asyncgrpo_entropy": p.entropy,
+        "asyncgrpo_clip_fraction": p.clip_fraction,
+        "asyncgrpo_response_length_mean": p.response_length_mean,
+        "asyncgrpo_response_length_max": p.response_length_max,
+        "asyncgrpo_truncated_fraction": p.truncated_fraction,
     }
     lines: list[str] = []
     for name, value in gauges.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
-from asyncgrpo_trainer import controller, sampler
+from asyncgrpo_trainer import controller, logprob_gate, sampler
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
 from asyncgrpo_trainer.models import recipe
@@ -44,6 +44,9 @@ def settings(job: AsyncGRPOJob) -> controller.Settings:
         checkpoint_every=job.spec.checkpoint.every_steps,
         checkpoint_keep=job.spec.checkpoint.keep_last,
         seed=t.grpo.seed,
+        logprob_gate=logprob_gate.GateSettings(
+            threshold=t.logprob_gate.threshold, steps=t.logprob_gate.steps, fail=t.logprob_gate.fail_job
+        ),
         log_level=t.log_level,
     )
 
@@ -65,9 +68,13 @@ def loss_config(t: TrainerSpec) -> losses.LossConfig:
         ratio_clip_c=loss.ratio_clip_c,
         use_importance_sampling_correction=loss.use_importance_sampling_correction,
         truncated_importance_sampling_ratio=loss.truncated_importance_sampling_ratio,
+        truncated_importance_sampling_ratio_min=loss.truncated_importance_sampling_ratio_min,
+        truncated_importance_sampling_type=loss.truncated_importance_sampling_type,
+        sequence_level_importance_ratios=loss.sequence_level_importance_ratios,
         reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
         kl_type=loss.kl_type,
         token_level_loss=loss.token_level_loss,
+        constant_normalizer=t.generation.max_new_tokens if loss.constant_normalizer else None,
     )
 
 

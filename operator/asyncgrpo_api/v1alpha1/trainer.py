@@ -171,7 +171,30 @@ class LossSpec(ApiModel):
         default=2.0,
         gt=0,
         le=1000,
-        description="Cap on the importance weight (TIS); unset leaves it uncapped.",
+        description="Upper bound of the importance weight (see truncatedImportanceSamplingType); unset "
+        "leaves it uncapped (tis only).",
+    )
+    truncated_importance_sampling_ratio_min: float | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Lower bound of the importance weight; unset means 0 with tis. Required by icepop "
+        "and seq-mask-tis.",
+    )
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] = Field(
+        default="tis",
+        description="What a weight outside [truncatedImportanceSamplingRatioMin, "
+        "truncatedImportanceSamplingRatio] becomes, as in NeMo-RL. tis: clamped into the bounds; "
+        "icepop (masked IS): 0, so that token (per sequence with sequenceLevelImportanceRatios: that "
+        "sequence) adds nothing; seq-mask-tis: a sequence whose geometric-mean token weight is outside "
+        "the bounds is dropped whole, the others keep their untruncated token weights.",
+    )
+    sequence_level_importance_ratios: bool = Field(
+        default=False,
+        description="GSPO: one ratio per sequence, the geometric mean of its token ratios pi_theta / "
+        "pi_old, clipped as a whole, and one importance weight per sequence, its likelihood ratio "
+        "pi_old / pi_generation (truncated as truncatedImportanceSamplingType says). Needs "
+        "tokenLevelLoss false.",
     )
     reference_policy_kl_penalty: float = Field(
         default=0.0,
@@ -183,6 +206,38 @@ class LossSpec(ApiModel):
     token_level_loss: bool = Field(
         default=True,
         description="Average over all tokens of the step (true) or per sequence then over sequences.",
+    )
+    constant_normalizer: bool = Field(
+        default=False,
+        description="Dr. GRPO: divide the step's summed token loss by its number of samples x "
+        "generation.maxNewTokens, a constant, instead of its actual token count, so that shorter "
+        "responses do not get larger per-token gradients. Needs tokenLevelLoss true.",
+    )
+
+
+class LogprobGateSpec(ApiModel):
+    """The generation engine's log-prob gate (status.progress and /metrics: genLogprobError): the
+    mean over the tokens each step's own weights generated of exp|log pi_engine - log pi_policy|,
+    1 when the engine samples exactly the policy's distribution."""
+
+    threshold: float | None = Field(
+        default=1.1,
+        ge=1,
+        le=1000,
+        description="Above this for `steps` measured steps in a row, the job's LogprobMismatch condition "
+        "turns True (with a Warning event). NeMo-RL's bar is 1.1 in bf16; unset turns the gate off.",
+    )
+    steps: int = Field(
+        default=5,
+        ge=1,
+        le=100_000,
+        description="Consecutive measured steps (steps with samples of their own weights) above the "
+        "threshold that trip the gate.",
+    )
+    fail_job: bool = Field(
+        default=False,
+        description="Fail the job (TrainingError, not retried) when the gate trips, instead of only "
+        "setting the condition.",
     )
 
 
@@ -431,6 +486,10 @@ class TrainerSpec(ApiModel):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Refit transport.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training and validation prompts.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="The reward environment.")
+    logprob_gate: LogprobGateSpec = Field(
+        default_factory=LogprobGateSpec,
+        description="Whether the generation engine samples the policy's distribution, checked every step.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the driver and its controller actor."
     )

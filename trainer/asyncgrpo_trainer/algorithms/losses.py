@@ -17,19 +17,38 @@ Inputs per token, shapes (B, T) with a 0/1 `mask` of response tokens:
 
 loss_t = w_t * max(-A * r_t, -A * clip(r_t, 1 - eps_lo, 1 + eps_hi))  [dual clip: min with -c A, A<0]
          + beta * KL_t(pi_theta || pi_ref)
-with r_t = exp(logprobs - prev_logprobs) and w_t = min(exp(importance_logprobs -
-generation_logprobs), C), detached (nan/inf -> 0). The step's loss is the sum over all tokens
-divided once by the global number of response tokens (token-level loss) or the per-sequence means
-summed and divided by the number of sequences. The caller passes that global normalizer, so that
-streaming a step in chunks and splitting it over data-parallel ranks gives exactly the loss of one
-big batch.
+with r_t = exp(logprobs - prev_logprobs) and w_t = exp(importance_logprobs - generation_logprobs),
+detached (nan/inf -> 0), then truncated (`importance_weights`). The step's loss is the sum over all
+tokens divided once by a global normalizer (`LossConfig.normalizer`): the number of response tokens
+(token-level loss), or the per-sequence means summed and divided by the number of sequences, or
+(Dr. GRPO) the token sum divided by sequences x a constant, the response-length budget, so that a
+step's gradient does not grow when its responses get shorter. The caller passes that global
+normalizer, so that streaming a step in chunks and splitting it over data-parallel ranks gives
+exactly the loss of one big batch.
+
+GSPO (`sequence_level_importance_ratios`): r and w are per sequence: r_i = exp(mean_t(logprobs -
+prev_logprobs)) (the geometric mean of the token ratios, clipped as a whole) and w_i = exp(sum_t
+(importance_logprobs - generation_logprobs)) (the sequence's likelihood ratio), both broadcast to
+the sequence's tokens.
+
+Truncation of w, NeMo-RL's three choices (`truncated_importance_sampling_type`), with bounds
+[lo, hi] = [truncated_importance_sampling_ratio_min or 0, truncated_importance_sampling_ratio]:
+- `tis`: clamp w into [lo, hi] (per token, or per sequence with GSPO);
+- `icepop` (masked IS): weights outside [lo, hi] become 0 (that token, or with GSPO that sequence,
+  adds nothing);
+- `seq-mask-tis` (sequence-level masked IS): a sequence whose geometric-mean token weight
+  exp(mean_t log w_t) is outside [lo, hi] is dropped whole; the others keep their untruncated token
+  weights.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+TRUNCATION_TYPES = ("tis", "icepop", "seq-mask-tis")
 
 
 @dataclass(frozen=True)
@@ -39,9 +58,21 @@ class LossConfig:
     ratio_clip_c: float | None = None
     use_importance_sampling_correction: bool = True
     truncated_importance_sampling_ratio: float | None = 2.0
+    truncated_importance_sampling_ratio_min: float | None = None
+    truncated_importance_sampling_type: str = "tis"
+    sequence_level_importance_ratios: bool = False
     reference_policy_kl_penalty: float = 0.0
     kl_type: str = "k3"
     token_level_loss: bool = True
+    constant_normalizer: int | None = None
+    """Dr. GRPO: divide the step's token sum by sequences x this (the response-length budget)
+    instead of its token count; None: `token_level_loss` decides."""
+
+    def normalizer(self, *, tokens: float, sequences: float) -> float:
+        """What the step's summed loss (and its gradient) is divided by, from its global counts."""
+        if self.constant_normalizer is not None:
+            return sequences * self.constant_normalizer
+        return tokens if self.token_level_loss else sequences
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -56,13 +87,41 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -
     raise ValueError(f"unknown KL estimator {kind!r}")
 
 
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) -> (B, 1): the mean of each row over its masked tokens (0 for an empty row)."""
+    return (x * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+
+
 def importance_weights(
-    prev_logprobs: torch.Tensor, generation_logprobs: torch.Tensor, cap: float | None
-) -> torch.Tensor:
-    """w = pi_old / pi_gen per token, truncated at `cap`, non-finite values zeroed; no gradient."""
-    w = torch.exp(prev_logprobs.detach() - generation_logprobs.detach())
-    w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
-    return w.clamp(max=cap) if cap is not None else w
+    behaviour_logprobs: torch.Tensor, generation_logprobs: torch.Tensor, mask: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, out_of_bounds), both (B, T) and without gradient: w = pi_behaviour / pi_gen per token (per
+    sequence with GSPO, broadcast), non-finite values zeroed, then truncated by `cfg`'s type and
+    bounds; out_of_bounds is 1 where the truncation changed w."""
+    log_w = (behaviour_logprobs.detach() - generation_logprobs.detach()).where(mask > 0, 0.0)
+    if cfg.sequence_level_importance_ratios:
+        log_w = log_w.sum(dim=1, keepdim=True).expand_as(mask)
+    w = _finite(torch.exp(log_w))
+    hi = cfg.truncated_importance_sampling_ratio  # unset: uncapped (admission allows it with tis only)
+    hi = math.inf if hi is None else hi
+    lo = cfg.truncated_importance_sampling_ratio_min or 0.0
+    kind = cfg.truncated_importance_sampling_type
+    if kind not in TRUNCATION_TYPES:
+        raise ValueError(f"unknown truncated importance sampling type {kind!r}")
+    if kind == "seq-mask-tis":
+        # The geometric mean of the token weights, a -inf log-weight (a token pi_old's filter cuts)
+        # taken as 0 as NeMo-RL does; the sequence is kept or dropped whole.
+        geo = torch.exp(_sequence_mean(_finite(log_w), mask))
+        out = ((geo < lo) | (geo > hi)).to(w.dtype).expand_as(w)
+        return w * (1.0 - out), out * mask
+    out = ((w < lo) | (w > hi)).to(w.dtype)
+    if kind == "tis":
+        return w.clamp(min=lo, max=hi), out * mask
+    return w * (1.0 - out), out * mask  # icepop
 
 
 def policy_loss_terms(
@@ -77,9 +136,10 @@ def policy_loss_terms(
     importance_logprobs: torch.Tensor | None = None,
     fresh: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Unnormalized loss: sum over tokens (token-level) or sum of per-sequence means, and metrics.
+    """Unnormalized loss: sum over tokens (token-level, Dr. GRPO) or sum of per-sequence means, and
+    metrics.
 
-    Divide the result by the global normalizer of the step (tokens or sequences), once.
+    Divide the result by the global normalizer of the step (`LossConfig.normalizer`), once.
     advantages may be (B,) per sequence or (B, T) per token. The metrics are 0-dim tensors on the
     inputs' device, so a caller can accumulate them without stalling the device queue; rows whose
     mask is all zero add nothing to the loss, its gradient or any metric.
@@ -88,16 +148,19 @@ def policy_loss_terms(
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
     mask = mask.to(logprobs.dtype)
     behaviour = prev_logprobs if importance_logprobs is None else importance_logprobs
-    ratio = torch.exp(logprobs - prev_logprobs.detach())
+    log_ratio = logprobs - prev_logprobs.detach()
+    if cfg.sequence_level_importance_ratios:
+        log_ratio = _sequence_mean(log_ratio, mask).expand_as(logprobs)
+    ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
     per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
     if cfg.ratio_clip_c is not None:
         dual = torch.minimum(per_token, -advantages * cfg.ratio_clip_c)
         per_token = torch.where(advantages < 0, dual, per_token)
     if cfg.use_importance_sampling_correction:
-        weights = importance_weights(behaviour, generation_logprobs, cfg.truncated_importance_sampling_ratio)
+        weights, out_of_bounds = importance_weights(behaviour, generation_logprobs, mask, cfg)
     else:
-        weights = torch.ones_like(per_token)
+        weights, out_of_bounds = torch.ones_like(per_token), torch.zeros_like(per_token)
     per_token = weights * per_token
     kl = torch.zeros_like(per_token)
     if cfg.reference_policy_kl_penalty > 0:
@@ -105,10 +168,7 @@ def policy_loss_terms(
             raise ValueError("reference_logprobs are required when referencePolicyKlPenalty > 0")
         kl = kl_estimate(logprobs, reference_logprobs, cfg.kl_type)
         per_token = per_token + cfg.reference_policy_kl_penalty * kl
-    if cfg.token_level_loss:
-        total = (per_token * mask).sum()
-    else:
-        total = ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum()
+    total = (per_token * mask).sum() if cfg.token_level_loss else _sequence_mean(per_token, mask).sum()
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         clip_hit = ((ratio < 1.0 - cfg.ratio_clip_min) | (ratio > 1.0 + cfg.ratio_clip_max)).to(mask.dtype)
@@ -118,6 +178,7 @@ def policy_loss_terms(
             "tokens": mask.sum(),
             "is_weight_sum": weighted.sum(),
             "is_weight_max": weighted.amax() if weighted.numel() else weighted.new_zeros(()),
+            "is_out_of_bounds_sum": (out_of_bounds * mask).sum(),
             "clip_fraction_sum": (clip_hit * mask).sum(),
             "kl_sum": (kl * mask).sum(),
             # A token the filter of pi_old cuts has log-weight -inf (weight 0): left out here.
@@ -129,8 +190,15 @@ def policy_loss_terms(
                 * fresh_mask
             ).sum(),
             "fresh_tokens": fresh_mask.sum(),
-            # -log pi of the sampled tokens: a Monte Carlo estimate of the per-token entropy.
-            "entropy_sum": (-logprobs.detach() * mask).sum(),
+            "entropy_sum": (entropy_estimate(logprobs.detach(), generation_logprobs) * mask).sum(),
             "ratio_mean": (ratio * mask).sum() / n,
         }
     return total, metrics
+
+
+def entropy_estimate(logprobs: torch.Tensor, generation_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per token, -(pi_theta / pi_gen) log pi_theta: its mean over tokens sampled from pi_gen estimates
+    the entropy of pi_theta (the temperature-scaled distribution the policy is trained on) without
+    bias, even on data several versions old, where the plain -log pi_theta of the sampled tokens
+    measures pi_gen's choices instead (NeMo-RL's approx_entropy). Non-finite weights count 0."""
+    return -_finite(torch.exp(logprobs - generation_logprobs)) * logprobs

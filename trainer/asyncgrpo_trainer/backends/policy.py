@@ -385,7 +385,8 @@ class StepAccumulator:
 
     def reduce(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None) -> StepTotals:
         """Sum the gradients of `params` and the counters over `group` (None: this rank is the only
-        data-parallel replica) and divide the gradients by the global token (or sequence) count:
+        data-parallel replica) and divide the gradients by the global normalizer (token or sequence
+        count, or Dr. GRPO's sequences x constant; `LossConfig.normalizer`):
         afterwards they are the gradient of the whole step's batch. A parameter without a gradient
         (unused by this rank's rows) joins the reduce with zeros."""
         for p in params:
@@ -409,7 +410,7 @@ class StepAccumulator:
         # The step's one read of the counters.
         sums = dict(zip(_SUMMED, stats.tolist(), strict=True))
         maxes = dict(zip(_MAXED, peaks.tolist(), strict=True))
-        count = max(sums["tokens" if self.loss_cfg.token_level_loss else "sequences"], 1.0)
+        count = max(self.loss_cfg.normalizer(tokens=sums["tokens"], sequences=sums["sequences"]), 1.0)
         for g in grads:
             g.div_(count)
         return StepTotals(sums, count, maxes)
@@ -436,6 +437,7 @@ class StepTotals:
             "train_tokens": self.sums["tokens"],
             "is_weight_mean": self.sums["is_weight_sum"] / tokens,
             "is_weight_max": self.maxes.get("is_weight_max", 0.0),
+            "is_out_of_bounds": self.sums["is_out_of_bounds_sum"] / tokens,
             "clip_fraction": self.sums["clip_fraction_sum"] / tokens,
             "kl": self.sums["kl_sum"] / tokens,
             "gen_kl_error": self.sums["gen_kl_sum"] / tokens,
@@ -520,6 +522,7 @@ _SUMMED = (
     "sequences",
     "loss_sum",
     "is_weight_sum",
+    "is_out_of_bounds_sum",
     "clip_fraction_sum",
     "kl_sum",
     "gen_kl_sum",
