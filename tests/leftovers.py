@@ -63,10 +63,30 @@ def sweep_unused_run_folders(tmp: Path) -> list[Path]:
         for part in ("cmdline", "environ"):
             with contextlib.suppress(OSError):
                 named.update(m.decode() for m in pattern.findall((proc / part).read_bytes()))
-    unused = [p for prefix in RUN_FOLDERS.values() for p in tmp.glob(f"{prefix}*") if p.name not in named]
+    unused = [
+        p
+        for prefix in RUN_FOLDERS.values()
+        for p in tmp.glob(f"{prefix}*")
+        if p.name not in named and not _owner_alive(p)
+    ]
     for path in unused:
         shutil.rmtree(path, ignore_errors=True)
     return unused
+
+
+OWNER_FILE = ".owner-pid"
+"""In each run folder: the pid of the pytest that made it. /proc/<pid>/environ shows a process's
+environment as it started, so the pytest that set the folder's variable after starting is not seen
+naming it: while none of its children held the folder (between two vLLM engines), another
+session's sweep deleted a live run's vLLM folder, and that run's next engine failed on its socket."""
+
+
+def _owner_alive(folder: Path) -> bool:
+    try:
+        pid = int((folder / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return Path(f"/proc/{pid}").exists()
 
 
 class Leftovers:
@@ -80,6 +100,7 @@ class Leftovers:
         for env, prefix in RUN_FOLDERS.items():
             if env not in os.environ:
                 self.run_dirs[env] = Path(tempfile.mkdtemp(prefix=prefix, dir=tmp))
+                (self.run_dirs[env] / OWNER_FILE).write_text(str(os.getpid()))
                 os.environ[env] = str(self.run_dirs[env])
         self.left: list[Path] = []
         self.noted: list[Path] = []

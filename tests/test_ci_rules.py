@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.leftovers import OPTION as LEFTOVERS_OPTION
-from tests.leftovers import RUN_FOLDERS, sweep_unused_run_folders
+from tests.leftovers import OWNER_FILE, RUN_FOLDERS, sweep_unused_run_folders
 from tests.skip_policy import CUDA_REASON, OPTION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,3 +121,17 @@ def test_a_run_folder_no_live_process_names_is_swept_and_one_in_use_is_kept(tmp_
         user.kill()
         user.wait()
     assert not stale.exists() and not stale_vllm.exists() and in_use.exists()
+
+
+def test_a_run_folder_whose_pytest_lives_is_kept_though_no_process_names_it(tmp_path: Path) -> None:
+    """The pytest that made a folder set its variable after it started, so its /proc environ does
+    not name it; between two vLLM engines no child does either. Its pid in the folder keeps it."""
+    owned, orphaned = tmp_path / "asyncgrpo-vllm-owned", tmp_path / "asyncgrpo-vllm-orphaned"
+    for folder in (owned, orphaned):
+        folder.mkdir()
+    (owned / OWNER_FILE).write_text(str(os.getpid()))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (orphaned / OWNER_FILE).write_text(str(dead.pid))
+    assert sweep_unused_run_folders(tmp_path) == [orphaned]
+    assert owned.exists() and not orphaned.exists()
