@@ -22,6 +22,7 @@ from asyncgrpo_operator.cache import ADDED, Cache
 from asyncgrpo_operator.observed import PodView, ProgressReading
 from asyncgrpo_operator.reconciler import Reconciler
 from tests.operator.builders import OWNER, cluster, healthy_pods, job, observe, raw_cluster, raw_pod
+from tests.operator.cancelling import stops_when_cancelled_as_it_wakes
 from tests.operator.test_watch_cache import JOB, RecordingApi, job_body
 
 DOC = {
@@ -507,16 +508,10 @@ def test_a_cancel_that_arrives_as_the_poller_wakes_stops_the_poller() -> None:
         async with aiohttp.ClientSession() as session:
             poller = progress.Poller(session, min_interval=0.1)
             task = asyncio.create_task(poller.run())
-            await asyncio.sleep(0.1)  # the poller waits for its wake
-            poller.track(JOB, "http://127.0.0.1:9/progress", 60.0)  # sets the wake ...
-            task.cancel()  # ... in the same loop turn as the cancel
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                async with asyncio.timeout(2.0):
-                    await task
-            stopped = task.done()
-            while not task.done():  # a later cancel, with no wake beside it, lands: let the test end
-                task.cancel()
-                await asyncio.sleep(0.05)
-            return stopped
+
+            def track() -> None:  # sets the poller's wake
+                poller.track(JOB, "http://127.0.0.1:9/progress", 60.0)
+
+            return await stops_when_cancelled_as_it_wakes(task, track)
 
     assert asyncio.run(scenario()), "the poller kept running after it was cancelled"

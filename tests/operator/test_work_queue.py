@@ -8,6 +8,7 @@ import itertools
 from collections import Counter
 
 from asyncgrpo_operator.controller import Controller, Key
+from tests.operator.cancelling import stops_when_cancelled_as_it_wakes
 
 A: Key = ("ns", "a")
 B: Key = ("ns", "b")
@@ -280,16 +281,6 @@ def test_a_cancel_that_arrives_as_the_dispatcher_wakes_stops_the_controller() ->
     async def scenario() -> bool:
         controller = Controller(reconcile=reconcile, list_keys=no_keys, resync_seconds=3600)
         task = asyncio.create_task(controller.run())
-        await asyncio.sleep(0.1)  # the dispatcher waits for its wake
-        controller.enqueue(A)  # sets the wake ...
-        task.cancel()  # ... in the same loop turn as the cancel
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            async with asyncio.timeout(2.0):
-                await task
-        stopped = task.done()
-        while not task.done():  # a later cancel, with no wake beside it, lands: let the test end
-            task.cancel()
-            await asyncio.sleep(0.05)
-        return stopped
+        return await stops_when_cancelled_as_it_wakes(task, lambda: controller.enqueue(A))
 
     assert asyncio.run(scenario()), "the controller kept running after it was cancelled"
