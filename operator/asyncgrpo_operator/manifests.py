@@ -34,15 +34,12 @@ from typing import Any
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
-from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, WorkerGroup
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
 from asyncgrpo_operator import naming, overrides
 
 Manifest = dict[str, Any]
 
-KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-"""A Kueue WorkloadPriorityClass; copied from the job to its RayCluster, where Kueue reads it."""
 KAI_QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER_NAME = "kai-scheduler"
 VOLCANO_QUEUE_LABEL = "volcano.sh/queue-name"
@@ -160,17 +157,11 @@ def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> 
             spec.cluster.generation_workers,
         ),
     ]
-    cluster_spec: Manifest = {}
-    if job.kueue_queue_name is not None:
-        # Created suspended: no pod exists before Kueue admits the cluster (its webhook would
-        # suspend it too, but only if it is up; this does not depend on that).
-        cluster_spec["suspend"] = True
     return {
         "apiVersion": naming.RAY_API_VERSION,
         "kind": naming.RAYCLUSTER_KIND,
         "metadata": metadata,
         "spec": {
-            **cluster_spec,
             "rayVersion": spec.cluster.ray_version,
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {
@@ -355,14 +346,11 @@ def _pod_metadata(job: AsyncGRPOJob, attempt: int, component: str, placement: Pl
 def _scheduler_labels(job: AsyncGRPOJob) -> dict[str, str]:
     """Labels on the RayCluster that Kueue, or KubeRay's batch-scheduler integration, read."""
     scheduler = job.spec.scheduler
-    queue = job.kueue_queue_name
-    if queue is not None:
-        labels = {KUEUE_QUEUE_LABEL: queue}
-        priority = job.metadata.labels.get(KUEUE_PRIORITY_LABEL)
-        if priority:
-            labels[KUEUE_PRIORITY_LABEL] = priority
-        return labels
-    labels = {}
+    if job.kueue_queue_name is not None:
+        # Kueue queues the job itself (workload.py): the RayCluster carries no queue label, or
+        # Kueue's RayCluster integration would queue it a second time.
+        return {}
+    labels: dict[str, str] = {}
     if scheduler.name == "kai" and scheduler.queue_name:
         labels[KAI_QUEUE_LABEL] = scheduler.queue_name
     if scheduler.name == "volcano":

@@ -146,10 +146,14 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     rules = operator_role(default_objects)["rules"]
     # what asyncgrpo_operator.k8s calls (its informers list and watch RayClusters, pods and
     # ConfigMaps), plus kopf's watch of jobs; a pass reads from those caches, never with a GET
-    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete"}
+    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete", "patch"}
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"patch"}
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/finalizers") == {"update"}
-    assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete"}
+    assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete", "patch"}
+    assert granted(rules, "kueue.x-k8s.io", "workloads") == {"list", "create", "patch", "delete"}
+    assert granted(rules, "kueue.x-k8s.io", "workloads/status") == {"patch"}
+    assert granted(rules, "kueue.x-k8s.io", "resourceflavors") == {"get"}
+    assert granted(rules, "scheduling.k8s.io", "priorityclasses") == {"get"}
     assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
     assert granted(rules, "", "pods") == {"list", "watch"}
     assert granted(rules, "", "events") == {"create"}
@@ -174,12 +178,15 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
         "customresourcedefinitions",
         "namespaces",
+        "resourceflavors",
+        "workloadpriorityclasses",
+        "priorityclasses",
     }
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for rules in roles.values():
-        assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete"}
-        assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete"}
+        assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete", "patch"}
+        assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete", "patch"}
         assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
     bindings = by_kind(objects, "RoleBinding")
     sa = one(objects, "ServiceAccount")["metadata"]["name"]

@@ -47,14 +47,21 @@ FLAVOR = "default-flavor"
 CLUSTER_QUEUE = "gpu-pool"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 FRAMEWORKS = ("ray.io/raycluster",)
+EXTERNAL_FRAMEWORKS = ("AsyncGRPOJob.v1alpha1.asyncgrpo.dev",)
+"""The operator manages these jobs' Workloads itself (Kueue's externalFrameworks)."""
+PODS_READY_TIMEOUT_SECONDS = 20
+"""waitForPodsReady: an admitted job whose pods are not all ready this long is evicted and requeued
+(kwok's pods are ready within seconds; the e2e test of the timeout waits this long once)."""
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 """Hard-coded in Kueue's cmd/kueue/main.go (v0.17.0) for internalCertManagement.enable false."""
 _KEPT_GROUPS = {"kueue.x-k8s.io", "ray.io"}
 
 
 def config(state: Path) -> dict[str, Any]:
-    """Kueue's Configuration: our ports on 127.0.0.1, no leader election, our certificates, and
-    only the RayCluster integration (the operator creates RayClusters, nothing else)."""
+    """Kueue's Configuration: our ports on 127.0.0.1, no leader election, our certificates, the
+    AsyncGRPOJob as an external framework (the operator owns each job's Workload), the RayCluster
+    integration on as in Kueue's default configuration (it must leave the operator's RayClusters,
+    children of a job Kueue manages, alone), and waitForPodsReady with a short timeout."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -65,7 +72,11 @@ def config(state: Path) -> dict[str, Any]:
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "clientConnection": {"qps": 100, "burst": 200},
-        "integrations": {"frameworks": list(FRAMEWORKS)},
+        "integrations": {"frameworks": list(FRAMEWORKS), "externalFrameworks": list(EXTERNAL_FRAMEWORKS)},
+        "waitForPodsReady": {
+            "timeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 1, "backoffMaxSeconds": 10},
+        },
     }
 
 
