@@ -187,7 +187,9 @@ class ClusterView:
     replica_failure: str | None = None
     """KubeRay's ReplicaFailure message (e.g. pods rejected by a quota)."""
     suspended: bool = False
-    """spec.suspend of the RayCluster: set by Kueue while the cluster waits for admission."""
+    """spec.suspend of the RayCluster: set while the job is suspended or not admitted by Kueue."""
+    suspend_complete: bool = False
+    """KubeRay's RayClusterSuspended: every pod is gone and RayClusterProvisioned was reset."""
 
     @classmethod
     def from_dict(cls, cluster: Mapping[str, Any]) -> ClusterView:
@@ -209,6 +211,7 @@ class ClusterView:
                 else None
             ),
             suspended=bool((cluster.get("spec") or {}).get("suspend")),
+            suspend_complete=(conditions.get("RayClusterSuspended") or {}).get("status") == "True",
         )
 
 

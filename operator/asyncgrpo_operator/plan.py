@@ -491,7 +491,7 @@ def _admitted(ctx: _Ctx, draft: Draft, current: WorkloadView) -> None:
     try:
         ctx.cluster_manifest(draft.attempt)
     except workload.FlavorConflictError as err:
-        _fail(ctx, draft, "FlavorConflictError", str(err))
+        _fail(ctx, draft, "FlavorConflict", str(err))
         return
     if ctx.job.spec.suspend:
         draft.act(SetJobSuspend(False, f"Kueue admitted Workload {current.name}"))
@@ -533,12 +533,8 @@ def _workload_finished(ctx: _Ctx, draft: Draft) -> None:
         return
     succeeded = draft.is_true(COMPLETE)
     reason = "Succeeded" if succeeded else "Failed"
-    message = str(draft.get("message") or "") or f"the job {reason.lower()}"
-    failed = draft.conditions.get(FAILED)
-    if failed is not None and failed.status == "True":
-        message = failed.message
-    elif succeeded:
-        message = draft.conditions[COMPLETE].message
+    outcome = draft.conditions.get(COMPLETE if succeeded else FAILED)
+    message = outcome.message if outcome is not None else f"the job {reason.lower()}"
     _workload_status(
         draft,
         current,
@@ -666,9 +662,17 @@ def _resume_cluster(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     """Start the pods of a RayCluster suspended in place again: its spec is rendered now (the spec
     may have changed while the job was suspended; Kueue may have assigned other flavors) and the
     driver resumes from the latest checkpoint."""
+    why = "Kueue admitted the job" if ctx.job.kueue_queue_name is not None else "spec.suspend is false"
+    if not cluster.suspend_complete:
+        # KubeRay is still deleting the stopped run's pods; resuming now would let it take their
+        # state (RayClusterProvisioned, a dying head) for the new run's.
+        message = f"waiting for KubeRay to finish suspending RayCluster {cluster.name} before resuming it"
+        draft.set(PODS_SCHEDULED, False, WAITING_FOR_PREVIOUS_CLUSTER, message)
+        draft.requeue(DELETION_RECHECK_SECONDS)
+        _startup_deadline(ctx, draft)
+        return
     spec = dict(ctx.cluster_manifest(draft.attempt)["spec"])
     spec["suspend"] = False
-    why = "Kueue admitted the job" if ctx.job.kueue_queue_name is not None else "spec.suspend is false"
     draft.act(
         SetRayClusterSpec(cluster.name, cluster.uid, False, spec, why),
         Event("Normal", "ResumedRayCluster", f"resuming RayCluster {cluster.name}: {why}"),

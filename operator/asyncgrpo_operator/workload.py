@@ -90,18 +90,24 @@ def digest(sets: Sequence[Mapping[str, Any]], queue: str, priority: Priority | N
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def manifest(job: AsyncGRPOJob, owner: Owner, cluster: Manifest, priority: Priority | None) -> Manifest:
-    """The job's Workload: its pod sets from the RayCluster the job would run (`cluster`)."""
+def manifest(
+    job: AsyncGRPOJob, owner: Owner | None, cluster: Manifest, priority: Priority | None
+) -> Manifest:
+    """The job's Workload: its pod sets from the RayCluster the job would run (`cluster`). Without
+    an owner (`asyncgrpo render`, before the job exists) the name, the job-uid label and the
+    ownerReference, which all need the job's UID, are left out."""
     queue = job.kueue_queue_name
     assert queue is not None, "only a job Kueue manages has a Workload"
     sets = pod_sets(cluster)
-    labels = {JOB_UID_LABEL: owner.uid, naming.JOB_NAME_LABEL: job.metadata.name}
+    labels = {naming.JOB_NAME_LABEL: job.metadata.name}
     metadata: Manifest = {
-        "name": workload_name(job.metadata.name, owner.uid),
         "labels": labels,
         "annotations": {DIGEST_ANNOTATION: digest(sets, queue, priority)},
-        "ownerReferences": [owner_reference(owner)],
     }
+    if owner is not None:
+        metadata["name"] = workload_name(job.metadata.name, owner.uid)
+        labels[JOB_UID_LABEL] = owner.uid
+        metadata["ownerReferences"] = [owner_reference(owner)]
     if job.metadata.namespace:
         metadata["namespace"] = job.metadata.namespace
     return {

@@ -116,12 +116,29 @@ def _capacity() -> dict[str, int]:
     return {"cpu": cpu, "memory": memory, GPU_RESOURCE: GPU_NODE_COUNT * GPUS_PER_NODE}
 
 
-def resource_flavor(name: str = FLAVOR) -> JSON:
-    return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": name}}
+def resource_flavor(
+    name: str = FLAVOR, node_labels: dict[str, str] | None = None, tolerations: list[JSON] | None = None
+) -> JSON:
+    """A ResourceFlavor; `node_labels` and `tolerations` are what admission puts into the pods."""
+    spec: JSON = {}
+    if node_labels:
+        spec["nodeLabels"] = node_labels
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
 
 
-def cluster_queue(name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor: str = FLAVOR) -> JSON:
+def apply_resource_flavor(api: Api, flavor: JSON) -> JSON:
+    api.apply(f"{BASE}/resourceflavors/{flavor['metadata']['name']}", json.dumps(flavor))
+    return flavor
+
+
+def cluster_queue(
+    name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor: str = FLAVOR, gpu_flavor: str | None = None
+) -> JSON:
     """A ClusterQueue for every namespace; `gpus` caps nvidia.com/gpu (default: the whole GPU pool).
+    With `gpu_flavor`, GPUs come from that flavor in a resource group of their own (cpu and memory
+    from `flavor`): a pod set that asks for GPUs is admitted on both flavors.
 
     Preemption within the queue by priority is on, so a higher-priority job can take the GPUs of a
     running lower-priority one (Kueue suspends its RayCluster; the operator shows Queued/Preempted).
@@ -132,6 +149,17 @@ def cluster_queue(name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor:
         {"name": "memory", "nominalQuota": f"{cap['memory']}Gi"},
         {"name": GPU_RESOURCE, "nominalQuota": str(cap[GPU_RESOURCE] if gpus is None else gpus)},
     ]
+    groups: list[JSON] = [
+        {
+            "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+            "flavors": [{"name": flavor, "resources": quota}],
+        }
+    ]
+    if gpu_flavor is not None:
+        groups = [
+            {"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor, "resources": quota[:2]}]},
+            {"coveredResources": [GPU_RESOURCE], "flavors": [{"name": gpu_flavor, "resources": quota[2:]}]},
+        ]
     return {
         "apiVersion": API,
         "kind": "ClusterQueue",
@@ -140,12 +168,7 @@ def cluster_queue(name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor:
             "namespaceSelector": {},
             "queueingStrategy": "BestEffortFIFO",
             "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                    "flavors": [{"name": flavor, "resources": quota}],
-                }
-            ],
+            "resourceGroups": groups,
         },
     }
 
