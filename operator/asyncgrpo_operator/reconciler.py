@@ -437,7 +437,7 @@ class Reconciler:
                 await self.api.delete_workload(namespace, action.name, action.uid)
             elif isinstance(action, decision.PatchWorkloadStatus):
                 await self.api.patch_workload(
-                    namespace, action.name, action.resource_version, action.status, status=True
+                    namespace, action.name, action.resource_version, {"status": action.status}, status=True
                 )
         except k8s.ApiError as err:
             if err.status not in (404, 409):
