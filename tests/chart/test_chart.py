@@ -229,7 +229,14 @@ def test_webhook_configuration_is_deliberate(default_objects: Objects) -> None:
     expressions = {c["name"]: c["expression"] for c in entry["matchConditions"]}
     assert expressions == {
         "not-being-deleted": "!has(object.metadata.deletionTimestamp)",
-        "spec-changed": "request.operation != 'UPDATE' || object.spec != oldObject.spec",
+        "spec-or-queue-changed": (
+            "request.operation != 'UPDATE' || object.spec != oldObject.spec || "
+            "['kueue.x-k8s.io/queue-name', 'kueue.x-k8s.io/priority-class'].exists(k, "
+            "(has(object.metadata.labels) && k in object.metadata.labels ? "
+            "object.metadata.labels[k] : '') != "
+            "(has(oldObject.metadata.labels) && k in oldObject.metadata.labels ? "
+            "oldObject.metadata.labels[k] : ''))"
+        ),
     }
 
 
