@@ -16,6 +16,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 driver_progress = test_operator.driver_progress  # the fixture the operator fixture reads, reused
 
 LOCAL_QUEUE = "team-a"
+QUEUED_LONGER_THAN = 20
+"""Seconds: the second job's deadlines, shorter than it waits in the queue."""
 GPUS_PER_JOB = 2
 
 
@@ -169,7 +172,10 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
         ("generation", 1),
     ]
     assert get_job(kube_api, namespace, "first")["spec"]["suspend"] is False  # admission unsuspended it
-    create_job(kube_api, namespace, queued_job("second"))
+    # Both of second's clocks are shorter than its wait in the queue: neither may run while it waits.
+    clocks = {"activeDeadlineSeconds": QUEUED_LONGER_THAN, "startupDeadlineSeconds": QUEUED_LONGER_THAN}
+    create_job(kube_api, namespace, queued_job("second", **clocks))
+    queued_since = time.monotonic()
 
     wait_phase(kube_api, namespace, "second", "Queued", timeout=60)
 
@@ -191,6 +197,8 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
         kubeconfig, namespace, "second"
     )
 
+    time.sleep(max(QUEUED_LONGER_THAN + 2 - (time.monotonic() - queued_since), 0))
+    assert get_job(kube_api, namespace, "second")["status"]["phase"] == "Queued"  # not DeadlineExceeded
     done = finish(kube_api, namespace, "first")
     assert done["restarts"] == 0
     finished = wait_until(
