@@ -43,8 +43,10 @@ class AsyncGRPOJobSpec(ApiModel):
     )
     suspend: bool = Field(
         default=False,
-        description="true deletes the RayCluster and keeps the job (Suspended); false resumes from the "
-        "latest checkpoint. Kueue sets it to admit jobs.",
+        description="true suspends the RayCluster in place (its pods are deleted; the job, its attempt and "
+        "its RayCluster stay: Suspended); false resumes it from the latest checkpoint. For a job Kueue "
+        "manages it is Kueue's gate: the operator holds it true until the job's Workload is admitted and "
+        "sets it true again when Kueue evicts it (stop such a job with its Workload's spec.active false).",
     )
     backoff_limit: int = Field(
         default=2,
@@ -58,14 +60,16 @@ class AsyncGRPOJobSpec(ApiModel):
         ge=1,
         le=31_536_000,
         description="Fail the job (DeadlineExceeded) this long after status.startTime; "
-        "suspended time does not count.",
+        "suspended time does not count. Under Kueue only the time admitted counts, in all admissions "
+        "together (the Workload's accumulatedPastExecutionTimeSeconds): time queued never does.",
     )
     startup_deadline_seconds: int | None = Field(
         default=1800,
         ge=1,
         le=31_536_000,
         description="Fail an attempt whose driver is not running this long after its RayCluster was "
-        "created (e.g. GPUs never become available). Unset waits forever.",
+        "created (e.g. GPUs never become available); under Kueue, after the job was admitted. Unset waits "
+        "forever.",
     )
     progress: ProgressWatchSpec = Field(
         default_factory=ProgressWatchSpec, description="Progress polling and stall detection."
