@@ -13,9 +13,9 @@ Design choices, each to keep the webhook from ever wedging the cluster:
   every finding goes into one message.
 * DELETE is never hooked, and an UPDATE of an object being deleted (deletionTimestamp set) or an
   UPDATE that leaves `spec` and the Kueue labels untouched (finalizers, annotations, other labels,
-  kopf's own bookkeeping) is allowed without looking at it. The chart's ValidatingWebhookConfiguration expresses the same with
-  `matchConditions`, so the API server does not even call us then; the checks here are the backstop
-  for configurations without them.
+  kopf's own bookkeeping) is allowed without looking at it. The chart's
+  ValidatingWebhookConfiguration expresses the same with `matchConditions`, so the API server does
+  not even call us then; the checks here are the backstop for configurations without them.
 * The configuration is owned by the Helm chart, not by kopf (`settings.admission.managed = None`):
   it is a service reference with a CA bundle, which kopf's managed mode cannot produce, and
   `helm uninstall` removes it together with the operator, so no orphaned webhook blocks the API.
