@@ -222,6 +222,17 @@ def driver_script() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _wait_for_driver(host: str, seconds: int) -> Manifest:
+    """A Ray container's preStop hook: when the pods are deleted together (a Kueue preemption,
+    spec.suspend) the driver gets SIGTERM and checkpoints the step in progress, which needs the
+    Ray head and the policy workers; so the Ray processes stop only once the driver's /progress
+    port (on the head pod, through the head Service for workers) is closed, or the grace period
+    ends. Plain bash (/dev/tcp): the image needs nothing else."""
+    probe = f"(exec 3<>/dev/tcp/{host}/{naming.PROGRESS_PORT}) 2>/dev/null"
+    script = f"for _ in $(seq 1 {seconds}); do {probe} || exit 0; sleep 1; done"
+    return {"preStop": {"exec": {"command": ["/bin/bash", "-c", script]}}}
+
+
 def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
     spec = job.spec
     head = spec.cluster.head
@@ -242,6 +253,7 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
         "resources": _resources(head, gpus=0),
         **_env_block(job, []),
         **_mounts_block(job, [_RAY_TMP_MOUNT, _SHM_MOUNT]),
+        "lifecycle": _wait_for_driver("127.0.0.1", job.spec.termination_grace_period_seconds),
     }
     driver = {
         "name": naming.DRIVER_CONTAINER,
@@ -302,6 +314,10 @@ def _worker_group(
         "resources": _resources(pool, gpus=pool.gpus_per_replica),
         **_env_block(job, []),
         **_mounts_block(job, [_SHM_MOUNT]),
+        "lifecycle": _wait_for_driver(
+            naming.head_service_name(naming.raycluster_name(job.metadata.name, attempt)),
+            job.spec.termination_grace_period_seconds,
+        ),
     }
     return {
         "groupName": group,
@@ -367,6 +383,7 @@ def _pod_spec(
     spec = job.spec
     pod: Manifest = {
         "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
         "containers": containers,
     }
     if spec.service_account_name is not None:

@@ -63,6 +63,16 @@ class AsyncGRPOJobSpec(ApiModel):
         "suspended time does not count. Under Kueue only the time admitted counts, in all admissions "
         "together (the Workload's accumulatedPastExecutionTimeSeconds): time queued never does.",
     )
+    termination_grace_period_seconds: int = Field(
+        default=120,
+        ge=1,
+        le=86_400,
+        description="How long every pod has to stop when it is deleted (a Kueue preemption, "
+        "spec.suspend, a drain): the driver finishes the step in progress, checkpoints it and exits, "
+        "and the Ray containers stop only after it (a preStop hook waits for the driver). Give it "
+        "more than a step plus a checkpoint takes; past it the kubelet kills the pods and the run "
+        "resumes from the last periodic checkpoint.",
+    )
     startup_deadline_seconds: int | None = Field(
         default=1800,
         ge=1,
