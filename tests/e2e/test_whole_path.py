@@ -258,57 +258,66 @@ def test_a_preempted_job_checkpoints_on_sigterm_and_resumes_without_a_lost_or_re
     head pod, the kubelet (played here) sends its driver container SIGTERM, the driver checkpoints the
     step it reached and exits 143; readmitted, the same RayCluster's new driver resumes right after it."""
     low, high = kueue_queue
-    ns, steps = chart.jobs_ns, 60
+    ns, steps = chart.jobs_ns, 800  # about 12 steps/s here: long enough to be preempted mid-run
     started = time.monotonic()
     apply(chart, queued_tiny_job("preemptible", low, steps))
     watch = AgjWatch(chart.kubectl, ns, "preemptible", every=0.5)
     pod = kubelet.head_pod(ns, "preemptible-0", timeout=120)
     first = kubelet.start(pod, job="preemptible")
-    wait_with_watch(
-        watch,
-        lambda: (
-            (job_status(chart.api, ns, "preemptible").get("progress") or {}).get("step", 0) >= 3
-            or not first.running()
-        ),
-        "step 3 in the job's status",
-        timeout=SCENARIO_TIMEOUT,
-    )
-    apply(chart, queued_tiny_job("urgent", high, steps))
+    drivers = [first]
+    try:
+        wait_with_watch(
+            watch,
+            lambda: (
+                (job_status(chart.api, ns, "preemptible").get("progress") or {}).get("step", 0) >= 3
+                or not first.running()
+            ),
+            "step 3 in the job's status",
+            timeout=SCENARIO_TIMEOUT,
+        )
+        apply(chart, queued_tiny_job("urgent", high, steps))
 
-    def head_deleted() -> bool:
-        try:
-            found = chart.api.get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
-        except ApiError as err:
-            return err.status == 404
-        return bool(found["metadata"].get("deletionTimestamp"))
+        def head_deleted() -> bool:
+            try:
+                found = chart.api.get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+            except ApiError as err:
+                return err.status == 404
+            return bool(found["metadata"].get("deletionTimestamp"))
 
-    wait_with_watch(watch, head_deleted, "KubeRay deleting the preempted head pod", timeout=120)
-    os.kill(first.process.pid, signal.SIGTERM)  # the driver container only: the Ray containers wait (preStop)
-    code = first.wait(timeout=SCENARIO_TIMEOUT)
-    show(first)
-    assert code == 128 + signal.SIGTERM, first.log_tail()
-    reached = first.steps()[-1]
-    preempted = job_status(chart.api, ns, "preemptible")
-    assert preempted["phase"] == "Queued" and preempted["restarts"] == 0, preempted
+        wait_with_watch(watch, head_deleted, "KubeRay deleting the preempted head pod", timeout=120)
+        os.kill(
+            first.process.pid, signal.SIGTERM
+        )  # the driver container only: the Ray containers wait (preStop)
+        code = first.wait(timeout=SCENARIO_TIMEOUT)
+        show(first)
+        assert code == 128 + signal.SIGTERM, first.log_tail()
+        reached = first.steps()[-1]
+        preempted = job_status(chart.api, ns, "preemptible")
+        assert preempted["phase"] == "Queued" and preempted["restarts"] == 0, preempted
 
-    urgent_head = kubelet.head_pod(ns, "urgent-0", timeout=120)  # kwok "runs" it; its driver is played
-    end_driver(chart.api, ns, urgent_head, 0)
-    wait_terminal(chart.api, ns, "urgent", timeout=120)
+        urgent_head = kubelet.head_pod(ns, "urgent-0", timeout=120)  # kwok "runs" it; its driver is played
+        end_driver(chart.api, ns, urgent_head, 0)
+        wait_terminal(chart.api, ns, "urgent", timeout=120)
 
-    again = kubelet.head_pod(ns, "preemptible-0", timeout=180)  # readmitted: the same RayCluster
-    assert again["metadata"]["name"] != pod["metadata"]["name"]
-    second = kubelet.start(again, job="preemptible")
-    wait_with_watch(watch, lambda: not second.running(), "the resumed driver", timeout=SCENARIO_TIMEOUT)
-    code = second.wait(timeout=10)
-    show(second)
-    assert code == 0
-    kubelet.report_exit(second, code)
-    status = wait_terminal(chart.api, ns, "preemptible", timeout=120)
-    assert (status["phase"], status["restarts"], status["attempt"]) == ("Succeeded", 0, 0)
-    resumed = second.steps()
-    assert resumed[0] == reached + 1 and resumed[-1] == steps, (first.steps(), resumed)
-    assert f"resuming from the checkpoint of step {reached}" in second.log.read_text()
-    volume = kubelet.root / "node" / "var" / "lib" / "asyncgrpo" / "preemptible"
-    records = [json.loads(line) for line in (volume / "logs" / "steps.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["event"] == "step"] == list(range(1, steps + 1))
-    print(f"scenario 3: {time.monotonic() - started:.0f} s; preempted after step {reached}")
+        again = kubelet.head_pod(ns, "preemptible-0", timeout=180)  # readmitted: the same RayCluster
+        assert again["metadata"]["name"] != pod["metadata"]["name"]
+        second = kubelet.start(again, job="preemptible")
+        drivers.append(second)
+        wait_with_watch(watch, lambda: not second.running(), "the resumed driver", timeout=SCENARIO_TIMEOUT)
+        code = second.wait(timeout=10)
+        show(second)
+        assert code == 0
+        kubelet.report_exit(second, code)
+        status = wait_terminal(chart.api, ns, "preemptible", timeout=120)
+        assert (status["phase"], status["restarts"], status["attempt"]) == ("Succeeded", 0, 0)
+        resumed = second.steps()
+        assert resumed[0] == reached + 1 and resumed[-1] == steps, (first.steps(), resumed)
+        assert f"resuming from the checkpoint of step {reached}" in second.log.read_text()
+        volume = kubelet.root / "node" / "var" / "lib" / "asyncgrpo" / "preemptible"
+        records = [json.loads(line) for line in (volume / "logs" / "steps.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["event"] == "step"] == list(range(1, steps + 1))
+    finally:
+        for driver in drivers:  # a failed assertion must not leave a driver and its Ray running
+            driver.kill(signal.SIGKILL)
+            driver.wait(timeout=30)
+    print(f"scenario preemption: {time.monotonic() - started:.0f} s; preempted after step {reached}")
