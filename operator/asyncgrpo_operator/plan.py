@@ -7,8 +7,10 @@ when to look again. Nothing here does I/O or reads a clock, so every transition 
 
 The rules, in the order they are applied:
 1. A finished job (Succeeded or Failed) stays finished; only its cleanup policy and TTL act.
-2. A suspended job has no RayCluster (Suspended). Resuming restarts the deadline clock, like a
-   batch/v1 Job, and the trainer resumes from its checkpoint.
+2. A suspended job's RayCluster is suspended in place (Suspended): KubeRay deletes its pods, the
+   cluster, the attempt and the restart count stay. Resuming restarts the deadline clock, like a
+   batch/v1 Job, writes the cluster's spec as rendered now, and the trainer resumes from its
+   checkpoint.
 3. An active job has exactly one RayCluster, named after its attempt and owned by the job (its
    controller ownerReference carries the job's UID: a cluster with the right name and labels but
    another owner is never adopted nor deleted); owned clusters of other attempts are deleted. A
@@ -28,12 +30,15 @@ The rules, in the order they are applied:
 6. A job whose spec the rules refuse is Failed (InvalidSpec) and cleaned up by its cleanupPolicy,
    unless it was already started: a started job whose spec only fails rules tightened since it
    was admitted keeps running under the spec it has (SpecValid False says why).
-7. A job Kueue manages (kueue.x-k8s.io/queue-name) is Queued while Kueue holds its RayCluster
-   suspended, with Kueue's reason (Pending, Inadmissible, Preempted, ...). Its startup deadline
-   runs from admission. A preemption (Kueue suspends a running cluster) is not a failure: it
-   spends no backoffLimit, and the same RayCluster resumes from the latest checkpoint when it is
-   admitted again; what the stopped run left behind (its deleting pods, its driver's exit) is not
-   taken for the resumed run's.
+7. A job Kueue manages (kueue.x-k8s.io/queue-name) is Kueue's workload (workload.py): it owns a
+   Workload; until Kueue admits it the job is suspended (spec.suspend is Kueue's gate) and Queued
+   with Kueue's reason; admission unsuspends it and starts the attempt on the assigned flavors,
+   its startup deadline running from then; an eviction (preemption, PodsReady timeout) suspends
+   the job and its RayCluster in place, spends no backoffLimit, and gives the quota back once the
+   pods are gone; readmitted, the same RayCluster resumes from the latest checkpoint, and what the
+   stopped run left behind (its deleting pods, its driver's exit) is not taken for the resumed
+   run's. activeDeadlineSeconds counts admitted time only. PodsReady and Finished are reported on
+   the Workload.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ from asyncgrpo_operator.observed import (
     PodView,
     ProgressMark,
     WorkloadView,
+    parse_time,
 )
 
 __all__ = ["create_retry_seconds", "plan", "plan_invalid"]
@@ -472,17 +478,8 @@ def _last_admitted(current: WorkloadView) -> datetime | None:
     """When the admission an eviction ends began (Admitted's lastTransitionTime while still True)."""
     for cond in current.conditions:
         if cond.get("type") == "Admitted" and cond.get("status") == "True":
-            return _parse(cond.get("lastTransitionTime"))
+            return parse_time(cond.get("lastTransitionTime"))
     return None
-
-
-def _parse(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _admitted(ctx: _Ctx, draft: Draft, current: WorkloadView) -> None:
