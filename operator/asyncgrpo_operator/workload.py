@@ -237,6 +237,8 @@ def released(
     _set(out, "QuotaReserved", False, "Pending", message, now=stamp)
     _set(out, "Admitted", False, "NoReservation", "The workload has no reservation", now=stamp)
     _set(out, "Requeued", reason in REQUEUED_REASONS, reason, message, now=stamp)
+    if any(c.get("type") == "PodsReady" for c in out):  # as Kueue's job reconciler: not admitted, not started
+        _set(out, "PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded", now=stamp)
     status: Manifest = {"conditions": out, "admission": None}
     if admitted_at is not None:  # as Kueue's SyncAdmittedCondition: the admitted time adds up
         status["accumulatedPastExecutionTimeSeconds"] = accumulated_seconds + max(

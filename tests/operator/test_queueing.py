@@ -188,6 +188,7 @@ def test_an_eviction_suspends_in_place_and_gives_the_quota_back_once_the_pods_ar
     evicted = wl(
         condition("QuotaReserved", "True", since=10),
         condition("Admitted", "True", since=10),
+        condition("PodsReady", "True", "Started", since=15),
         condition(
             "Evicted", "True", "Preempted", "Preempted to accommodate a higher priority workload", since=100
         ),
@@ -215,6 +216,7 @@ def test_an_eviction_suspends_in_place_and_gives_the_quota_back_once_the_pods_ar
     assert (by_type["QuotaReserved"]["status"], by_type["QuotaReserved"]["reason"]) == ("False", "Pending")
     assert by_type["Admitted"]["status"] == "False"
     assert (by_type["Requeued"]["status"], by_type["Requeued"]["reason"]) == ("True", "Preempted")
+    assert (by_type["PodsReady"]["status"], by_type["PodsReady"]["reason"]) == ("False", "WaitForStart")
     assert status["accumulatedPastExecutionTimeSeconds"] == 100  # admitted from 10 s to 110 s
     assert release.resource_version == "5"
 
