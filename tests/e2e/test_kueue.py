@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import kueue
+from tests.cluster import faults, kueue
 from tests.cluster.build import build_optional
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import JSON, Api, ApiError
@@ -225,7 +225,7 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
 
 
 @pytest.mark.usefixtures("operator")
-def test_admission_puts_the_flavors_node_labels_and_tolerations_into_the_pods(
+def test_admission_puts_the_flavors_into_the_pods_and_a_retry_keeps_the_admission(
     kube_api: Api, namespace: str, kueue_on: LocalCluster, driver_progress: ProgressServer
 ) -> None:
     """The GPU pools ask for no node and tolerate no taint: only the flavor Kueue assigns them
@@ -259,6 +259,30 @@ def test_admission_puts_the_flavors_node_labels_and_tolerations_into_the_pods(
             assert toleration in worker["spec"]["tolerations"]
             assert worker["spec"]["nodeName"].startswith("kwok-gpu-")
             assert worker["metadata"]["labels"]["kueue.x-k8s.io/podset"] in ("policy", "generation")
+
+        # A retry keeps the Workload, its admission and so its place: attempt 1 starts at once.
+        admitted = workload_of(kube_api, namespace, "flavored")
+        faults.fail_pod(
+            kube_api, namespace, head_pod(kube_api, namespace, cluster)["metadata"]["name"], exit_code=137
+        )
+
+        def retried() -> JSON | None:
+            status: JSON = get_job(kube_api, namespace, "flavored")["status"]
+            return status if status.get("restarts") == 1 and status.get("phase") == "Running" else None
+
+        status = wait_until(retried, "flavored running its attempt 1", timeout=90)
+        assert (status["attempt"], status["rayClusterName"]) == (1, "flavored-1")
+        again = workload_of(kube_api, namespace, "flavored")
+        assert again["metadata"]["uid"] == admitted["metadata"]["uid"]
+        assert (wl_condition(again, "Admitted") or {}).get("lastTransitionTime") == (
+            wl_condition(admitted, "Admitted") or {}
+        ).get("lastTransitionTime")  # never requeued
+        workers = [
+            p
+            for p in pods(kube_api, namespace, "ray.io/cluster=flavored-1")
+            if p["metadata"]["labels"].get("ray.io/node-type") == "worker"
+        ]
+        assert workers and all(toleration in w["spec"]["tolerations"] for w in workers)
         finish(kube_api, namespace, "flavored")
     finally:
         kube_api.delete(f"{kueue.BASE}/clusterqueues/{name}")
