@@ -488,3 +488,19 @@ def test_a_service_monitor_scrapes_the_metrics_service_when_enabled(helm_bin: Pa
         template(helm_bin, {"metrics.enabled": False, "metrics.serviceMonitor.enabled": True}),
         "ServiceMonitor",
     )
+
+
+def test_kueue_may_read_the_jobs_only_when_asked(default_objects: Objects, helm_bin: Path) -> None:
+    assert not [
+        r for r in by_kind(default_objects, "ClusterRole") if r["metadata"]["name"].endswith("-kueue")
+    ]
+    objects = template(helm_bin, {"rbac.kueue.enabled": True})
+    (role,) = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("-kueue")]
+    assert granted(role["rules"], "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch"}
+    (binding,) = [
+        b for b in by_kind(objects, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-kueue")
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
+    ]
