@@ -379,6 +379,8 @@ def _kueue(ctx: _Ctx, draft: Draft) -> None:
                     DeleteWorkload(current.name, current.uid, why),
                     Event("Normal", "DeletedWorkload", f"deleting Workload {current.name}: {why}"),
                 )
+    if current is not None:
+        draft.set_field("workload_name", current.name)
     if current is None or not current.admitted:
         _hold(ctx, draft, current, *_kueue_reason(current, queue))
         return

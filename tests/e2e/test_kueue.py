@@ -166,6 +166,7 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
     create_job(kube_api, namespace, queued_job("first"))
     running(kube_api, namespace, "first", driver_progress)
     first_wl = workload_of(kube_api, namespace, "first")
+    assert get_job(kube_api, namespace, "first")["status"]["workloadName"] == first_wl["metadata"]["name"]
     assert [(s["name"], s["count"]) for s in first_wl["spec"]["podSets"]] == [
         ("head", 1),
         ("policy", 1),

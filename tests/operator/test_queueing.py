@@ -147,6 +147,7 @@ def test_a_pending_workload_shows_kueues_reason_and_no_deadline_runs() -> None:
         first.status, seen(5000, workload=wl(PENDING)), kueue_job(suspend=True)
     )  # past the 600 s deadline
     assert (later.status.phase, later.status.reason) == ("Queued", "Pending")
+    assert later.status.workload_name == workload.workload_name("demo", OWNER.uid)
     assert "insufficient quota" in (later.status.message or "")
     assert later.status.attempt_start_time is None
     assert not actions(later, plan.CreateRayCluster) and not actions(later, plan.SetJobSuspend)

@@ -210,6 +210,11 @@ class AsyncGRPOJobStatus(ApiModel):
     )
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")
     ray_cluster_name: ShortText | None = Field(default=None, description="RayCluster of the current attempt.")
+    workload_name: ShortText | None = Field(
+        default=None,
+        description="The job's Kueue Workload, for a job Kueue manages (one for the job's whole life; "
+        "set its spec.active false to stop the job).",
+    )
     dashboard_url: ShortText | None = Field(default=None, description="Ray dashboard of the current attempt.")
     head_pod: ShortText | None = Field(
         default=None,
