@@ -49,9 +49,10 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 FRAMEWORKS = ("ray.io/raycluster",)
 EXTERNAL_FRAMEWORKS = ("AsyncGRPOJob.v1alpha1.asyncgrpo.dev",)
 """The operator manages these jobs' Workloads itself (Kueue's externalFrameworks)."""
-PODS_READY_TIMEOUT_SECONDS = 20
+PODS_READY_TIMEOUT_SECONDS = 40
 """waitForPodsReady: an admitted job whose pods are not all ready this long is evicted and requeued
-(kwok's pods are ready within seconds; the e2e test of the timeout waits this long once)."""
+(kwok's pods are ready within seconds, but a loaded 2-core machine has taken 20 s; the e2e test of
+the timeout waits this long once)."""
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 """Hard-coded in Kueue's cmd/kueue/main.go (v0.17.0) for internalCertManagement.enable false."""
 _KEPT_GROUPS = {"kueue.x-k8s.io", "ray.io"}
@@ -222,6 +223,16 @@ def ensure_metrics_cert(pki: pki_mod.Pki) -> None:
             f"write it ({err}); create tls.crt and tls.key there once (any pair, e.g. "
             f"cp {crt} {METRICS_CERT_DIR}/tls.crt && cp {key} {METRICS_CERT_DIR}/tls.key)"
         ) from err
+
+
+def configured(state: Path) -> bool:
+    """Whether the Kueue that runs was started with the configuration this checkout writes (the
+    external framework and waitForPodsReady came later: a Kueue started before lacks them)."""
+    path = state / "config.yaml"
+    try:
+        return bool(yaml.safe_load(path.read_text()) == config(state))
+    except (OSError, yaml.YAMLError):
+        return False
 
 
 def prepare(state: Path, pki: pki_mod.Pki) -> Path:

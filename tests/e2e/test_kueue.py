@@ -30,6 +30,7 @@ from tests.cluster.rest import JSON, Api, ApiError
 from tests.cluster.samples import pods, raycluster_path, wait_until
 from tests.e2e import test_operator
 from tests.e2e.test_operator import (
+    JOBS,
     ProgressServer,
     asyncgrpo_crd,  # noqa: F401 - the fixture, reused
     create_job,
@@ -200,6 +201,12 @@ def test_two_jobs_for_one_jobs_quota_run_one_after_the_other_and_neither_fails(
 
     time.sleep(max(QUEUED_LONGER_THAN + 2 - (time.monotonic() - queued_since), 0))
     assert get_job(kube_api, namespace, "second")["status"]["phase"] == "Queued"  # not DeadlineExceeded
+    # Both clocks start at admission; give the run after it room on a loaded machine (deadlines may
+    # change at any time).
+    kube_api.merge_patch(
+        f"{JOBS.format(ns=namespace)}/second",
+        {"spec": {"activeDeadlineSeconds": 3600, "startupDeadlineSeconds": 3600}},
+    )
     done = finish(kube_api, namespace, "first")
     assert done["restarts"] == 0
     finished = wait_until(
