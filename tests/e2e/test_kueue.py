@@ -315,8 +315,12 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_in_place_w
     preempted = wait_phase(kube_api, namespace, "low", "Queued", "Preempted", timeout=90)
     assert preempted["restarts"] == 0 and preempted["attempt"] == 0
     assert preempted["rayClusterName"] == cluster  # the same RayCluster waits, suspended in place
-    assert kube_api.get(f"{raycluster_path(namespace)}/{cluster}")["spec"]["suspend"] is True
-    assert get_job(kube_api, namespace, "low")["spec"]["suspend"] is True
+    # The status is written first, then the RayCluster and the job are suspended (same pass).
+    wait_until(
+        lambda: kube_api.get(f"{raycluster_path(namespace)}/{cluster}")["spec"].get("suspend") or None,
+        "the RayCluster suspended in place",
+    )
+    wait_until(lambda: get_job(kube_api, namespace, "low")["spec"].get("suspend") or None, "low suspended")
     requeued = wait_phase(kube_api, namespace, "low", "Queued", "Requeued", timeout=90)
     assert requeued["restarts"] == 0
     again = workload_of(kube_api, namespace, "low")
