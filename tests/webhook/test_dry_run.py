@@ -40,6 +40,14 @@ def test_every_create_is_dry_run_as_the_attempt_zero_cluster_owned_by_the_job() 
     assert cluster["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
 
 
+def test_a_job_being_created_is_not_its_dry_run_clusters_controller() -> None:
+    """Kueue's RayCluster webhook looks the controller up: a job not created yet would be a 404."""
+    cluster = dryrun.target(parsed(job("j")), None, "")
+    assert cluster is not None
+    (ref,) = cluster["metadata"]["ownerReferences"]
+    assert ref["uid"] == dryrun.PLACEHOLDER_UID and ref["controller"] is False
+
+
 def test_an_update_is_dry_run_only_when_it_changes_the_cluster() -> None:
     old = stored(job("j"))
     deadline = copy.deepcopy(old)
