@@ -95,6 +95,9 @@ _WARNING_REASONS = frozenset(
         CONFIGMAP_NAME_TAKEN,
         ADMITTED_UNDER_OLDER_RULES,
         "PodCreationFailed",
+        "FlavorConflict",
+        "PriorityClassNotFound",
+        "KueueMissing",
         DEADLINE_EXCEEDED,
         BACKOFF_LIMIT_EXCEEDED,
         TRAINING_ERROR,
@@ -153,7 +156,78 @@ class DeleteJob:
     why: str
 
 
-Action = ApplyConfigMap | CreateRayCluster | DeleteRayCluster | DeleteJob
+@dataclass(frozen=True)
+class SetRayClusterSpec:
+    """Suspend a RayCluster in place (`spec` None: only spec.suspend is written; KubeRay deletes
+    its pods, the cluster and its name stay), or resume it with the spec rendered now (`spec`
+    replaces the whole spec: the pods come from it, e.g. with the flavors Kueue assigned this
+    time). UID precondition."""
+
+    name: str
+    uid: str
+    suspend: bool
+    spec: Manifest | None
+    why: str
+
+
+@dataclass(frozen=True)
+class SetJobSuspend:
+    """Write the job's spec.suspend: for a job Kueue manages it is Kueue's gate (true until the
+    Workload is admitted, true again when it is evicted), as for Kueue's built-in kinds."""
+
+    suspend: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class CreateWorkload:
+    """Create the job's Kueue Workload (409: it exists, fine)."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class UpdateWorkload:
+    """Merge-patch the Workload's pod sets, queue and priority (only while Kueue holds no quota for
+    it: the Workload, its creation time and so its place in the queue are kept)."""
+
+    name: str
+    resource_version: str
+    patch: Manifest
+
+
+@dataclass(frozen=True)
+class DeleteWorkload:
+    """Delete a Workload whose reserved quota no longer matches the job (a new one is created)."""
+
+    name: str
+    uid: str
+    why: str
+
+
+@dataclass(frozen=True)
+class PatchWorkloadStatus:
+    """Write the Workload's status as a job's controller does (quota given back after an eviction,
+    PodsReady, Finished); resourceVersion precondition, so Kueue's newer writes win."""
+
+    name: str
+    resource_version: str
+    status: Manifest
+    why: str
+
+
+Action = (
+    ApplyConfigMap
+    | CreateRayCluster
+    | DeleteRayCluster
+    | DeleteJob
+    | SetRayClusterSpec
+    | SetJobSuspend
+    | CreateWorkload
+    | UpdateWorkload
+    | DeleteWorkload
+    | PatchWorkloadStatus
+)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,14 @@ def target(job: AsyncGRPOJob, before: AsyncGRPOJob | None, uid: str) -> dict[str
     cluster = manifests.ray_cluster(job, 0, owner)
     if before is not None and manifests.ray_cluster(before, 0, owner) == cluster:
         return None
+    if before is None:
+        # A job being created is not stored yet (a validating webhook sees its UID already): its
+        # ownerReference is not the controller's in the dry run. Kueue's RayCluster webhook (with
+        # AsyncGRPOJobs an external framework) looks a RayCluster's controller up and answers 404
+        # when it does not exist, which would hide every later verdict (a policy's refusal); the
+        # reference itself is still checked.
+        for ref in cluster["metadata"].get("ownerReferences") or []:
+            ref["controller"] = False
     return cluster
 
 

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+KUEUE_BASE: Final = "/apis/kueue.x-k8s.io/v1beta2"
 REQUEST_TIMEOUT_SECONDS: Final = 30.0
 LIST_PAGE_SIZE: Final = 500
 METADATA_ONLY: Final = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
@@ -269,15 +271,72 @@ class Api:
             f"/api/v1/namespaces/{namespace}/pods", f"{naming.JOB_NAME_LABEL}={job_name}"
         )
 
-    async def list_workloads(self, namespace: str, cluster_uid: str) -> list[Obj]:
-        """Kueue's Workloads of one RayCluster; empty when Kueue's API is not served (not installed)."""
-        path = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads"
-        try:
-            return await self.list_items(path, f"kueue.x-k8s.io/job-uid={cluster_uid}")
-        except ApiError as err:
-            if err.status == 404:
-                return []
-            raise
+    async def list_workloads(self, namespace: str, job_uid: str) -> list[Obj]:
+        """The Kueue Workloads a job owns (label kueue.x-k8s.io/job-uid). Raises ApiError 404 when
+        Kueue's API is not served (Kueue is not installed)."""
+        path = f"{KUEUE_BASE}/namespaces/{namespace}/workloads"
+        return await self.list_items(path, f"kueue.x-k8s.io/job-uid={job_uid}")
+
+    async def create_workload(self, manifest: Obj) -> Obj | None:
+        namespace = manifest["metadata"]["namespace"]
+        return await self._create(f"{KUEUE_BASE}/namespaces/{namespace}/workloads", manifest)
+
+    async def patch_workload(
+        self, namespace: str, name: str, resource_version: str, patch: Obj, *, status: bool = False
+    ) -> Obj:
+        """Merge-patch a Workload (or its status), failing with 409 if Kueue changed it since it was
+        read: Kueue's newer decision wins, and the next pass plans on it."""
+        body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version}}
+        path = f"{KUEUE_BASE}/namespaces/{namespace}/workloads/{name}" + ("/status" if status else "")
+        return await self.request(
+            "PATCH", path, body=body, content_type=MERGE_PATCH, query={"fieldManager": naming.MANAGER}
+        )
+
+    async def delete_workload(self, namespace: str, name: str, uid: str) -> None:
+        await self._delete(f"{KUEUE_BASE}/namespaces/{namespace}/workloads/{name}", uid)
+
+    async def get_resource_flavor(self, name: str) -> Obj | None:
+        return await self.get_or_none(f"{KUEUE_BASE}/resourceflavors/{name}")
+
+    async def get_priority_class(self, name: str) -> Obj | None:
+        return await self.get_or_none(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+    async def get_workload_priority_class(self, name: str) -> Obj | None:
+        return await self.get_or_none(f"{KUEUE_BASE}/workloadpriorityclasses/{name}")
+
+    async def set_job_suspend(self, namespace: str, name: str, uid: str, suspend: bool) -> Obj:
+        """Write the job's spec.suspend (JSON patch with a UID test: never a namesake's)."""
+        ops = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "add", "path": "/spec/suspend", "value": suspend},
+        ]
+        return await self.request(
+            "PATCH",
+            _job_path(namespace, name),
+            body=ops,
+            content_type=JSON_PATCH,
+            query={"fieldManager": naming.MANAGER},
+        )
+
+    async def set_raycluster_spec(
+        self, namespace: str, name: str, uid: str, suspend: bool, spec: Obj | None
+    ) -> Obj:
+        """Suspend a RayCluster in place (`spec` None), or replace its whole spec (UID test)."""
+        ops: list[Obj] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        if spec is None:
+            ops.append({"op": "add", "path": "/spec/suspend", "value": suspend})
+        else:
+            ops.append({"op": "replace", "path": "/spec", "value": {**spec, "suspend": suspend}})
+        path = (
+            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+        )
+        return await self.request(
+            "PATCH",
+            f"{path}/{name}",
+            body=ops,
+            content_type=JSON_PATCH,
+            query={"fieldManager": naming.MANAGER},
+        )
 
     async def stream_pod_log(
         self, namespace: str, pod: str, container: str, *, follow: bool

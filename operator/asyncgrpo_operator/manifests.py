@@ -35,15 +35,12 @@ from typing import Any
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
-from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, Resources, WorkerGroup
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
 from asyncgrpo_operator import naming, overrides
 
 Manifest = dict[str, Any]
 
-KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-"""A Kueue WorkloadPriorityClass; copied from the job to its RayCluster, where Kueue reads it."""
 KAI_QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER_NAME = "kai-scheduler"
 VOLCANO_QUEUE_LABEL = "volcano.sh/queue-name"
@@ -161,17 +158,11 @@ def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> 
             spec.cluster.generation_workers,
         ),
     ]
-    cluster_spec: Manifest = {}
-    if job.kueue_queue_name is not None:
-        # Created suspended: no pod exists before Kueue admits the cluster (its webhook would
-        # suspend it too, but only if it is up; this does not depend on that).
-        cluster_spec["suspend"] = True
     return {
         "apiVersion": naming.RAY_API_VERSION,
         "kind": naming.RAYCLUSTER_KIND,
         "metadata": metadata,
         "spec": {
-            **cluster_spec,
             "rayVersion": spec.cluster.ray_version,
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {
@@ -232,6 +223,17 @@ def driver_script() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _wait_for_driver(host: str, seconds: int) -> Manifest:
+    """A Ray container's preStop hook: when the pods are deleted together (a Kueue preemption,
+    spec.suspend) the driver gets SIGTERM and checkpoints the step in progress, which needs the
+    Ray head and the policy workers; so the Ray processes stop only once the driver's /progress
+    port (on the head pod, through the head Service for workers) is closed, or the grace period
+    ends. Plain bash (/dev/tcp): the image needs nothing else."""
+    probe = f"(exec 3<>/dev/tcp/{host}/{naming.PROGRESS_PORT}) 2>/dev/null"
+    script = f"for _ in $(seq 1 {seconds}); do {probe} || exit 0; sleep 1; done"
+    return {"preStop": {"exec": {"command": ["/bin/bash", "-c", script]}}}
+
+
 def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
     spec = job.spec
     head = spec.cluster.head
@@ -252,6 +254,7 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
         "resources": _resources(head.resources, gpus=0),
         **_env_block(job, []),
         **_mounts_block(job, [_RAY_TMP_MOUNT, _SHM_MOUNT]),
+        "lifecycle": _wait_for_driver("127.0.0.1", job.spec.termination_grace_period_seconds),
     }
     driver = {
         "name": naming.DRIVER_CONTAINER,
@@ -313,6 +316,10 @@ def _worker_group(
         "resources": _resources(pool.resources, gpus=pool.gpus_per_replica),
         **_env_block(job, []),
         **_mounts_block(job, [_SHM_MOUNT]),
+        "lifecycle": _wait_for_driver(
+            naming.head_service_name(naming.raycluster_name(job.metadata.name, attempt)),
+            job.spec.termination_grace_period_seconds,
+        ),
     }
     return {
         "groupName": group,
@@ -357,14 +364,11 @@ def _pod_metadata(job: AsyncGRPOJob, attempt: int, component: str, placement: Pl
 def _scheduler_labels(job: AsyncGRPOJob) -> dict[str, str]:
     """Labels on the RayCluster that Kueue, or KubeRay's batch-scheduler integration, read."""
     scheduler = job.spec.scheduler
-    queue = job.kueue_queue_name
-    if queue is not None:
-        labels = {KUEUE_QUEUE_LABEL: queue}
-        priority = job.metadata.labels.get(KUEUE_PRIORITY_LABEL)
-        if priority:
-            labels[KUEUE_PRIORITY_LABEL] = priority
-        return labels
-    labels = {}
+    if job.kueue_queue_name is not None:
+        # Kueue queues the job itself (workload.py): the RayCluster carries no queue label, or
+        # Kueue's RayCluster integration would queue it a second time.
+        return {}
+    labels: dict[str, str] = {}
     if scheduler.name == "kai" and scheduler.queue_name:
         labels[KAI_QUEUE_LABEL] = scheduler.queue_name
     if scheduler.name == "volcano":
@@ -396,6 +400,7 @@ def _pod_spec(
     pod: Manifest = {
         "enableServiceLinks": False,
         "securityContext": copy.deepcopy(RESTRICTED_POD_SECURITY),
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
         "containers": containers,
     }
     if spec.service_account_name is not None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from asyncgrpo_api.v1alpha1.job import MAX_PROGRESS_INT
 from asyncgrpo_operator import naming
+from asyncgrpo_operator.workload import Flavor, Priority
 
 ContainerPhase = Literal["waiting", "running", "terminated", "unknown"]
 
@@ -186,7 +187,9 @@ class ClusterView:
     replica_failure: str | None = None
     """KubeRay's ReplicaFailure message (e.g. pods rejected by a quota)."""
     suspended: bool = False
-    """spec.suspend of the RayCluster: set by Kueue while the cluster waits for admission."""
+    """spec.suspend of the RayCluster: set while the job is suspended or not admitted by Kueue."""
+    suspend_complete: bool = False
+    """KubeRay's RayClusterSuspended: every pod is gone and RayClusterProvisioned was reset."""
 
     @classmethod
     def from_dict(cls, cluster: Mapping[str, Any]) -> ClusterView:
@@ -208,6 +211,7 @@ class ClusterView:
                 else None
             ),
             suspended=bool((cluster.get("spec") or {}).get("suspend")),
+            suspend_complete=(conditions.get("RayClusterSuspended") or {}).get("status") == "True",
         )
 
 
@@ -327,24 +331,43 @@ class CreateFailure:
 
 @dataclass(frozen=True)
 class WorkloadView:
-    """Kueue's Workload for a RayCluster: whether Kueue admitted it and, if not, Kueue's reason."""
+    """The job's Kueue Workload (workload.py): whether Kueue admitted it and, if not, Kueue's reason;
+    what it assigned; and what the operator needs to write its status back."""
 
     name: str
-    cluster_uid: str
+    job_uid: str
     admitted: bool
     reason: str
-    """Kueue's reason: Evicted's (Preempted, ...) while evicted, QuotaReserved's (Pending,
-    Inadmissible) while waiting for quota, Admitted's while admission checks run, else Admitted."""
+    """Kueue's reason: Evicted's (Preempted, PodsReadyTimeout, ...) while evicted, QuotaReserved's
+    (Pending, Inadmissible) while waiting for quota, Admitted's while admission checks run, else
+    Admitted."""
     message: str
+    uid: str = ""
+    resource_version: str = ""
     preempted: bool = False
     """Evicted with reason Preempted and not admitted again yet."""
     admitted_at: datetime | None = None
+    evicted: bool = False
+    """Evicted True: the job must stop (and, once stopped, give its quota back)."""
+    quota_reserved: bool = False
+    active: bool = True
+    finished: bool = False
+    pods_ready: bool | None = None
+    digest: str = ""
+    """The pod-set digest annotation it was written with (workload.DIGEST_ANNOTATION)."""
+    assignments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Pod set name -> the ResourceFlavors Kueue assigned it (status.admission)."""
+    conditions: tuple[Mapping[str, Any], ...] = ()
+    accumulated_seconds: int = 0
+    """status.accumulatedPastExecutionTimeSeconds: time admitted before the current admission."""
+    requeue_count: int = 0
 
     @classmethod
     def from_dict(cls, workload: Mapping[str, Any]) -> WorkloadView:
         meta = workload.get("metadata") or {}
         status = workload.get("status") or {}
-        conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+        raw = tuple(c for c in status.get("conditions") or [] if isinstance(c, Mapping))
+        conditions = {c.get("type"): c for c in raw}
 
         def true(type_: str) -> Mapping[str, Any] | None:
             cond = conditions.get(type_)
@@ -353,10 +376,17 @@ class WorkloadView:
         admitted = true("Admitted")
         evicted = true("Evicted")
         reserved = conditions.get("QuotaReserved") or {}
-        if admitted is not None:
-            reason, message = "Admitted", str(admitted.get("message") or "admitted by Kueue")
+        requeued = true("Requeued")
+        if evicted is not None and reserved.get("status") != "True" and requeued is not None:
+            # evicted, stopped, its quota given back and queued again (until Kueue reserves anew)
+            reason = "Requeued"
+            message = (
+                f"requeued after {evicted.get('reason') or 'an eviction'}: {evicted.get('message') or ''}"
+            )
         elif evicted is not None:
             reason, message = str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or "")
+        elif admitted is not None:
+            reason, message = "Admitted", str(admitted.get("message") or "admitted by Kueue")
         elif reserved.get("status") != "True":
             reason = str(reserved.get("reason") or "Pending")
             message = str(reserved.get("message") or "waiting for quota in its ClusterQueue")
@@ -364,19 +394,39 @@ class WorkloadView:
             pending = conditions.get("Admitted") or {}
             reason = str(pending.get("reason") or "WaitingForAdmissionChecks")
             message = str(pending.get("message") or "quota reserved; waiting for admission checks")
+        admission = status.get("admission") or {}
+        assignments = {
+            str(a.get("name", "")): tuple(sorted({str(f) for f in (a.get("flavors") or {}).values()}))
+            for a in admission.get("podSetAssignments") or []
+            if isinstance(a, Mapping)
+        }
+        ready = conditions.get("PodsReady")
         return cls(
             name=str(meta.get("name", "")),
-            cluster_uid=str((meta.get("labels") or {}).get(KUEUE_JOB_UID_LABEL, "")),
-            admitted=admitted is not None,
+            job_uid=str((meta.get("labels") or {}).get(KUEUE_JOB_UID_LABEL, "")),
+            admitted=admitted is not None and evicted is None,
             reason=reason,
             message=message,
-            preempted=admitted is None and evicted is not None and evicted.get("reason") == "Preempted",
+            uid=str(meta.get("uid", "")),
+            resource_version=str(meta.get("resourceVersion", "")),
+            preempted=evicted is not None and evicted.get("reason") == "Preempted",
             admitted_at=parse_time(admitted.get("lastTransitionTime")) if admitted is not None else None,
+            evicted=evicted is not None,
+            quota_reserved=reserved.get("status") == "True",
+            active=(workload.get("spec") or {}).get("active", True) is not False,
+            finished=true("Finished") is not None,
+            pods_ready=None if ready is None else ready.get("status") == "True",
+            digest=str((meta.get("annotations") or {}).get(WORKLOAD_DIGEST_ANNOTATION, "")),
+            assignments=assignments,
+            conditions=raw,
+            accumulated_seconds=_count(status.get("accumulatedPastExecutionTimeSeconds")) or 0,
+            requeue_count=_count((status.get("requeueState") or {}).get("count")) or 0,
         )
 
 
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-"""Kueue labels a Workload with the UID of the job it stands for (here: the RayCluster)."""
+"""Kueue labels a Workload with the UID of the job it stands for (here: the AsyncGRPOJob)."""
+WORKLOAD_DIGEST_ANNOTATION = "asyncgrpo.dev/podsets-digest"
 
 
 @dataclass(frozen=True)
@@ -402,8 +452,15 @@ class Observation:
     """Set (to the API server's message) when RayClusters cannot even be listed: 404, the ray.io
     API is not served, i.e. KubeRay's CRDs are not installed. `clusters` is then empty."""
     workload: WorkloadView | None = None
-    """Kueue's Workload of the current attempt's RayCluster, for a job Kueue manages (None: none yet,
-    or Kueue is not installed)."""
+    """The job's Kueue Workload, for a job Kueue manages (None: none yet)."""
+    kueue_missing: str | None = None
+    """Set (to the API server's message) when Workloads cannot be listed: Kueue is not installed."""
+    flavors: Mapping[str, Flavor] = field(default_factory=dict)
+    """The ResourceFlavors the admitted Workload was assigned, by name."""
+    priority: Priority | None = None
+    """The Workload's priority, resolved from the job's priority class (None: none, or unknown)."""
+    priority_error: str | None = None
+    """Why the job's priority class could not be resolved (it does not exist)."""
     from_cache: bool = False
     """The children were read from watch caches, which may lag behind each other: what is missing
     may only be not seen yet, so a conclusion from a missing child asks for a fresh read first."""

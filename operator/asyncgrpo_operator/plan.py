@@ -7,8 +7,10 @@ when to look again. Nothing here does I/O or reads a clock, so every transition 
 
 The rules, in the order they are applied:
 1. A finished job (Succeeded or Failed) stays finished; only its cleanup policy and TTL act.
-2. A suspended job has no RayCluster (Suspended). Resuming restarts the deadline clock, like a
-   batch/v1 Job, and the trainer resumes from its checkpoint.
+2. A suspended job's RayCluster is suspended in place (Suspended): KubeRay deletes its pods, the
+   cluster, the attempt and the restart count stay. Resuming restarts the deadline clock, like a
+   batch/v1 Job, writes the cluster's spec as rendered now, and the trainer resumes from its
+   checkpoint.
 3. An active job has exactly one RayCluster, named after its attempt and owned by the job (its
    controller ownerReference carries the job's UID: a cluster with the right name and labels but
    another owner is never adopted nor deleted); owned clusters of other attempts are deleted. A
@@ -28,12 +30,15 @@ The rules, in the order they are applied:
 6. A job whose spec the rules refuse is Failed (InvalidSpec) and cleaned up by its cleanupPolicy,
    unless it was already started: a started job whose spec only fails rules tightened since it
    was admitted keeps running under the spec it has (SpecValid False says why).
-7. A job Kueue manages (kueue.x-k8s.io/queue-name) is Queued while Kueue holds its RayCluster
-   suspended, with Kueue's reason (Pending, Inadmissible, Preempted, ...). Its startup deadline
-   runs from admission. A preemption (Kueue suspends a running cluster) is not a failure: it
-   spends no backoffLimit, and the same RayCluster resumes from the latest checkpoint when it is
-   admitted again; what the stopped run left behind (its deleting pods, its driver's exit) is not
-   taken for the resumed run's.
+7. A job Kueue manages (kueue.x-k8s.io/queue-name) is Kueue's workload (workload.py): it owns a
+   Workload; until Kueue admits it the job is suspended (spec.suspend is Kueue's gate) and Queued
+   with Kueue's reason; admission unsuspends it and starts the attempt on the assigned flavors,
+   its startup deadline running from then; an eviction (preemption, PodsReady timeout) suspends
+   the job and its RayCluster in place, spends no backoffLimit, and gives the quota back once the
+   pods are gone; readmitted, the same RayCluster resumes from the latest checkpoint, and what the
+   stopped run left behind (its deleting pods, its driver's exit) is not taken for the resumed
+   run's. activeDeadlineSeconds counts admitted time only. PodsReady and Finished are reported on
+   the Workload.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from asyncgrpo_api import exitcodes, outputs
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
 from asyncgrpo_api.v1alpha1.job import Outputs
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import manifests, naming
+from asyncgrpo_operator import manifests, naming, workload
 from asyncgrpo_operator.decision import (
     ADMITTED_UNDER_OLDER_RULES,
     BACKOFF_LIMIT_EXCEEDED,
@@ -84,14 +89,20 @@ from asyncgrpo_operator.decision import (
     WAITING_FOR_PREVIOUS_CLUSTER,
     ApplyConfigMap,
     CreateRayCluster,
+    CreateWorkload,
     Decision,
     DeleteJob,
     DeleteRayCluster,
+    DeleteWorkload,
     Draft,
     Event,
+    PatchWorkloadStatus,
+    SetJobSuspend,
+    SetRayClusterSpec,
+    UpdateWorkload,
     waiting_on,
 )
-from asyncgrpo_operator.manifests import Owner
+from asyncgrpo_operator.manifests import Manifest, Owner
 from asyncgrpo_operator.observed import (
     ClusterView,
     DriverExit,
@@ -99,6 +110,8 @@ from asyncgrpo_operator.observed import (
     PodView,
     ProgressMark,
     ProgressReading,
+    WorkloadView,
+    parse_time,
 )
 
 __all__ = ["create_retry_seconds", "plan", "plan_invalid"]
@@ -130,11 +143,16 @@ def plan(
     _spec_validity(draft, spec_errors)
     if draft.finished:
         _cleanup(job.spec.cleanup_policy, draft, _owned(ctx))
+    elif job.kueue_queue_name is not None:
+        _kueue(ctx, draft)
+        draft.set_field("outputs", _outputs(job, draft.attempt))
     elif job.spec.suspend:
-        _suspend(draft, _owned(ctx))
+        _suspend(ctx, draft)
     else:
         _run(ctx, draft)
         draft.set_field("outputs", _outputs(job, draft.attempt))  # the attempt this pass ends on
+    if draft.finished and job.kueue_queue_name is not None:
+        _workload_finished(ctx, draft)
     return draft.decision()
 
 
@@ -184,6 +202,14 @@ class _Ctx:
     job: AsyncGRPOJob
     observed: Observation
     owner: Owner | None
+
+    def cluster_manifest(self, attempt: int) -> Manifest:
+        """The attempt's RayCluster; for a job Kueue admitted, with the flavors it assigned."""
+        rendered = manifests.ray_cluster(self.job, attempt, self.owner)
+        admission = self.observed.workload
+        if self.job.kueue_queue_name is not None and admission is not None and admission.admitted:
+            rendered = workload.inject_flavors(rendered, admission.assignments, self.observed.flavors)
+        return rendered
 
 
 def _owned(ctx: _Ctx) -> tuple[ClusterView, ...]:
@@ -268,19 +294,18 @@ def _fail(ctx: _Ctx, draft: Draft, reason: str, message: str) -> None:
 # --- suspend --------------------------------------------------------------------------------------
 
 
-def _suspend(draft: Draft, clusters: tuple[ClusterView, ...]) -> None:
-    for cluster in clusters:
-        if not cluster.deleting:
-            draft.act(
-                DeleteRayCluster(cluster.name, cluster.uid, "spec.suspend is true"),
-                Event(
-                    "Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name}: the job is suspended"
-                ),
-            )
-    pending = [c.name for c in clusters]
-    message = "spec.suspend is true: the RayCluster is deleted and the job is kept"
+def _suspend(ctx: _Ctx, draft: Draft) -> None:
+    """spec.suspend true: the attempt's RayCluster is suspended in place (KubeRay deletes its pods,
+    whose processes get SIGTERM); the job keeps its attempt, restarts and RayCluster, and resumes
+    from the latest checkpoint."""
+    owned = _owned(ctx)
+    current = naming.raycluster_name(ctx.job.metadata.name, draft.attempt)
+    _suspend_clusters(draft, owned, current, "spec.suspend is true")
+    uids = {c.uid for c in owned}
+    pending = sorted({p.name for p in ctx.observed.pods if p.owner_uid in uids})
+    message = "spec.suspend is true: the RayCluster is suspended (its pods are deleted) and the job is kept"
     if pending:
-        message += f" (deleting {', '.join(pending)})"
+        message += f" ({len(pending)} pods still terminating)"
         draft.requeue(DELETION_RECHECK_SECONDS)
     draft.set(
         SUSPENDED, True, "Suspended", message + "; set it to false to resume from the latest checkpoint"
@@ -290,11 +315,241 @@ def _suspend(draft: Draft, clusters: tuple[ClusterView, ...]) -> None:
             draft.set(type_, False, "Suspended", "the job is suspended")
     draft.drop(PODS_SCHEDULED)
     draft.drop(PODS_READY)
-    draft.set_field("ray_cluster_name", None)
-    draft.set_field("dashboard_url", None)
     draft.set_field("attempt_start_time", None)
     draft.set_field("head_pod", None)
     draft.set_field("driver_logs", None)
+
+
+# --- Kueue: the job is the Workload ---------------------------------------------------------------
+
+KUEUE_RECHECK_SECONDS = 3.0
+"""How often a job Kueue manages looks at its Workload while Kueue decides (admission, eviction,
+its reason): Workloads are read per pass, not watched."""
+KUEUE_MISSING_RECHECK_SECONDS = 30.0
+
+
+def _kueue(ctx: _Ctx, draft: Draft) -> None:
+    """A job Kueue manages, as Kueue's jobframework manages its own kinds (workload.py): the job
+    owns one Workload; while it is not admitted the job is suspended and runs no pod; admission
+    unsuspends it and starts the pods with the assigned flavors; an eviction suspends the job in
+    place and gives the quota back once the pods are gone. The attempt, its RayCluster and the
+    Workload (and so its place in the queue) survive all of it."""
+    job, observed, owner = ctx.job, ctx.observed, ctx.owner
+    queue = job.kueue_queue_name
+    assert queue is not None
+    if observed.kueue_missing is not None:
+        _hold(
+            ctx,
+            draft,
+            None,
+            "KueueMissing",
+            f"Workloads cannot be listed; is Kueue installed? {observed.kueue_missing}",
+        )
+        draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
+        return
+    if observed.priority_error is not None:
+        _hold(ctx, draft, None, "PriorityClassNotFound", observed.priority_error)
+        draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
+        return
+    current = observed.workload
+    if owner is not None:
+        desired = workload.manifest(
+            job, owner, manifests.ray_cluster(job, draft.attempt, owner), observed.priority
+        )
+        name = desired["metadata"]["name"]
+        if current is None:
+            draft.act(
+                CreateWorkload(desired),
+                Event("Normal", "CreatedWorkload", f"creating Workload {name} in LocalQueue {queue}"),
+            )
+            _hold(
+                ctx,
+                draft,
+                None,
+                "WaitingForKueue",
+                f"Workload {name} created in LocalQueue {queue}; waiting for Kueue",
+            )
+            return
+        wanted = desired["metadata"]["annotations"][workload.DIGEST_ANNOTATION]
+        if current.digest != wanted and not current.admitted:
+            if not current.quota_reserved:
+                draft.act(
+                    UpdateWorkload(current.name, current.resource_version, workload.spec_update(desired))
+                )
+            elif not current.evicted:  # reserved for the old shape, not started: ask for the new one
+                why = "the job changed after Kueue reserved quota for it"
+                draft.act(
+                    DeleteWorkload(current.name, current.uid, why),
+                    Event("Normal", "DeletedWorkload", f"deleting Workload {current.name}: {why}"),
+                )
+    if current is not None:
+        draft.set_field("workload_name", current.name)
+    if current is None or not current.admitted:
+        _hold(ctx, draft, current, *_kueue_reason(current, queue))
+        return
+    _admitted(ctx, draft, current)
+
+
+def _kueue_reason(current: WorkloadView | None, queue: str) -> tuple[str, str]:
+    if current is None:
+        return "WaitingForKueue", f"waiting for the job's Workload in LocalQueue {queue}"
+    if not current.active and not current.evicted:
+        return (
+            "Deactivated",
+            f"Workload {current.name} is deactivated (spec.active false); set it true to queue the job",
+        )
+    message = (
+        f"Kueue ({current.name}): {current.message}"
+        if current.message
+        else f"Kueue ({current.name}): {current.reason}"
+    )
+    return current.reason, message
+
+
+def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, message: str) -> None:
+    """The job is not admitted (not yet, or evicted): suspended, its RayCluster suspended in place
+    (KubeRay deletes the pods), Queued with Kueue's reason; an evicted Workload's quota is given back
+    once no pod of the job is left (Kueue's contract: quota is freed only when the job stopped)."""
+    job, observed = ctx.job, ctx.observed
+    if not job.spec.suspend:
+        draft.act(SetJobSuspend(True, f"Kueue has not admitted the job ({reason})"))
+    owned = _owned(ctx)
+    _suspend_clusters(draft, owned, naming.raycluster_name(job.metadata.name, draft.attempt), reason)
+    uids = {c.uid for c in owned}
+    live = [p for p in observed.pods if p.owner_uid in uids]
+    if (
+        current is not None
+        and current.evicted
+        and current.quota_reserved
+        and not live
+        and not any(not c.suspended for c in owned)
+    ):
+        _workload_status(
+            draft,
+            current,
+            workload.released(
+                current.conditions,
+                current.accumulated_seconds,
+                _last_admitted(current),
+                reason=current.reason,
+                message=current.message,
+                now=draft.now,
+            ),
+            f"the job stopped after Kueue evicted it ({current.reason}): its quota is given back",
+        )
+    was_running = draft.is_true(RUNNING)
+    draft.set(QUEUED, True, reason, message)
+    cluster = next((c for c in owned if c.name == draft.get("ray_cluster_name")), None)
+    where = f"RayCluster {cluster.name} is suspended" if cluster is not None else "no pod runs"
+    draft.set(PODS_SCHEDULED, False, "WaitingForAdmission", f"{where} until Kueue admits the job")
+    draft.drop(PODS_READY)
+    if was_running:
+        draft.set(
+            RUNNING,
+            False,
+            reason,
+            "Kueue evicted the job; the driver resumes from the latest checkpoint when it is admitted again "
+            "(no backoffLimit is spent)",
+        )
+    elif draft.has(RUNNING):
+        draft.set(RUNNING, False, "Queued", "the driver starts once Kueue admits the job")
+    if draft.has(STALLED):
+        draft.set(STALLED, False, reason, "the job is queued")
+    draft.set_field("attempt_start_time", None)
+    draft.requeue(DELETION_RECHECK_SECONDS if live else KUEUE_RECHECK_SECONDS)
+
+
+def _suspend_clusters(draft: Draft, clusters: tuple[ClusterView, ...], current: str, why: str) -> None:
+    """Suspend the current attempt's RayCluster in place (KubeRay deletes its pods; the cluster,
+    its name and the attempt stay); delete those of earlier attempts."""
+    for cluster in clusters:
+        if cluster.deleting:
+            continue
+        if cluster.name != current:
+            draft.act(
+                DeleteRayCluster(cluster.name, cluster.uid, f"stale: the current attempt is {draft.attempt}"),
+                Event(
+                    "Normal", "DeletedRayCluster", f"deleting RayCluster {cluster.name} of an earlier attempt"
+                ),
+            )
+        elif not cluster.suspended:
+            draft.act(
+                SetRayClusterSpec(cluster.name, cluster.uid, True, None, why),
+                Event("Normal", "SuspendedRayCluster", f"suspending RayCluster {cluster.name}: {why}"),
+            )
+
+
+def _last_admitted(current: WorkloadView) -> datetime | None:
+    """When the admission an eviction ends began (Admitted's lastTransitionTime while still True)."""
+    for cond in current.conditions:
+        if cond.get("type") == "Admitted" and cond.get("status") == "True":
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
+
+
+def _admitted(ctx: _Ctx, draft: Draft, current: WorkloadView) -> None:
+    """Kueue admitted the Workload: unsuspend the job, start its startup clock, run the attempt with
+    the assigned flavors, and report PodsReady to Kueue (for waitForPodsReady)."""
+    try:
+        ctx.cluster_manifest(draft.attempt)
+    except workload.FlavorConflictError as err:
+        _fail(ctx, draft, "FlavorConflict", str(err))
+        return
+    if ctx.job.spec.suspend:
+        draft.act(SetJobSuspend(False, f"Kueue admitted Workload {current.name}"))
+    queue = ctx.job.kueue_queue_name
+    if not draft.has(QUEUED) or draft.is_true(QUEUED):
+        draft.set_field("attempt_start_time", draft.now)  # the startup deadline runs from admission
+    draft.set(
+        QUEUED,
+        False,
+        "Admitted",
+        f"Kueue admitted Workload {current.name} from LocalQueue {queue}: {current.message}",
+    )
+    _run(ctx, draft)
+    if draft.finished:
+        return
+    ready = draft.is_true(PODS_READY)
+    if current.pods_ready is not ready:
+        reason, message = (
+            ("Started", "All pods reached readiness and the workload is running")
+            if ready
+            else (
+                "WaitForStart",
+                "Not all pods are ready or succeeded",
+            )
+        )
+        _workload_status(
+            draft,
+            current,
+            workload.with_condition(current.conditions, "PodsReady", ready, reason, message, now=draft.now),
+            f"PodsReady {ready}",
+        )
+    draft.requeue(KUEUE_RECHECK_SECONDS * 5)  # an eviction is seen on the Workload only
+
+
+def _workload_finished(ctx: _Ctx, draft: Draft) -> None:
+    """A finished job finishes its Workload, which gives its quota back (Kueue's Finished)."""
+    current = ctx.observed.workload
+    if current is None or current.finished:
+        return
+    succeeded = draft.is_true(COMPLETE)
+    reason = "Succeeded" if succeeded else "Failed"
+    outcome = draft.conditions.get(COMPLETE if succeeded else FAILED)
+    message = outcome.message if outcome is not None else f"the job {reason.lower()}"
+    _workload_status(
+        draft,
+        current,
+        workload.with_condition(current.conditions, "Finished", True, reason, message, now=draft.now),
+        f"the job {reason.lower()}",
+    )
+
+
+def _workload_status(draft: Draft, current: WorkloadView, status: Manifest, why: str) -> None:
+    """One Workload status write per pass (each carries the resourceVersion it was planned on)."""
+    if any(isinstance(a, PatchWorkloadStatus) for a in draft.actions):
+        return
+    draft.act(PatchWorkloadStatus(current.name, current.resource_version, status, why))
 
 
 # --- active jobs ------------------------------------------------------------------------------
@@ -333,15 +588,10 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
 
     deadline = job.spec.active_deadline_seconds
     if deadline is not None:
-        expiry = draft.get("start_time") + timedelta(seconds=deadline)
+        since, what = _active_since(ctx, draft)
+        expiry = since + timedelta(seconds=deadline)
         if now >= expiry:
-            _fail(
-                ctx,
-                draft,
-                DEADLINE_EXCEEDED,
-                f"activeDeadlineSeconds ({deadline} s) passed since the job started at "
-                f"{_iso(draft.get('start_time'))}",
-            )
+            _fail(ctx, draft, DEADLINE_EXCEEDED, f"activeDeadlineSeconds ({deadline} s) passed {what}")
             return
         draft.requeue((expiry - now).total_seconds())
 
@@ -386,11 +636,56 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if not ours:  # first seen since it was created: record it
         draft.set_field("ray_cluster_name", name)
         draft.set_field("dashboard_url", _dashboard_url(job, name))
-        if draft.get("attempt_start_time") is None and job.kueue_queue_name is None:
+        if draft.get("attempt_start_time") is None:
             draft.set_field("attempt_start_time", current.created_at or now)
-    if job.kueue_queue_name is not None and _queued(ctx, draft, current):
+    if current.suspended and (job.kueue_queue_name is not None or draft.has(SUSPENDED)):
+        _resume_cluster(ctx, draft, current)  # suspended in place by this operator: resume it
         return
-    _attempt(ctx, draft, current)
+    _attempt(ctx, draft, current)  # (one suspended by something else waits: WaitingForAdmission)
+
+
+def _active_since(ctx: _Ctx, draft: Draft) -> tuple[datetime, str]:
+    """When activeDeadlineSeconds' clock would have started had the job run without a break, and
+    how to say it. Like batch/v1 Job, a resumed job's clock starts again at status.startTime; under
+    Kueue it counts the time the Workload was admitted, in all admissions together (Kueue's own
+    accumulatedPastExecutionTimeSeconds plus the current admission), never the time queued."""
+    started: datetime = draft.get("start_time")
+    admission = ctx.observed.workload
+    if ctx.job.kueue_queue_name is None or admission is None or admission.admitted_at is None:
+        return started, f"since the job started at {_iso(started)}"
+    since = admission.admitted_at - timedelta(seconds=admission.accumulated_seconds)
+    return since, (
+        f"admitted by Kueue ({admission.accumulated_seconds} s in earlier admissions, and since "
+        f"{_iso(admission.admitted_at)}); time queued does not count"
+    )
+
+
+def _resume_cluster(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
+    """Start the pods of a RayCluster suspended in place again: its spec is rendered now (the spec
+    may have changed while the job was suspended; Kueue may have assigned other flavors) and the
+    driver resumes from the latest checkpoint."""
+    why = "Kueue admitted the job" if ctx.job.kueue_queue_name is not None else "spec.suspend is false"
+    if not cluster.suspend_complete:
+        # KubeRay is still deleting the stopped run's pods; resuming now would let it take their
+        # state (RayClusterProvisioned, a dying head) for the new run's.
+        message = f"waiting for KubeRay to finish suspending RayCluster {cluster.name} before resuming it"
+        draft.set(PODS_SCHEDULED, False, WAITING_FOR_PREVIOUS_CLUSTER, message)
+        draft.requeue(DELETION_RECHECK_SECONDS)
+        _startup_deadline(ctx, draft)
+        return
+    spec = dict(ctx.cluster_manifest(draft.attempt)["spec"])
+    spec["suspend"] = False
+    draft.act(
+        SetRayClusterSpec(cluster.name, cluster.uid, False, spec, why),
+        Event("Normal", "ResumedRayCluster", f"resuming RayCluster {cluster.name}: {why}"),
+    )
+    draft.set(PODS_SCHEDULED, False, "Resuming", f"RayCluster {cluster.name} is resuming: {why}")
+    draft.set(PODS_READY, False, "Resuming", f"RayCluster {cluster.name} is creating its pods")
+    draft.set(
+        RUNNING, False, "Resuming", "the driver resumes from the latest checkpoint once the pods are ready"
+    )
+    draft.requeue(DELETION_RECHECK_SECONDS)
+    _startup_deadline(ctx, draft)
 
 
 def _unconfirmed(ctx: _Ctx, draft: Draft, why: str) -> bool:
@@ -413,8 +708,8 @@ def _waiting_to_create(ctx: _Ctx, draft: Draft, reason: str, message: str, reche
 
 def _attempt_started(ctx: _Ctx, draft: Draft) -> None:
     """The startup deadline counts from the attempt's first try to get its cluster, once; for a
-    job Kueue manages, from Kueue's admission instead (`_queued`): time in the queue is not startup."""
-    if ctx.job.kueue_queue_name is None and draft.get("attempt_start_time") is None:
+    job Kueue manages, from Kueue's admission (`_kueue` sets it): time in the queue is not startup."""
+    if draft.get("attempt_start_time") is None:
         draft.set_field("attempt_start_time", draft.now)
 
 
@@ -443,89 +738,31 @@ def _create_cluster(ctx: _Ctx, draft: Draft) -> None:
         _startup_deadline(ctx, draft)
         return
     _request_create(ctx, draft, name)
-    if job.kueue_queue_name is not None:
-        draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name} in Kueue's queue")
-        draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
-        draft.set(RUNNING, False, "ClusterCreating", "the driver starts once Kueue admits the job")
-        return  # the startup deadline starts when Kueue admits it (`_queued`)
     draft.set(PODS_SCHEDULED, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(PODS_READY, False, "ClusterCreating", f"creating RayCluster {name}")
     draft.set(RUNNING, False, "ClusterCreating", "the driver starts once the pods are ready")
     _startup_deadline(ctx, draft)
 
 
-def _queued(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> bool:
-    """Kueue's part of an attempt: True while Kueue holds the cluster suspended (the pass ends),
-    False once it is admitted (the attempt goes on, its startup deadline counting from now)."""
-    workload = ctx.observed.workload
-    if workload is not None and workload.cluster_uid != cluster.uid:
-        workload = None
-    queue = ctx.job.kueue_queue_name
-    if not cluster.suspended:
-        if not draft.is_true(QUEUED) and draft.has(QUEUED):
-            return False  # admitted before; nothing new
-        detail = f": {workload.message}" if workload is not None and workload.message else ""
-        draft.set(
-            QUEUED,
-            False,
-            "Admitted",
-            f"Kueue admitted RayCluster {cluster.name} from LocalQueue {queue}{detail}",
-        )
-        draft.set_field("attempt_start_time", draft.now)  # the startup deadline runs from admission
-        return False
-    if workload is None:
-        namespace = ctx.job.metadata.namespace or "the job's namespace"
-        reason = "WaitingForKueue"
-        message = (
-            f"RayCluster {cluster.name} waits suspended for Kueue, which has no Workload for it yet: is "
-            f"Kueue running with its ray.io/raycluster integration, and does LocalQueue {queue} exist in "
-            f"{namespace}?"
-        )
-    else:
-        reason = workload.reason
-        message = f"Kueue ({workload.name}): {workload.message}" if workload.message else f"Kueue: {reason}"
-    draft.set(QUEUED, True, reason, message)
-    draft.set(
-        PODS_SCHEDULED,
-        False,
-        "WaitingForAdmission",
-        f"RayCluster {cluster.name} is suspended until Kueue admits it from LocalQueue {queue}",
-    )
-    draft.drop(PODS_READY)
-    if draft.is_true(RUNNING):  # preempted: the run stops here and resumes later, no retry spent
-        draft.set(
-            RUNNING,
-            False,
-            reason,
-            "Kueue suspended the RayCluster; the driver resumes from the latest checkpoint when the job is "
-            "admitted again (no backoffLimit is spent)",
-        )
-        if draft.has(STALLED):
-            draft.set(STALLED, False, reason, "the job is queued")
-    elif draft.has(RUNNING):
-        draft.set(RUNNING, False, "Queued", "the driver starts once Kueue admits the job")
-    draft.set_field("attempt_start_time", None)
-    draft.requeue(PROVISIONING_RECHECK_SECONDS)  # Kueue's reason changes without a RayCluster event
-    return True
-
-
 def _admitted_at(ctx: _Ctx, draft: Draft) -> datetime | None:
-    """When Kueue last admitted the current attempt's cluster (None for a job Kueue does not manage):
-    pods deleted and driver exits from before then belong to a run Kueue preempted."""
-    if ctx.job.kueue_queue_name is None:
-        return None
-    workload = ctx.observed.workload
-    if workload is not None and workload.admitted_at is not None:
-        return workload.admitted_at
-    queued = draft.conditions.get(QUEUED)
-    return queued.last_transition_time if queued is not None and queued.status == "False" else None
+    """When the current run of the attempt's cluster began: Kueue's last admission, or the last
+    resume after spec.suspend (None when neither happened). Pods being deleted and driver exits
+    from before then belong to the run that was suspended or preempted, not to this one."""
+    if ctx.job.kueue_queue_name is not None:
+        admission = ctx.observed.workload
+        if admission is not None and admission.admitted_at is not None:
+            return admission.admitted_at
+        queued = draft.conditions.get(QUEUED)
+        return queued.last_transition_time if queued is not None and queued.status == "False" else None
+    resumed = draft.conditions.get(SUSPENDED)
+    return resumed.last_transition_time if resumed is not None and resumed.status == "False" else None
 
 
 def _request_create(ctx: _Ctx, draft: Draft, name: str) -> None:
     # status.rayClusterName is recorded once the cluster is seen (adoption in _run): the status is
     # written before the create, so a name in the status always means "this cluster existed".
     draft.act(
-        CreateRayCluster(manifests.ray_cluster(ctx.job, draft.attempt, ctx.owner)),
+        CreateRayCluster(ctx.cluster_manifest(draft.attempt)),
         Event("Normal", "CreatedRayCluster", f"creating RayCluster {name} (attempt {draft.attempt})"),
     )
 

@@ -37,6 +37,7 @@ from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import cache, decision, k8s, naming, plan, progress
+from asyncgrpo_operator import workload as workload_mod
 from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import Owner
 from asyncgrpo_operator.observed import (
@@ -218,10 +219,7 @@ class Reconciler:
                 (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
             )
         poll = self._poll(key, job, head, now) if job is not None else None
-        workload = None
-        if job is not None and job.kueue_queue_name is not None and current is not None:
-            found = await self.api.list_workloads(namespace, current.uid)
-            workload = WorkloadView.from_dict(found[0]) if found else None
+        kueue_view = await self._observe_kueue(namespace, uid, job) if job is not None else _KueueView()
         return Observation(
             now=now,
             clusters=clusters,
@@ -234,9 +232,62 @@ class Reconciler:
             progress_mark=self.memory.marks.get(key),
             create_failure=failure,
             kuberay_missing=kuberay_missing,
-            workload=workload,
+            workload=kueue_view.workload,
+            kueue_missing=kueue_view.missing,
+            flavors=kueue_view.flavors,
+            priority=kueue_view.priority,
+            priority_error=kueue_view.priority_error,
             from_cache=True,
         )
+
+    async def _observe_kueue(self, namespace: str, uid: str, job: AsyncGRPOJob) -> _KueueView:
+        """For a job Kueue manages: its Workload (read, not watched), the ResourceFlavors its
+        admission assigned, and (while it is not admitted) the priority its Workload should carry."""
+        if job.kueue_queue_name is None:
+            return _KueueView()
+        try:
+            found = await self.api.list_workloads(namespace, uid)
+        except k8s.ApiError as err:
+            if err.status == 404:
+                return _KueueView(missing=err.message)
+            raise
+        owned = sorted(
+            (w for w in found if _controller_uid(w) == uid), key=lambda w: str(w["metadata"].get("name"))
+        )
+        view = WorkloadView.from_dict(owned[0]) if owned else None
+        out = _KueueView(workload=view)
+        if view is not None and view.admitted:
+            names = sorted({f for flavors in view.assignments.values() for f in flavors})
+            found_flavors = await asyncio.gather(*(self.api.get_resource_flavor(n) for n in names))
+            out.flavors = {
+                n: workload_mod.Flavor.from_dict(f) for n, f in zip(names, found_flavors, strict=True) if f
+            }
+            return out
+        label = job.metadata.labels.get(workload_mod.PRIORITY_LABEL)
+        if label:
+            wpc = await self.api.get_workload_priority_class(label)
+            if wpc is None:
+                out.priority_error = (
+                    f"WorkloadPriorityClass {label} (label {workload_mod.PRIORITY_LABEL}) does not exist; "
+                    "create it or remove the label"
+                )
+            else:
+                out.priority = workload_mod.Priority(
+                    "kueue.x-k8s.io", "WorkloadPriorityClass", label, int(wpc.get("value") or 0)
+                )
+        elif job.spec.scheduler.priority_class_name:
+            name = job.spec.scheduler.priority_class_name
+            pc = await self.api.get_priority_class(name)
+            if pc is None:
+                out.priority_error = (
+                    f"PriorityClass {name} (spec.scheduler.priorityClassName) does not exist; create it or "
+                    "change the field"
+                )
+            else:
+                out.priority = workload_mod.Priority(
+                    "scheduling.k8s.io", "PriorityClass", name, int(pc.get("value") or 0)
+                )
+        return out
 
     async def _confirm(self, key: Key, observed: Observation, why: str) -> Observation:
         """The job's RayClusters and pods read from the API server, for a decision that a missing
@@ -359,7 +410,43 @@ class Reconciler:
         elif isinstance(action, decision.DeleteJob):
             await self.api.delete_job(namespace, name, str(meta["uid"]))
             log.info("deleted job", extra=_fields(key, why=action.why))
+        else:
+            await self._act_on_kueue_and_suspend(key, meta, action)
         return None
+
+    async def _act_on_kueue_and_suspend(
+        self, key: Key, meta: Mapping[str, Any], action: decision.Action
+    ) -> None:
+        """Suspending and resuming in place, and the job's Workload. A Workload write that meets a
+        newer Workload (409: Kueue decided meanwhile) is dropped: the next pass plans on Kueue's."""
+        namespace, name = key
+        try:
+            if isinstance(action, decision.SetRayClusterSpec):
+                written = await self.api.set_raycluster_spec(
+                    namespace, action.name, action.uid, action.suspend, action.spec
+                )
+                self.cache.clusters.apply(cache.MODIFIED, written)
+            elif isinstance(action, decision.SetJobSuspend):
+                job = await self.api.set_job_suspend(namespace, name, str(meta["uid"]), action.suspend)
+                self.cache.jobs.apply(cache.MODIFIED, job)
+            elif isinstance(action, decision.CreateWorkload):
+                await self.api.create_workload(dict(action.manifest))
+            elif isinstance(action, decision.UpdateWorkload):
+                await self.api.patch_workload(namespace, action.name, action.resource_version, action.patch)
+            elif isinstance(action, decision.DeleteWorkload):
+                await self.api.delete_workload(namespace, action.name, action.uid)
+            elif isinstance(action, decision.PatchWorkloadStatus):
+                await self.api.patch_workload(
+                    namespace, action.name, action.resource_version, {"status": action.status}, status=True
+                )
+        except k8s.ApiError as err:
+            if err.status not in (404, 409):
+                raise
+            log.info(
+                "stale write dropped", extra=_fields(key, action=type(action).__name__, status=err.status)
+            )
+            return
+        log.info("acted", extra=_fields(key, action=type(action).__name__, why=getattr(action, "why", "")))
 
     async def _apply_configmap(self, job_uid: str, action: decision.ApplyConfigMap) -> ConfigMapView | None:
         """Create the spec ConfigMap, or replace the data of the job's own; returns the ConfigMap of
@@ -413,6 +500,24 @@ class Reconciler:
             await self.api.post_event(body, event.type, event.reason, event.message)
         except k8s.ApiError as err:  # events are best effort; the status is the record
             log.warning("could not post event", extra=_fields(key, reason=event.reason, error=str(err)))
+
+
+@dataclass
+class _KueueView:
+    """What a pass read from Kueue for one job (see Reconciler._observe_kueue)."""
+
+    workload: WorkloadView | None = None
+    missing: str | None = None
+    flavors: dict[str, workload_mod.Flavor] = field(default_factory=dict)
+    priority: workload_mod.Priority | None = None
+    priority_error: str | None = None
+
+
+def _controller_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return str(ref.get("uid", ""))
+    return None
 
 
 Refusal = CreateFailure | ConfigMapView

@@ -18,7 +18,9 @@ from typing import Any, TextIO
 import yaml
 
 from asyncgrpo_api.rules import validate_manifest
-from asyncgrpo_operator import manifests
+from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_operator import manifests, workload
+from asyncgrpo_operator.manifests import Owner
 
 
 def main(argv: list[str]) -> int:
@@ -53,16 +55,30 @@ def render_files(
             for error in report.errors:
                 print(f"{source}: error: {error}", file=sys.stderr)
             continue
-        rendered += manifests.objects(report.job, attempt=attempt)
+        rendered += objects(report.job, attempt=attempt)
     if failed:
         return 1
     if output == "json":
         json.dump({"apiVersion": "v1", "kind": "List", "items": rendered}, out, indent=2)
         out.write("\n")
     else:
-        out.write("# ownerReferences to the AsyncGRPOJob are added by the operator at creation.\n")
+        out.write(
+            "# ownerReferences to the AsyncGRPOJob are added by the operator at creation (and the\n"
+            "# Workload's name and job-uid label, which need the job's UID; and its priority, read from\n"
+            "# the priority class).\n"
+        )
         out.write(to_yaml(rendered))
     return 0
+
+
+def objects(job: AsyncGRPOJob, *, attempt: int, owner: Owner | None = None) -> list[dict[str, Any]]:
+    """What the operator creates for a job: the spec ConfigMap and the attempt's RayCluster, and,
+    for a job Kueue queues, its Workload (whose pod sets are the RayCluster's groups)."""
+    rendered = manifests.objects(job, attempt=attempt, owner=owner)
+    if job.kueue_queue_name is not None:
+        cluster = manifests.ray_cluster(job, attempt, owner)
+        rendered.append(workload.manifest(job, owner, cluster, None))
+    return rendered
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:

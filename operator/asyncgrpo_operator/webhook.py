@@ -12,10 +12,10 @@ Design choices, each to keep the webhook from ever wedging the cluster:
   and the API server shows only the first error, so all checks are ordered inside one handler and
   every finding goes into one message.
 * DELETE is never hooked, and an UPDATE of an object being deleted (deletionTimestamp set) or an
-  UPDATE that leaves `spec` untouched (finalizers, annotations, labels, kopf's own bookkeeping) is
-  allowed without looking at it. The chart's ValidatingWebhookConfiguration expresses the same with
-  `matchConditions`, so the API server does not even call us then; the checks here are the backstop
-  for configurations without them.
+  UPDATE that leaves `spec` and the Kueue labels untouched (finalizers, annotations, other labels,
+  kopf's own bookkeeping) is allowed without looking at it. The chart's
+  ValidatingWebhookConfiguration expresses the same with `matchConditions`, so the API server does
+  not even call us then; the checks here are the backstop for configurations without them.
 * The configuration is owned by the Helm chart, not by kopf (`settings.admission.managed = None`):
   it is a service reference with a CA bundle, which kopf's managed mode cannot produce, and
   `helm uninstall` removes it together with the operator, so no orphaned webhook blocks the API.
@@ -41,7 +41,9 @@ import kopf
 
 from asyncgrpo_api.rules import Finding, locked_changes, validate_manifest
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_operator import dryrun, runtime
+from asyncgrpo_operator.workload import PRIORITY_LABEL as KUEUE_PRIORITY_LABEL
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
     report = validate_manifest(_user_input(new))
     errors = list(report.errors)
     if operation == "UPDATE" and old is not None:
-        errors = _locked(old, new, report.job) + _new_problems(errors, old)
+        errors = _locked(old, new, report.job) + _locked_labels(old, new) + _new_problems(errors, old)
     warnings = tuple(str(w) for w in report.warnings)
     if not errors:
         return Decision(allowed=True, warnings=warnings)
@@ -101,10 +103,50 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
 
 def _not_judged(operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
     """Updates that always pass: of an object being deleted (finalizer removal and the like), and
-    metadata-only ones (validated when the spec was written; the rules may have moved on)."""
+    metadata-only ones (validated when the spec was written; the rules may have moved on), except
+    those that change the Kueue labels: the queue (and priority class) is part of what the job asks
+    for, and is judged like any field."""
     if operation != "UPDATE" or old is None:
         return False
-    return _being_deleted(new) or _being_deleted(old) or old.get("spec") == new.get("spec")
+    if _being_deleted(new) or _being_deleted(old):
+        return True
+    return old.get("spec") == new.get("spec") and _kueue_labels(old) == _kueue_labels(new)
+
+
+KUEUE_LABELS = (KUEUE_QUEUE_LABEL, KUEUE_PRIORITY_LABEL)
+
+
+def _kueue_labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
+    return {key: str(labels[key]) for key in KUEUE_LABELS if key in labels}
+
+
+def _locked_labels(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Finding]:
+    """The Kueue labels may change only while the job waits, suspended and not admitted: Kueue
+    admitted the Workload for its queue (and priority), and adding the queue label to a running
+    job would hand it to Kueue mid-run. While it is queued the Workload follows the change."""
+    before, after = _kueue_labels(old), _kueue_labels(new)
+    if before == after or (is_suspended(old) and not _admitted(old)):
+        return []
+    why = "Kueue has admitted the job" if _admitted(old) else "the job runs"
+    return [
+        Finding(
+            f"metadata.labels.{key}",
+            f"cannot change while {why} (from {before.get(key)!r} to {after.get(key)!r}); it may "
+            "change while the job waits in its queue or is suspended, or create a new job",
+        )
+        for key in KUEUE_LABELS
+        if before.get(key) != after.get(key)
+    ]
+
+
+def _admitted(obj: Mapping[str, Any]) -> bool:
+    """Whether Kueue holds quota for the job: its Queued condition is False (Admitted)."""
+    conditions = _mapping(obj.get("status")).get("conditions") or []
+    return any(
+        isinstance(c, Mapping) and c.get("type") == "Queued" and c.get("status") == "False"
+        for c in conditions
+    )
 
 
 def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:

@@ -146,10 +146,14 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     rules = operator_role(default_objects)["rules"]
     # what asyncgrpo_operator.k8s calls (its informers list and watch RayClusters, pods and
     # ConfigMaps), plus kopf's watch of jobs; a pass reads from those caches, never with a GET
-    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete"}
+    assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete", "patch"}
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"patch"}
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/finalizers") == {"update"}
-    assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete"}
+    assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete", "patch"}
+    assert granted(rules, "kueue.x-k8s.io", "workloads") == {"list", "create", "patch", "delete"}
+    assert granted(rules, "kueue.x-k8s.io", "workloads/status") == {"patch"}
+    assert granted(rules, "kueue.x-k8s.io", "resourceflavors") == {"get"}
+    assert granted(rules, "scheduling.k8s.io", "priorityclasses") == {"get"}
     assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
     assert granted(rules, "", "pods") == {"list", "watch"}
     assert granted(rules, "", "events") == {"create"}
@@ -174,12 +178,15 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
         "customresourcedefinitions",
         "namespaces",
+        "resourceflavors",
+        "workloadpriorityclasses",
+        "priorityclasses",
     }
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for rules in roles.values():
-        assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete"}
-        assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete"}
+        assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs") == {"list", "watch", "delete", "patch"}
+        assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete", "patch"}
         assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
     bindings = by_kind(objects, "RoleBinding")
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
@@ -222,7 +229,14 @@ def test_webhook_configuration_is_deliberate(default_objects: Objects) -> None:
     expressions = {c["name"]: c["expression"] for c in entry["matchConditions"]}
     assert expressions == {
         "not-being-deleted": "!has(object.metadata.deletionTimestamp)",
-        "spec-changed": "request.operation != 'UPDATE' || object.spec != oldObject.spec",
+        "spec-or-queue-changed": (
+            "request.operation != 'UPDATE' || object.spec != oldObject.spec || "
+            "['kueue.x-k8s.io/queue-name', 'kueue.x-k8s.io/priority-class'].exists(k, "
+            "(has(object.metadata.labels) && k in object.metadata.labels ? "
+            "object.metadata.labels[k] : '') != "
+            "(has(oldObject.metadata.labels) && k in oldObject.metadata.labels ? "
+            "oldObject.metadata.labels[k] : ''))"
+        ),
     }
 
 
@@ -474,3 +488,19 @@ def test_a_service_monitor_scrapes_the_metrics_service_when_enabled(helm_bin: Pa
         template(helm_bin, {"metrics.enabled": False, "metrics.serviceMonitor.enabled": True}),
         "ServiceMonitor",
     )
+
+
+def test_kueue_may_read_the_jobs_only_when_asked(default_objects: Objects, helm_bin: Path) -> None:
+    assert not [
+        r for r in by_kind(default_objects, "ClusterRole") if r["metadata"]["name"].endswith("-kueue")
+    ]
+    objects = template(helm_bin, {"rbac.kueue.enabled": True})
+    (role,) = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("-kueue")]
+    assert granted(role["rules"], "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch"}
+    (binding,) = [
+        b for b in by_kind(objects, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-kueue")
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
+    ]

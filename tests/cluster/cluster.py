@@ -415,15 +415,22 @@ class LocalCluster:
         return any(r.name == "kueue" and is_alive(r) for r in self.records())
 
     def start_kueue(self, binaries: OptionalLayout) -> dict[str, float]:
-        """Start Kueue on this live control plane (a no-op when it runs); see tests/cluster/kueue.py.
+        """Start Kueue on this live control plane (a no-op when it runs with this checkout's
+        configuration; one started with another, e.g. by an older checkout, is restarted); see
+        tests/cluster/kueue.py.
 
         In order: its CRDs Established, its namespace, certificates and config, the process until
         /readyz answers (its webhook server is listening), then its webhook configurations, and the
         ResourceFlavor and ClusterQueue, until the queue is Active. Returns milestone seconds.
         """
         with self.locked():
-            if self.kueue_running():
+            if self.kueue_running() and kueue.configured(self.paths.root / "kueue"):
                 return {}
+            if self.kueue_running():  # started by an older checkout with another configuration
+                _log("kueue: its configuration changed; restarting it")
+                for rec in self.records():
+                    if rec.name == "kueue":
+                        stop(rec)
             t0 = time.monotonic()
             timings: dict[str, float] = {}
 

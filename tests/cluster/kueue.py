@@ -47,14 +47,22 @@ FLAVOR = "default-flavor"
 CLUSTER_QUEUE = "gpu-pool"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 FRAMEWORKS = ("ray.io/raycluster",)
+EXTERNAL_FRAMEWORKS = ("AsyncGRPOJob.v1alpha1.asyncgrpo.dev",)
+"""The operator manages these jobs' Workloads itself (Kueue's externalFrameworks)."""
+PODS_READY_TIMEOUT_SECONDS = 40
+"""waitForPodsReady: an admitted job whose pods are not all ready this long is evicted and requeued
+(kwok's pods are ready within seconds, but a loaded 2-core machine has taken 20 s; the e2e test of
+the timeout waits this long once)."""
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 """Hard-coded in Kueue's cmd/kueue/main.go (v0.17.0) for internalCertManagement.enable false."""
 _KEPT_GROUPS = {"kueue.x-k8s.io", "ray.io"}
 
 
 def config(state: Path) -> dict[str, Any]:
-    """Kueue's Configuration: our ports on 127.0.0.1, no leader election, our certificates, and
-    only the RayCluster integration (the operator creates RayClusters, nothing else)."""
+    """Kueue's Configuration: our ports on 127.0.0.1, no leader election, our certificates, the
+    AsyncGRPOJob as an external framework (the operator owns each job's Workload), the RayCluster
+    integration on as in Kueue's default configuration (it must leave the operator's RayClusters,
+    children of a job Kueue manages, alone), and waitForPodsReady with a short timeout."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -65,7 +73,11 @@ def config(state: Path) -> dict[str, Any]:
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "clientConnection": {"qps": 100, "burst": 200},
-        "integrations": {"frameworks": list(FRAMEWORKS)},
+        "integrations": {"frameworks": list(FRAMEWORKS), "externalFrameworks": list(EXTERNAL_FRAMEWORKS)},
+        "waitForPodsReady": {
+            "timeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 1, "backoffMaxSeconds": 10},
+        },
     }
 
 
@@ -105,12 +117,29 @@ def _capacity() -> dict[str, int]:
     return {"cpu": cpu, "memory": memory, GPU_RESOURCE: GPU_NODE_COUNT * GPUS_PER_NODE}
 
 
-def resource_flavor(name: str = FLAVOR) -> JSON:
-    return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": name}}
+def resource_flavor(
+    name: str = FLAVOR, node_labels: dict[str, str] | None = None, tolerations: list[JSON] | None = None
+) -> JSON:
+    """A ResourceFlavor; `node_labels` and `tolerations` are what admission puts into the pods."""
+    spec: JSON = {}
+    if node_labels:
+        spec["nodeLabels"] = node_labels
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
 
 
-def cluster_queue(name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor: str = FLAVOR) -> JSON:
+def apply_resource_flavor(api: Api, flavor: JSON) -> JSON:
+    api.apply(f"{BASE}/resourceflavors/{flavor['metadata']['name']}", json.dumps(flavor))
+    return flavor
+
+
+def cluster_queue(
+    name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor: str = FLAVOR, gpu_flavor: str | None = None
+) -> JSON:
     """A ClusterQueue for every namespace; `gpus` caps nvidia.com/gpu (default: the whole GPU pool).
+    With `gpu_flavor`, GPUs come from that flavor in a resource group of their own (cpu and memory
+    from `flavor`): a pod set that asks for GPUs is admitted on both flavors.
 
     Preemption within the queue by priority is on, so a higher-priority job can take the GPUs of a
     running lower-priority one (Kueue suspends its RayCluster; the operator shows Queued/Preempted).
@@ -121,6 +150,17 @@ def cluster_queue(name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor:
         {"name": "memory", "nominalQuota": f"{cap['memory']}Gi"},
         {"name": GPU_RESOURCE, "nominalQuota": str(cap[GPU_RESOURCE] if gpus is None else gpus)},
     ]
+    groups: list[JSON] = [
+        {
+            "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+            "flavors": [{"name": flavor, "resources": quota}],
+        }
+    ]
+    if gpu_flavor is not None:
+        groups = [
+            {"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor, "resources": quota[:2]}]},
+            {"coveredResources": [GPU_RESOURCE], "flavors": [{"name": gpu_flavor, "resources": quota[2:]}]},
+        ]
     return {
         "apiVersion": API,
         "kind": "ClusterQueue",
@@ -129,12 +169,7 @@ def cluster_queue(name: str = CLUSTER_QUEUE, *, gpus: int | None = None, flavor:
             "namespaceSelector": {},
             "queueingStrategy": "BestEffortFIFO",
             "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                    "flavors": [{"name": flavor, "resources": quota}],
-                }
-            ],
+            "resourceGroups": groups,
         },
     }
 
@@ -188,6 +223,16 @@ def ensure_metrics_cert(pki: pki_mod.Pki) -> None:
             f"write it ({err}); create tls.crt and tls.key there once (any pair, e.g. "
             f"cp {crt} {METRICS_CERT_DIR}/tls.crt && cp {key} {METRICS_CERT_DIR}/tls.key)"
         ) from err
+
+
+def configured(state: Path) -> bool:
+    """Whether the Kueue that runs was started with the configuration this checkout writes (the
+    external framework and waitForPodsReady came later: a Kueue started before lacks them)."""
+    path = state / "config.yaml"
+    try:
+        return bool(yaml.safe_load(path.read_text()) == config(state))
+    except (OSError, yaml.YAMLError):
+        return False
 
 
 def prepare(state: Path, pki: pki_mod.Pki) -> Path:

@@ -224,3 +224,16 @@ def test_a_failed_tests_report_shows_only_what_components_logged_during_it(tmp_p
     during = logged_during(tmp_path, before)
     assert set(during) == {"kube-apiserver", "kwok"}  # etcd logged nothing during the test
     assert during["kube-apiserver"].splitlines() == [f"line {i}" for i in range(10, 50)]
+
+
+def test_a_kueue_started_with_another_configuration_is_not_taken_as_configured(tmp_path: Path) -> None:
+    assert not kueue.configured(tmp_path)  # none written yet
+    current = kueue.config(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(current, sort_keys=False))
+    assert kueue.configured(tmp_path)
+    older = {
+        **current,
+        "integrations": {"frameworks": list(kueue.FRAMEWORKS)},
+    }  # before the job was a framework
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(older, sort_keys=False))
+    assert not kueue.configured(tmp_path)

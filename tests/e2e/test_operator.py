@@ -562,23 +562,28 @@ def test_unusable_data_fails_at_once_with_invalid_data_and_is_not_retried(
     assert live_rayclusters(kube_api, namespace, "no-data") == ["no-data-0"]  # no new attempt
 
 
-def test_suspend_deletes_the_cluster_and_resume_recreates_it(
+def test_suspend_stops_the_pods_in_place_and_resume_restarts_the_same_cluster(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
     create_job(kube_api, namespace, job_manifest("pausable"))
     run_until_running(kube_api, namespace, "pausable", driver_progress)
     path = f"{JOBS.format(ns=namespace)}/pausable"
+    cluster_uid = kube_api.get(f"{raycluster_path(namespace)}/pausable-0")["metadata"]["uid"]
+    first_head = head_pod(kube_api, namespace, "pausable-0")["metadata"]["name"]
 
     kube_api.merge_patch(path, {"spec": {"suspend": True}})
     suspended = wait_phase(kube_api, namespace, "pausable", "Suspended")
-    assert suspended.get("rayClusterName") is None
-    gone(lambda: not rayclusters(kube_api, namespace, "pausable"), "RayCluster deleted on suspend")
+    assert (suspended["rayClusterName"], suspended["attempt"], suspended["restarts"]) == ("pausable-0", 0, 0)
     gone(lambda: not pods(kube_api, namespace, "asyncgrpo.dev/job-name=pausable"), "pods deleted on suspend")
+    kept = kube_api.get(f"{raycluster_path(namespace)}/pausable-0")
+    assert kept["metadata"]["uid"] == cluster_uid and kept["spec"]["suspend"] is True  # suspended in place
 
     kube_api.merge_patch(path, {"spec": {"suspend": False}})
     running = wait_phase(kube_api, namespace, "pausable", "Running", timeout=90)
-    assert (running["rayClusterName"], running["restarts"]) == ("pausable-0", 0)
+    assert (running["rayClusterName"], running["restarts"], running["attempt"]) == ("pausable-0", 0, 0)
     assert {c["type"]: c for c in running["conditions"]}["Suspended"]["reason"] == "Resumed"
+    assert kube_api.get(f"{raycluster_path(namespace)}/pausable-0")["metadata"]["uid"] == cluster_uid
+    assert head_pod(kube_api, namespace, "pausable-0")["metadata"]["name"] != first_head  # a new driver
 
 
 def test_deleting_the_job_removes_its_children(

@@ -262,6 +262,15 @@ def test_placement_is_locked_once_the_operator_runs_the_job(chart: Installation,
     patch = '{"spec":{"cluster":{"head":{"nodeSelector":{"pool":"other"}}}}}'
     outcome = chart.kubectl("patch", "-n", jobs_ns, "asyncgrpojob", name, "--type=merge", "-p", patch)
     rejected(outcome.stderr, outcome.returncode, "spec.cluster: cannot change while the job runs")
+    # A label-only update reaches the webhook too when it is the queue's (matchConditions): handing
+    # a running job to Kueue would suspend it mid-run.
+    label = chart.kubectl("label", "-n", jobs_ns, "asyncgrpojob", name, "kueue.x-k8s.io/queue-name=team-a")
+    rejected(
+        label.stderr,
+        label.returncode,
+        "metadata.labels.kueue.x-k8s.io/queue-name: cannot change while the job runs",
+    )
+    assert chart.kubectl("label", "-n", jobs_ns, "asyncgrpojob", name, "team=rl").returncode == 0
 
 
 def test_deleting_a_job_is_never_blocked(chart: Installation, jobs_ns: str) -> None:

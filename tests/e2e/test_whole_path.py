@@ -10,6 +10,9 @@ Ray (tests/e2e/whole_path.py lists every translation). The operator polls the dr
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import signal
 import sys
 import time
@@ -21,9 +24,12 @@ import pytest
 
 from asyncgrpo_api import exitcodes
 from tests.chart.helm import NO_HELM, find_helm
+from tests.cluster import kueue
+from tests.cluster.build import build_optional
 from tests.cluster.cluster import LocalCluster
+from tests.cluster.rest import ApiError
 from tests.cluster.samples import wait_until
-from tests.e2e.test_operator import ProgressServer, live_rayclusters
+from tests.e2e.test_operator import ProgressServer, end_driver, live_rayclusters
 from tests.e2e.whole_path import (
     AgjWatch,
     DriverKubelet,
@@ -191,3 +197,127 @@ def test_a_job_whose_data_file_is_missing_fails_with_invalid_data_naming_it_and_
     time.sleep(3)
     assert live_rayclusters(chart.api, ns, name) == [f"{name}-0"]  # onFailure: KeepCluster, no retry
     print(f"scenario 3: {time.monotonic() - started:.0f} s; message {status['message'][:200]!r}")
+
+
+@pytest.fixture
+def kueue_queue(local_cluster: LocalCluster, chart: Installation) -> Iterator[tuple[str, str]]:
+    """Kueue on the control plane, a ClusterQueue with CPU for exactly one tiny job (3 pods of 1
+    CPU), LocalQueue team-a in the jobs' namespace, and two PriorityClasses (low, high)."""
+    local_cluster.start_kueue(build_optional("kueue"))
+    api, name = chart.api, f"cq-whole-path-{secrets.token_hex(2)}"
+    kueue.apply_resource_flavor(api, kueue.resource_flavor())
+    queue = {
+        "apiVersion": kueue.API,
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu"],
+                    "flavors": [{"name": kueue.FLAVOR, "resources": [{"name": "cpu", "nominalQuota": "3"}]}],
+                }
+            ],
+        },
+    }
+    kueue.apply_cluster_queue(api, queue)
+    wait_until(lambda: kueue.cluster_queue_active(api, name) or None, f"ClusterQueue {name} Active")
+    kueue.create_local_queue(api, chart.jobs_ns, "team-a", name)
+    classes = (f"whole-path-low-{secrets.token_hex(2)}", f"whole-path-high-{secrets.token_hex(2)}")
+    for cls, value in zip(classes, (100, 1000), strict=True):
+        api.create(
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": cls},
+                "value": value,
+            },
+        )
+    yield classes
+    for cls in classes:
+        api.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{cls}")
+    api.delete(f"{kueue.BASE}/clusterqueues/{name}")
+
+
+def queued_tiny_job(name: str, priority_class: str, max_steps: int) -> dict[str, Any]:
+    manifest = tiny_job(name, max_steps=max_steps)
+    manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-a"}
+    manifest["spec"]["scheduler"] = {"priorityClassName": priority_class}
+    manifest["spec"]["checkpoint"]["everySteps"] = 1000  # only the preemption's checkpoint can save the run
+    for pool in ("head", "policyWorkers", "generationWorkers"):
+        manifest["spec"]["cluster"][pool]["resources"] = {"requests": {"cpu": "1"}}
+    return manifest
+
+
+def test_a_preempted_job_checkpoints_on_sigterm_and_resumes_without_a_lost_or_repeated_step(
+    chart: Installation, kubelet: DriverKubelet, kueue_queue: tuple[str, str]
+) -> None:
+    """Real Kueue preempts the running low-priority job for a high-priority one: KubeRay deletes the
+    head pod, the kubelet (played here) sends its driver container SIGTERM, the driver checkpoints the
+    step it reached and exits 143; readmitted, the same RayCluster's new driver resumes right after it."""
+    low, high = kueue_queue
+    ns, steps = chart.jobs_ns, 800  # about 12 steps/s here: long enough to be preempted mid-run
+    started = time.monotonic()
+    apply(chart, queued_tiny_job("preemptible", low, steps))
+    watch = AgjWatch(chart.kubectl, ns, "preemptible", every=0.5)
+    pod = kubelet.head_pod(ns, "preemptible-0", timeout=120)
+    first = kubelet.start(pod, job="preemptible")
+    drivers = [first]
+    try:
+        wait_with_watch(
+            watch,
+            lambda: (
+                (job_status(chart.api, ns, "preemptible").get("progress") or {}).get("step", 0) >= 3
+                or not first.running()
+            ),
+            "step 3 in the job's status",
+            timeout=SCENARIO_TIMEOUT,
+        )
+        apply(chart, queued_tiny_job("urgent", high, steps))
+
+        def head_deleted() -> bool:
+            try:
+                found = chart.api.get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+            except ApiError as err:
+                return err.status == 404
+            return bool(found["metadata"].get("deletionTimestamp"))
+
+        wait_with_watch(watch, head_deleted, "KubeRay deleting the preempted head pod", timeout=120)
+        os.kill(
+            first.process.pid, signal.SIGTERM
+        )  # the driver container only: the Ray containers wait (preStop)
+        code = first.wait(timeout=SCENARIO_TIMEOUT)
+        show(first)
+        assert code == 128 + signal.SIGTERM, first.log_tail()
+        reached = first.steps()[-1]
+        preempted = job_status(chart.api, ns, "preemptible")
+        assert preempted["phase"] == "Queued" and preempted["restarts"] == 0, preempted
+
+        urgent_head = kubelet.head_pod(ns, "urgent-0", timeout=120)  # kwok "runs" it; its driver is played
+        end_driver(chart.api, ns, urgent_head, 0)
+        wait_terminal(chart.api, ns, "urgent", timeout=120)
+
+        again = kubelet.head_pod(ns, "preemptible-0", timeout=180)  # readmitted: the same RayCluster
+        assert again["metadata"]["name"] != pod["metadata"]["name"]
+        second = kubelet.start(again, job="preemptible")
+        drivers.append(second)
+        wait_with_watch(watch, lambda: not second.running(), "the resumed driver", timeout=SCENARIO_TIMEOUT)
+        code = second.wait(timeout=10)
+        show(second)
+        assert code == 0
+        kubelet.report_exit(second, code)
+        status = wait_terminal(chart.api, ns, "preemptible", timeout=120)
+        assert (status["phase"], status["restarts"], status["attempt"]) == ("Succeeded", 0, 0)
+        resumed = second.steps()
+        assert resumed[0] == reached + 1 and resumed[-1] == steps, (first.steps(), resumed)
+        assert f"resuming from the checkpoint of step {reached}" in second.log.read_text()
+        volume = kubelet.root / "node" / "var" / "lib" / "asyncgrpo" / "preemptible"
+        records = [json.loads(line) for line in (volume / "logs" / "steps.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["event"] == "step"] == list(range(1, steps + 1))
+    finally:
+        for driver in drivers:  # a failed assertion must not leave a driver and its Ray running
+            driver.kill(signal.SIGKILL)
+            driver.wait(timeout=30)
+    print(f"scenario preemption: {time.monotonic() - started:.0f} s; preempted after step {reached}")

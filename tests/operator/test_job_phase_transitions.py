@@ -15,7 +15,7 @@ import pytest
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import plan
+from asyncgrpo_operator import manifests, plan
 from asyncgrpo_operator.observed import DriverExit, Observation, ProgressMark
 from tests.operator.builders import (
     BASE_JOB,
@@ -650,14 +650,18 @@ def test_active_deadline_fails_a_running_job_and_is_not_retried() -> None:
 # --- suspend and resume -------------------------------------------------------------------------
 
 
-def test_suspend_deletes_the_cluster_and_keeps_the_job() -> None:
+def test_suspend_stops_the_pods_in_place_and_keeps_the_cluster_and_the_attempt() -> None:
     before = running()
     rc = cluster(0, provisioned=True)
     decision = step(job(suspend=True), before.status, observe(60, rc, pods=healthy_pods(rc)))
     assert decision.status.phase == "Suspended"
-    assert [a.name for a in actions_of(decision, plan.DeleteRayCluster)] == ["demo-0"]  # type: ignore[attr-defined]
-    assert decision.status.ray_cluster_name is None
+    assert actions_of(decision, plan.DeleteRayCluster) == []
+    (suspend,) = actions_of(decision, plan.SetRayClusterSpec)
+    assert (suspend.name, suspend.suspend, suspend.spec) == ("demo-0", True, None)  # type: ignore[attr-defined]
+    assert decision.status.ray_cluster_name == "demo-0" and decision.status.attempt == 0
     assert decision.condition(plan.RUNNING).status == "False"  # type: ignore[union-attr]
+    stays = step(job(suspend=True), decision.status, observe(61, replace(rc, suspended=True)))
+    assert stays.status.phase == "Suspended" and stays.actions == ()
 
 
 def test_a_job_created_suspended_creates_no_cluster() -> None:
@@ -666,36 +670,29 @@ def test_a_job_created_suspended_creates_no_cluster() -> None:
     assert actions_of(decision, plan.CreateRayCluster) == []
 
 
-def test_resume_waits_for_the_old_cluster_then_recreates_the_same_attempt() -> None:
+def test_resume_restarts_the_same_cluster_and_its_stopped_driver_is_not_taken_for_the_new_one() -> None:
     before = running()
     rc = cluster(0, provisioned=True)
-    suspended = step(job(suspend=True), before.status, observe(60, rc))
-    waiting = step(job(), suspended.status, observe(70, cluster(0, deleting=True)))
-    assert waiting.status.phase == "Pending"
-    assert waiting.status.reason == "WaitingForPreviousCluster"
-    assert actions_of(waiting, plan.CreateRayCluster) == []
-    assert waiting.condition(plan.SUSPENDED).reason == "Resumed"  # type: ignore[union-attr]
-
-    resumed = step(job(), waiting.status, observe(75))
-    created = actions_of(resumed, plan.CreateRayCluster)
-    assert [c.manifest["metadata"]["name"] for c in created] == ["demo-0"]  # type: ignore[attr-defined]
-    assert resumed.status.restarts == 0
-    assert resumed.status.start_time == at(70)  # the active deadline restarts on resume
-
-
-def test_resume_waits_for_the_old_clusters_pods_too() -> None:
-    """The garbage collector deletes a deleted RayCluster's pods some time after it; KubeRay selects
-    pods by the ray.io/cluster label, so a namesake created before they are gone would take the old
-    head pod for its own (and the job would count the new attempt as lost)."""
-    before = running()
-    rc = cluster(0, provisioned=True)
-    suspended = step(job(suspend=True), before.status, observe(60, rc))
-    leftover = tuple(replace(p, cluster="demo-0") for p in healthy_pods(rc))
-    waiting = step(job(), suspended.status, observe(70, pods=leftover))
-    assert waiting.status.reason == "WaitingForPreviousCluster" and "pods" in waiting.status.message  # type: ignore[operator]
-    assert actions_of(waiting, plan.CreateRayCluster) == []
-    resumed = step(job(), waiting.status, observe(75))
-    assert len(actions_of(resumed, plan.CreateRayCluster)) == 1
+    suspended = step(job(suspend=True), before.status, observe(60, rc, pods=healthy_pods(rc)))
+    suspending = replace(rc, suspended=True)
+    waits = step(job(), suspended.status, observe(68, suspending))  # KubeRay still deleting the pods
+    assert waits.status.reason == "WaitingForPreviousCluster" and not waits.actions
+    held = replace(rc, suspended=True, suspend_complete=True, provisioned=False)
+    resumed = step(job(), suspended.status, observe(70, held))
+    (resume,) = actions_of(resumed, plan.SetRayClusterSpec)
+    assert (resume.name, resume.suspend) == ("demo-0", False)  # type: ignore[attr-defined]
+    assert resume.spec["headGroupSpec"] == manifests.ray_cluster(job(), 0)["spec"]["headGroupSpec"]  # type: ignore[attr-defined]
+    assert actions_of(resumed, plan.CreateRayCluster) == []
+    assert resumed.status.restarts == 0 and resumed.status.attempt == 0
+    assert resumed.status.start_time == at(70)  # the active deadline restarts on resume, as batch/v1's
+    assert resumed.condition(plan.SUSPENDED).reason == "Resumed"  # type: ignore[union-attr]
+    # The head pod KubeRay is deleting still shows the driver the suspension stopped (SIGTERM).
+    sigterm = {"terminated": {**terminated(143)["terminated"], "finishedAt": at(65).isoformat()}}
+    stopped = pod(rc, head=True, driver=sigterm, deleting=True)
+    restarting = replace(rc, provisioned=False)
+    after = step(job(), resumed.status, observe(72, restarting, pods=(stopped,)))
+    assert after.status.phase not in ("Restarting", "Failed"), after.status.message
+    assert after.status.restarts == 0
 
 
 # --- finished jobs: cleanup, TTL -----------------------------------------------------------------

@@ -44,7 +44,7 @@ CASES = GOLDEN_CASES | {f"example-{p.stem}": yaml.safe_load(p.read_text()) for p
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_rendered_objects_match_the_golden_file(name: str) -> None:
     job = load(GOLDEN_CASES[name])
-    text = render.to_yaml(manifests.objects(job, attempt=1, owner=OWNER))
+    text = render.to_yaml(render.objects(job, attempt=1, owner=OWNER))
     golden = GOLDEN / f"{name}.yaml"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
@@ -184,9 +184,19 @@ def test_every_spec_field_reaches_the_pods() -> None:
         assert {"/checkpoints", "/models", "/data"} <= mounts
 
 
-def test_kueue_queue_label_is_on_the_raycluster() -> None:
-    cluster = manifests.ray_cluster(load(GOLDEN_CASES["gpu-vllm-megatron"]), 0)
-    assert cluster["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "rl-team"
+def test_a_kueue_job_is_its_own_workload_and_its_raycluster_is_not_queued_again() -> None:
+    job = load(GOLDEN_CASES["gpu-vllm-megatron"])
+    cluster = manifests.ray_cluster(job, 0, OWNER)
+    assert "kueue.x-k8s.io/queue-name" not in cluster["metadata"]["labels"]
+    (wl,) = [o for o in render.objects(job, attempt=0, owner=OWNER) if o["kind"] == "Workload"]
+    assert wl["spec"]["queueName"] == "rl-team"
+    assert wl["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert wl["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == OWNER.uid
+    counts = {s["name"]: s["count"] for s in wl["spec"]["podSets"]}
+    groups = {g["groupName"]: g["replicas"] for g in cluster["spec"]["workerGroupSpecs"]}
+    assert counts == {"head": 1, **groups}
+    head = wl["spec"]["podSets"][0]["template"]
+    assert head == cluster["spec"]["headGroupSpec"]["template"]  # Kueue counts exactly the pods' requests
 
 
 def test_the_configmap_holds_the_validated_job_the_trainer_can_parse() -> None:

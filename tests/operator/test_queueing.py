@@ -1,5 +1,7 @@
-"""The plan for jobs Kueue manages: Queued with Kueue's reason, the startup deadline from admission,
-and a preemption that is not a failure (no backoffLimit spent, the same RayCluster resumes)."""
+"""The plan for jobs Kueue manages, as Kueue's external-framework contract asks: the job owns its
+Workload and is suspended until Kueue admits it; admission unsuspends it and puts the assigned
+flavors into the pods; an eviction suspends the job and its RayCluster in place and gives the quota
+back once the pods are gone; the clocks count admitted time only; a retry keeps its Workload."""
 
 from __future__ import annotations
 
@@ -7,156 +9,321 @@ from dataclasses import replace
 from typing import Any
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
-from asyncgrpo_operator import plan
-from asyncgrpo_operator.observed import ClusterView, DriverExit, Observation, WorkloadView
-from tests.operator.builders import BASE_JOB, OWNER, at, cluster, healthy_pods, observe, pod, terminated
+from asyncgrpo_operator import plan, workload
+from asyncgrpo_operator.observed import ClusterView, Observation, WorkloadView
+from tests.operator.builders import (
+    BASE_JOB,
+    OWNER,
+    at,
+    cluster,
+    healthy_pods,
+    observe,
+    pod,
+    terminated,
+)
 
 QUEUE = "team-a"
+GPU = workload.Flavor(
+    "h200",
+    {"cloud.example/gpu": "h200"},
+    ({"key": "cloud.example/spot", "operator": "Exists", "effect": "NoSchedule"},),
+)
+CPU = workload.Flavor("cpu", {"cloud.example/pool": "cpu"})
+ASSIGNED = {"head": ("cpu",), "policy": ("h200",), "generation": ("h200",)}
 
 
-def kueue_job() -> AsyncGRPOJob:
+def kueue_job(suspend: bool = False, **spec: Any) -> AsyncGRPOJob:
     manifest: dict[str, Any] = {
         **BASE_JOB,
         "metadata": {**BASE_JOB["metadata"], "labels": {"kueue.x-k8s.io/queue-name": QUEUE}},
+        "spec": {**BASE_JOB["spec"], "suspend": suspend, **spec},
     }
     return AsyncGRPOJob.model_validate(manifest)
 
 
-def workload(
-    rc: ClusterView, *conditions: tuple[str, str, str, str], admitted: float | None = None
-) -> WorkloadView:
-    """A Workload of `rc` with (type, status, reason, message) conditions."""
-    conds = [{"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions]
-    for cond in conds:
-        if cond["type"] == "Admitted" and admitted is not None:
-            cond["lastTransitionTime"] = at(admitted).isoformat()
-    raw = {
-        "metadata": {"name": f"raycluster-{rc.name}-abcde", "labels": {"kueue.x-k8s.io/job-uid": rc.uid}},
-        "status": {"conditions": conds},
+def condition(
+    type_: str, status: str, reason: str = "", message: str = "", since: float = 0
+) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason or type_,
+        "message": message,
+        "lastTransitionTime": at(since).isoformat(),
     }
-    return WorkloadView.from_dict(raw)
 
 
-PENDING = (
-    "QuotaReserved",
-    "False",
-    "Pending",
-    "couldn't assign flavors to pod set head: insufficient quota for nvidia.com/gpu",
-)
-ADMITTED = ("Admitted", "True", "Admitted", "The workload is admitted")
-PREEMPTED = ("Evicted", "True", "Preempted", "Preempted to accommodate a workload due to prioritization")
-
-
-def step(status: AsyncGRPOJobStatus | None, observed: Observation) -> plan.Decision:
-    return plan.plan(kueue_job(), status, observed, generation=1, owner=OWNER)
-
-
-def seen(seconds: float, rc: ClusterView, **kwargs: Any) -> Observation:
-    return observe(seconds, rc, the_job=kueue_job(), **kwargs)
-
-
-def queued_then_admitted(admitted: float) -> tuple[plan.Decision, ClusterView]:
-    first = step(None, observe(0, configmap=False, the_job=kueue_job()))
-    rc = replace(cluster(0), suspended=True)
-    waiting = step(first.status, seen(1, rc, workload=workload(rc, PENDING)))
-    live = replace(rc, suspended=False, provisioned=True)
-    running = step(
-        waiting.status,
-        seen(admitted, live, pods=healthy_pods(live), workload=workload(live, ADMITTED, admitted=admitted)),
+def wl(
+    *conditions: dict[str, Any],
+    the_job: AsyncGRPOJob | None = None,
+    admitted: bool = False,
+    accumulated: int = 0,
+) -> WorkloadView:
+    """The job's Workload as Kueue leaves it, with these conditions (and, if `admitted`, the
+    assignment ASSIGNED)."""
+    the_job = the_job or kueue_job()
+    desired = workload.manifest(the_job, OWNER, plan.manifests.ray_cluster(the_job, 0, OWNER), None)
+    status: dict[str, Any] = {
+        "conditions": list(conditions),
+        "accumulatedPastExecutionTimeSeconds": accumulated,
+    }
+    if admitted:
+        status["admission"] = {
+            "clusterQueue": "gpu-pool",
+            "podSetAssignments": [{"name": n, "flavors": {"cpu": f[0]}} for n, f in ASSIGNED.items()],
+        }
+    return WorkloadView.from_dict(
+        {
+            **desired,
+            "metadata": {**desired["metadata"], "uid": "wl-uid", "resourceVersion": "5"},
+            "status": status,
+        }
     )
+
+
+PENDING = condition(
+    "QuotaReserved", "False", "Pending", "couldn't assign flavors to pod set policy: insufficient quota"
+)
+
+
+def admitted_at(since: float, accumulated: int = 0) -> WorkloadView:
+    return wl(
+        condition("QuotaReserved", "True", since=since),
+        condition("Admitted", "True", "Admitted", "The workload is admitted", since=since),
+        admitted=True,
+        accumulated=accumulated,
+    )
+
+
+def step(
+    status: AsyncGRPOJobStatus | None, observed: Observation, the_job: AsyncGRPOJob | None = None
+) -> plan.Decision:
+    return plan.plan(the_job or kueue_job(), status, observed, generation=1, owner=OWNER)
+
+
+def seen(
+    seconds: float, *clusters: ClusterView, the_job: AsyncGRPOJob | None = None, **kwargs: Any
+) -> Observation:
+    kwargs.setdefault("flavors", {"h200": GPU, "cpu": CPU})
+    return observe(seconds, *clusters, the_job=the_job or kueue_job(), **kwargs)
+
+
+def actions(decision: plan.Decision, kind: type) -> list[Any]:
+    return [a for a in decision.actions if isinstance(a, kind)]
+
+
+def admitted_and_running(since: float = 10) -> tuple[plan.Decision, ClusterView]:
+    first = step(None, seen(0, workload=wl(PENDING)), kueue_job())
+    start = step(first.status, seen(since, workload=admitted_at(since)), kueue_job(suspend=True))
+    live = replace(cluster(0), provisioned=True)
+    running = step(start.status, seen(since + 5, live, pods=healthy_pods(live), workload=admitted_at(since)))
+    assert running.status.phase == "Running", running.status.message
     return running, live
 
 
-def test_a_queued_job_waits_as_queued_with_kueues_reason_and_no_deadline() -> None:
-    first = step(None, observe(0, configmap=False, the_job=kueue_job()))
-    (create,) = [a for a in first.actions if isinstance(a, plan.CreateRayCluster)]
-    assert create.manifest["spec"]["suspend"] is True
-    rc = replace(cluster(0), suspended=True)
-    later = step(first.status, seen(5000, rc, workload=workload(rc, PENDING)))  # long past the 600 s deadline
-    assert later.status.phase == "Queued"
-    assert later.status.reason == "Pending"
-    assert "insufficient quota for nvidia.com/gpu" in (later.status.message or "")
+def test_a_new_job_creates_its_workload_suspends_itself_and_runs_no_pod() -> None:
+    decision = step(None, seen(0))
+    (create,) = actions(decision, plan.CreateWorkload)
+    spec = create.manifest["spec"]
+    assert spec["queueName"] == QUEUE
+    assert [(s["name"], s["count"]) for s in spec["podSets"]] == [
+        ("head", 1),
+        ("policy", 1),
+        ("generation", 1),
+    ]
+    assert (
+        spec["podSets"][1]["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+        == "8"
+    )
+    assert create.manifest["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert [a.suspend for a in actions(decision, plan.SetJobSuspend)] == [True]
+    assert not actions(decision, plan.CreateRayCluster)
+    assert decision.status.phase == "Queued"
+
+
+def test_a_pending_workload_shows_kueues_reason_and_no_deadline_runs() -> None:
+    first = step(None, seen(0))
+    later = step(
+        first.status, seen(5000, workload=wl(PENDING)), kueue_job(suspend=True)
+    )  # past the 600 s deadline
+    assert (later.status.phase, later.status.reason) == ("Queued", "Pending")
+    assert later.status.workload_name == workload.workload_name("demo", OWNER.uid)
+    assert "insufficient quota" in (later.status.message or "")
     assert later.status.attempt_start_time is None
-    assert later.requeue_after is not None  # Kueue's reason is looked at again
+    assert not actions(later, plan.CreateRayCluster) and not actions(later, plan.SetJobSuspend)
 
 
-def test_without_a_workload_the_job_says_what_kueue_needs() -> None:
-    first = step(None, observe(0, configmap=False, the_job=kueue_job()))
-    rc = replace(cluster(0), suspended=True)
-    later = step(first.status, seen(3, rc))
-    assert later.status.phase == "Queued" and later.status.reason == "WaitingForKueue"
-    assert f"LocalQueue {QUEUE}" in (later.status.message or "")
+def test_admission_unsuspends_the_job_and_creates_the_cluster_on_the_assigned_flavors() -> None:
+    first = step(None, seen(0, workload=wl(PENDING)))
+    start = step(first.status, seen(30, workload=admitted_at(30)), kueue_job(suspend=True))
+    assert [a.suspend for a in actions(start, plan.SetJobSuspend)] == [False]
+    (create,) = actions(start, plan.CreateRayCluster)
+    spec = create.manifest["spec"]
+    head = spec["headGroupSpec"]["template"]
+    assert head["spec"]["nodeSelector"] == {"cloud.example/pool": "cpu"}
+    assert head["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "head"
+    policy = spec["workerGroupSpecs"][0]["template"]["spec"]
+    assert policy["nodeSelector"] == {"asyncgrpo.dev/pool": "gpu", "cloud.example/gpu": "h200"}
+    assert {"key": "cloud.example/spot", "operator": "Exists", "effect": "NoSchedule"} in policy[
+        "tolerations"
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in policy["tolerations"]
+    assert "suspend" not in spec
+    queued = start.condition(plan.QUEUED)
+    assert queued is not None and (queued.status, queued.reason) == ("False", "Admitted")
+    assert start.status.attempt_start_time == at(30)  # the startup deadline runs from admission
 
 
-def test_the_startup_deadline_runs_from_admission() -> None:
-    running, _ = queued_then_admitted(admitted=4000)
-    assert running.status.phase == "Running"
-    assert running.status.attempt_start_time == at(4000)
-    # Admitted at 4000 s, pods never ready: the 600 s deadline counts from admission, not creation.
-    first = step(None, observe(0, configmap=False, the_job=kueue_job()))
-    rc = replace(cluster(0), suspended=True)
-    waiting = step(first.status, seen(1, rc, workload=workload(rc, PENDING)))
-    stuck = replace(rc, suspended=False)
-    not_ready = (pod(stuck, head=True, ready=False, driver={"waiting": {"reason": "ContainerCreating"}}),)
-    admitted = step(waiting.status, seen(4000, stuck, pods=not_ready, workload=workload(stuck, ADMITTED)))
-    still = step(admitted.status, seen(4599, stuck, pods=not_ready))
-    assert still.status.phase != "Failed"
-    late = step(still.status, seen(4601, stuck, pods=not_ready))
-    assert late.status.phase == "Failed" and late.status.reason == "DeadlineExceeded"
-
-
-def test_a_preemption_is_queued_preempted_spends_no_retry_and_resumes_the_same_cluster() -> None:
-    running, live = queued_then_admitted(admitted=10)
-    assert running.status.phase == "Running"
-    preempted_rc = replace(live, suspended=True)
-    # Kueue suspended the cluster; KubeRay is deleting its pods, the driver was killed (SIGTERM).
-    dying = (pod(live, head=True, deleting=True, driver=terminated(143)),)
-    killed = DriverExit(cluster_uid=live.uid, pod_name=dying[0].name, exit_code=143, finished_at=at(100))
-    preempted = step(
-        running.status,
-        seen(101, preempted_rc, pods=dying, remembered_exit=killed, workload=workload(live, PREEMPTED)),
+def test_a_flavor_that_contradicts_the_pods_node_selector_fails_the_job_naming_both() -> None:
+    clash = workload.Flavor("h200", {"asyncgrpo.dev/pool": "other"})
+    first = step(None, seen(0, workload=wl(PENDING)))
+    start = step(first.status, seen(30, workload=admitted_at(30), flavors={"h200": clash, "cpu": CPU}))
+    assert (start.status.phase, start.status.reason) == ("Failed", "FlavorConflict")
+    assert "asyncgrpo.dev/pool=other" in (start.status.message or "") and "asyncgrpo.dev/pool=gpu" in (
+        start.status.message or ""
     )
-    assert preempted.status.phase == "Queued"
-    assert preempted.status.reason == "Preempted"
-    assert preempted.status.restarts == 0 and preempted.status.attempt == 0
-    assert not [a for a in preempted.actions if isinstance(a, plan.DeleteRayCluster | plan.CreateRayCluster)]
-    running_cond = next(c for c in preempted.status.conditions if c.type == "Running")
-    assert running_cond.status == "False" and "resumes from the latest checkpoint" in running_cond.message
-    # Admitted again; the old head is still terminating and its driver's exit is remembered.
-    readmitted_rc = replace(live, suspended=False, provisioned=False)
+
+
+def test_an_eviction_suspends_in_place_and_gives_the_quota_back_once_the_pods_are_gone() -> None:
+    running, live = admitted_and_running(since=10)
+    evicted = wl(
+        condition("QuotaReserved", "True", since=10),
+        condition("Admitted", "True", since=10),
+        condition("PodsReady", "True", "Started", since=15),
+        condition(
+            "Evicted", "True", "Preempted", "Preempted to accommodate a higher priority workload", since=100
+        ),
+        admitted=True,
+    )
+    stopping = step(running.status, seen(100, live, pods=healthy_pods(live), workload=evicted))
+    assert (stopping.status.phase, stopping.status.reason) == ("Queued", "Preempted")
+    assert [a.suspend for a in actions(stopping, plan.SetJobSuspend)] == [True]
+    assert [(a.name, a.suspend, a.spec) for a in actions(stopping, plan.SetRayClusterSpec)] == [
+        (live.name, True, None)
+    ]
+    assert not actions(stopping, plan.PatchWorkloadStatus)  # the pods still run: the quota stays taken
+    assert not actions(stopping, plan.DeleteRayCluster)
+    assert stopping.status.restarts == 0 and stopping.status.attempt == 0
+    assert stopping.status.ray_cluster_name == live.name
+    running_cond = stopping.condition(plan.RUNNING)
+    assert running_cond is not None and "resumes from the latest checkpoint" in running_cond.message
+
+    held = replace(live, suspended=True, suspend_complete=True, provisioned=False)
+    gone = step(stopping.status, seen(110, held, workload=evicted), kueue_job(suspend=True))
+    (release,) = actions(gone, plan.PatchWorkloadStatus)
+    status = release.status
+    assert status["admission"] is None
+    by_type = {c["type"]: c for c in status["conditions"]}
+    assert (by_type["QuotaReserved"]["status"], by_type["QuotaReserved"]["reason"]) == ("False", "Pending")
+    assert by_type["Admitted"]["status"] == "False"
+    assert (by_type["Requeued"]["status"], by_type["Requeued"]["reason"]) == ("True", "Preempted")
+    assert (by_type["PodsReady"]["status"], by_type["PodsReady"]["reason"]) == ("False", "WaitForStart")
+    assert status["accumulatedPastExecutionTimeSeconds"] == 100  # admitted from 10 s to 110 s
+    assert release.resource_version == "5"
+
+
+def test_readmission_resumes_the_same_cluster_from_its_checkpoint_without_a_retry() -> None:
+    running, live = admitted_and_running(since=10)
+    held = replace(live, suspended=True, suspend_complete=True, provisioned=False)
+    requeued = wl(
+        condition("QuotaReserved", "False", "Pending", "waiting", since=110),
+        condition("Evicted", "True", "Preempted", "Preempted", since=100),
+        condition("Requeued", "True", "Preempted", "Preempted", since=110),
+        accumulated=100,
+    )
+    queued = step(running.status, seen(120, held, workload=requeued), kueue_job(suspend=True))
+    assert (queued.status.phase, queued.status.reason) == ("Queued", "Requeued")
     back = step(
-        preempted.status,
-        seen(
-            200,
-            readmitted_rc,
-            pods=dying,
-            remembered_exit=killed,
-            workload=workload(live, ADMITTED, admitted=200),
-        ),
+        queued.status, seen(300, held, workload=admitted_at(300, accumulated=100)), kueue_job(suspend=True)
     )
-    assert back.status.phase not in ("Failed", "Restarting"), back.status.message
+    (resume,) = actions(back, plan.SetRayClusterSpec)
+    assert (resume.name, resume.suspend) == (live.name, False)
+    assert (
+        resume.spec["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]["cloud.example/gpu"] == "h200"
+    )
+    assert not actions(back, plan.CreateRayCluster) and not actions(back, plan.CreateWorkload)
     assert back.status.restarts == 0 and back.status.attempt == 0
-    assert back.status.attempt_start_time == at(200)
-    # KubeRay recreated the pods in the same RayCluster: the driver runs again, from its checkpoint.
-    resumed = replace(readmitted_rc, provisioned=True)
-    again = step(
-        back.status,
-        seen(
-            230,
-            resumed,
-            pods=healthy_pods(resumed),
-            remembered_exit=killed,
-            workload=workload(live, ADMITTED, admitted=200),
-        ),
+    # The head pod KubeRay deleted when the job was preempted shows the stopped driver's SIGTERM.
+    stopped = pod(
+        live,
+        head=True,
+        driver={"terminated": {**terminated(143)["terminated"], "finishedAt": at(105).isoformat()}},
+        deleting=True,
     )
-    assert again.status.phase == "Running"
-    assert again.status.restarts == 0 and again.status.ray_cluster_name == live.name
+    starting = replace(live, provisioned=False)
+    after = step(
+        back.status, seen(305, starting, pods=(stopped,), workload=admitted_at(300, accumulated=100))
+    )
+    assert after.status.phase not in ("Restarting", "Failed"), after.status.message
+    assert after.status.restarts == 0
 
 
-def test_an_exit_of_the_resumed_driver_still_decides_the_attempt() -> None:
-    running, live = queued_then_admitted(admitted=10)
-    done = DriverExit(cluster_uid=live.uid, pod_name=f"{live.name}-head", exit_code=0, finished_at=at(50))
-    finished = step(
-        running.status, seen(51, live, pods=healthy_pods(live, driver=terminated(0)), remembered_exit=done)
+def test_active_deadline_counts_only_the_time_admitted() -> None:
+    the_job = kueue_job(activeDeadlineSeconds=100)
+    first = step(None, seen(0, workload=wl(PENDING)), the_job)
+    queued = step(
+        first.status, seen(5000, workload=wl(PENDING)), kueue_job(suspend=True, activeDeadlineSeconds=100)
     )
-    assert finished.status.phase == "Succeeded"
+    assert queued.status.phase == "Queued"  # 5000 s queued count for nothing
+    live = replace(cluster(0), provisioned=True)
+    # Admitted 60 s in earlier admissions, and again since 6000 s: 40 s left then.
+    ok = step(
+        queued.status,
+        seen(6030, live, pods=healthy_pods(live), workload=admitted_at(6000, accumulated=60)),
+        the_job,
+    )
+    assert ok.status.phase == "Running", ok.status.message
+    assert ok.requeue_after is not None and ok.requeue_after <= 10
+    late = step(
+        ok.status,
+        seen(6041, live, pods=healthy_pods(live), workload=admitted_at(6000, accumulated=60)),
+        the_job,
+    )
+    assert (late.status.phase, late.status.reason) == ("Failed", "DeadlineExceeded")
+    assert "time queued does not count" in (late.status.message or "")
+
+
+def test_a_retry_keeps_the_workload_and_its_place_in_the_queue() -> None:
+    running, live = admitted_and_running(since=10)
+    lost = pod(live, head=True, phase="Failed", driver=terminated(137))
+    retry = step(running.status, seen(60, live, pods=(lost,), workload=admitted_at(10)))
+    assert retry.status.phase == "Restarting" and retry.status.attempt == 1
+    (create,) = actions(retry, plan.CreateRayCluster)
+    assert create.manifest["metadata"]["name"] == "demo-1"
+    assert not actions(retry, plan.CreateWorkload) and not actions(retry, plan.DeleteWorkload)
+    assert not actions(retry, plan.UpdateWorkload) and not actions(retry, plan.SetJobSuspend)
+
+
+def test_pods_ready_is_reported_to_kueue_for_wait_for_pods_ready() -> None:
+    running, _ = admitted_and_running(since=10)
+    (report,) = [a for a in running.actions if isinstance(a, plan.PatchWorkloadStatus)]
+    ready = {c["type"]: c for c in report.status["conditions"]}["PodsReady"]
+    assert (ready["status"], ready["reason"]) == ("True", "Started")
+
+
+def test_a_finished_job_finishes_its_workload() -> None:
+    running, live = admitted_and_running(since=10)
+    done = step(
+        running.status,
+        seen(60, live, pods=healthy_pods(live, driver=terminated(0)), workload=admitted_at(10)),
+    )
+    assert done.status.phase == "Succeeded"
+    (finish,) = actions(done, plan.PatchWorkloadStatus)
+    finished = {c["type"]: c for c in finish.status["conditions"]}["Finished"]
+    assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
+
+
+def test_a_spec_changed_while_queued_updates_the_same_workload() -> None:
+    first = step(None, seen(0, workload=wl(PENDING)))
+    bigger = kueue_job(
+        suspend=True,
+        cluster={
+            **BASE_JOB["spec"]["cluster"],
+            "policyWorkers": {**BASE_JOB["spec"]["cluster"]["policyWorkers"], "replicas": 2},
+        },
+    )
+    changed = step(first.status, seen(20, workload=wl(PENDING), the_job=bigger), bigger)
+    (update,) = actions(changed, plan.UpdateWorkload)
+    assert [s["count"] for s in update.patch["spec"]["podSets"]] == [1, 2, 1]
+    assert update.resource_version == "5"
+    assert not actions(changed, plan.CreateWorkload) and not actions(changed, plan.DeleteWorkload)

@@ -193,10 +193,11 @@ def test_only_owned_clusters_of_other_attempts_are_deleted() -> None:
     assert [a.uid for a in actions_of(decision, plan.DeleteRayCluster)] == ["ours-stale"]  # type: ignore[attr-defined]
 
 
-def test_suspend_and_cleanup_delete_only_owned_clusters() -> None:
-    foreign = cluster(1, owner_uid="someone-else", uid="foreign")
+def test_suspend_touches_only_owned_clusters() -> None:
+    foreign = cluster(0, owner_uid="someone-else", uid="foreign")
     suspended = step(job(suspend=True), running().status, observe(40, cluster(0), foreign))
-    assert [a.uid for a in actions_of(suspended, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
+    assert [a.uid for a in actions_of(suspended, plan.SetRayClusterSpec)] == ["rc-uid-0"]  # type: ignore[attr-defined]
+    assert actions_of(suspended, plan.DeleteRayCluster) == []
 
 
 # --- a spec that tightened rules refuse ------------------------------------------------------

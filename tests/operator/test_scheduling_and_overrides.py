@@ -12,7 +12,7 @@ import yaml
 
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, podtemplate
-from asyncgrpo_operator import manifests, naming
+from asyncgrpo_operator import manifests, naming, workload
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 
@@ -32,14 +32,17 @@ def templates(cluster: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield group["template"]
 
 
-def test_a_kueue_job_gets_its_raycluster_created_suspended_in_its_queue() -> None:
-    cluster = manifests.ray_cluster(load("kueue-label"), 0)
-    assert cluster["spec"]["suspend"] is True
+def test_a_kueue_job_is_queued_as_its_workload_not_through_its_raycluster() -> None:
+    job = load("kueue-label")
+    cluster = manifests.ray_cluster(job, 0)
+    assert "suspend" not in cluster["spec"]  # created only once Kueue admitted the job's Workload
     labels = cluster["metadata"]["labels"]
-    assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
-    assert labels["kueue.x-k8s.io/priority-class"] == "urgent"
+    assert "kueue.x-k8s.io/queue-name" not in labels and "kueue.x-k8s.io/priority-class" not in labels
     for template in templates(cluster):
         assert "schedulerName" not in template["spec"]  # Kueue admits; kube-scheduler places
+    wl = workload.manifest(job, None, cluster, None)
+    assert wl["spec"]["queueName"] == "team-a"
+    assert [s["name"] for s in wl["spec"]["podSets"]] == ["head", "policy", "generation"]
 
 
 def test_spec_scheduler_kueue_renders_the_same_as_the_label() -> None:
@@ -47,9 +50,9 @@ def test_spec_scheduler_kueue_renders_the_same_as_the_label() -> None:
         doc["metadata"].pop("labels")
         doc["spec"]["scheduler"] = {"name": "kueue", "queueName": "team-a"}
 
-    cluster = manifests.ray_cluster(load("kueue-label", alias), 0)
-    assert cluster["spec"]["suspend"] is True
-    assert cluster["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    job = load("kueue-label", alias)
+    wl = workload.manifest(job, None, manifests.ray_cluster(job, 0), None)
+    assert wl["spec"]["queueName"] == "team-a"
 
 
 def test_a_job_without_a_queue_is_never_suspended() -> None:

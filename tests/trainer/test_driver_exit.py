@@ -160,3 +160,46 @@ def test_a_killed_driver_resumes_from_its_checkpoint_without_losing_or_repeating
     assert [step for step, _ in trained] == list(range(1, steps + 1))
     assert {attempt for step, attempt in trained if step > saved} == {1}
     assert any((ckpt / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.trainer
+def test_a_sigterm_checkpoints_the_step_reached_and_the_resumed_run_neither_repeats_nor_skips_a_step(
+    ray_address: str, tmp_path: Path
+) -> None:
+    """What a Kueue preemption or a suspend does to the driver: its pod is deleted, so it gets
+    SIGTERM and has terminationGracePeriodSeconds to stop. It finishes the step in progress, saves
+    it (no periodic checkpoint would have: everySteps is larger than the run) and exits 143."""
+    ckpt = tmp_path / "ck"
+    steps = 12
+    job = jobs.manifest("async-in-order", steps=steps, checkpoint_dir=str(ckpt))
+    job["spec"]["checkpoint"].update({"everySteps": 1000, "keepLast": 2})
+    port = _free_port()
+    first = _start(job, tmp_path, ray_address, port=port, attempt=0)
+    deadline = time.monotonic() + 240
+
+    def step() -> int:
+        try:
+            return int(
+                json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=5))["step"]
+            )
+        except OSError:
+            return 0
+
+    while step() < 3:
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    out1, err1 = first.communicate(timeout=120)
+    assert first.returncode == 128 + signal.SIGTERM, err1
+    trained = _steps(out1)
+    saved = checkpoint.latest(ckpt)
+    assert saved is not None and saved == trained[-1] < steps, (saved, trained)  # the last step, saved
+    assert f"stopped by SIGTERM after step {saved}, which is checkpointed" in err1
+    second = _start(job, tmp_path, ray_address, port=0, attempt=1)
+    out2, err2 = second.communicate(timeout=300)
+    assert second.returncode == 0, err2
+    assert _steps(out2) == list(range(saved + 1, steps + 1))  # right after the saved step
+    records = [json.loads(line) for line in (ckpt / "logs" / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "step"] == list(range(1, steps + 1))
+    final = checkpoint.load(ckpt, steps)
+    assert final["counters"]["samples_trained"] == steps * jobs.P * jobs.N  # no sample trained twice

@@ -209,3 +209,53 @@ def test_the_admission_guide_lists_every_field_that_may_change() -> None:
     guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "admission.md").read_text()
     missing = [f for f in sorted(ALWAYS_MUTABLE | MUTABLE_WHILE_SUSPENDED) if f"`spec.{f}`" not in guide]
     assert not missing, f"docs/guides/admission.md does not list {missing}"
+
+
+def queued(manifest: dict[str, Any], *, admitted: bool) -> dict[str, Any]:
+    """A job Kueue manages as stored: suspended and Queued while it waits, running once admitted."""
+    stored = running(manifest)
+    stored["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    stored["spec"]["suspend"] = not admitted
+    queued_cond = {
+        "type": "Queued",
+        "status": "False" if admitted else "True",
+        "reason": "Admitted" if admitted else "Pending",
+    }
+    stored["status"] = {"phase": "Running" if admitted else "Queued", "conditions": [queued_cond]}
+    return stored
+
+
+def test_the_queue_label_is_locked_while_kueue_has_admitted_the_job() -> None:
+    old = queued(job("run"), admitted=True)
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-b"  # a metadata-only update
+    decision = review("UPDATE", new=new, old=old)
+    assert not decision.allowed
+    assert "metadata.labels.kueue.x-k8s.io/queue-name: cannot change while Kueue has admitted the job" in (
+        decision.message
+    )
+
+
+def test_the_queue_label_may_change_while_the_job_waits_in_its_queue() -> None:
+    old = queued(job("run"), admitted=False)
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-b"
+    assert review("UPDATE", new=new, old=old).allowed
+
+
+def test_a_running_job_cannot_be_handed_to_kueue_by_adding_the_label() -> None:
+    old = running(job("run"))
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    decision = review("UPDATE", new=new, old=old)
+    assert not decision.allowed and "cannot change while the job runs" in decision.message
+
+
+def test_a_label_only_change_is_validated_like_the_spec() -> None:
+    old = queued(job("run"), admitted=False)
+    old["spec"]["scheduler"] = {"name": "kueue", "queueName": "team-a"}
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-b"  # disagrees with the spec now
+    decision = review("UPDATE", new=new, old=old)
+    assert not decision.allowed
+    assert "team-b" in decision.message and "scheduler.queueName" in decision.message

@@ -236,6 +236,8 @@ class SingleController:
         self.totals = Timers()
         self.state = "starting"
         self.error: str | None = None
+        self.stop_requested = False
+        """Set by `stop` (the driver got SIGTERM): the step in progress is the last one."""
         restored_ready = 0
         if args.resume is not None:
             restored_ready = self._restore(args.resume)
@@ -301,7 +303,7 @@ class SingleController:
             raise
         finally:
             await self._shutdown(pumps)
-        self.state = "succeeded"
+        self.state = "stopped" if self.stop_requested and self.version < self.s.max_steps else "succeeded"
         return await self.summary()
 
     async def _shutdown(self, pumps: list[asyncio.Task[None]]) -> None:
@@ -364,6 +366,7 @@ class SingleController:
             "validation_accuracy": self.validation_accuracy,
             "hf_checkpoint": self.exported,
             "records": self.records,
+            "stopped": self.state == "stopped",
         }
 
     def _open_steps_file(self, resumed_step: int | None) -> runlog.StepsFile | None:
@@ -474,11 +477,19 @@ class SingleController:
     # --- train side -----------------------------------------------------------------------------
 
     async def _train_pump(self) -> None:
-        while self.version < self.s.max_steps:
+        while self.version < self.s.max_steps and not self.stop_requested:
             record = await self._train_step()
             self._record(record)
             self.logprob_gate.observe(record["step"], record.get("gen_logprob_error"))
             await self._after_step()
+        if self.stop_requested and self.last_checkpoint_step != self.version:
+            # Stopped (SIGTERM: a preemption, a suspend, a drain): the step just trained is saved,
+            # so the resumed run starts right after it and no step is trained twice or lost.
+            await self._checkpoint(self.version)
+
+    def stop(self) -> None:
+        """End the run after the step in progress, with a checkpoint of it (see `_train_pump`)."""
+        self.stop_requested = True
 
     async def _select_chunk(self, remaining: int, step: dict[str, float]) -> list[Slot]:
         while True:
@@ -774,3 +785,8 @@ class SingleControllerActor:
 
     async def ping(self) -> bool:
         return True
+
+    async def stop(self) -> int:
+        """Finish the step in progress, checkpoint it and end `run`; returns the step reached so far."""
+        self.c.stop()
+        return self.c.version

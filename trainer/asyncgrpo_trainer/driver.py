@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -506,17 +509,44 @@ def execute(
             ray.get(built.ready)
             if resume is not None:
                 asyncio.run(built.args.policy.load(str(resume[1])))
-            return supervise(
-                actor,
-                server,
-                stall_seconds=t.async_rl.stall_timeout_seconds,
-                reporters=[*reporters, curves],
-            )
+            with _stop_on_sigterm(actor):
+                return supervise(
+                    actor,
+                    server,
+                    stall_seconds=t.async_rl.stall_timeout_seconds,
+                    reporters=[*reporters, curves],
+                )
         finally:
             curves.close()
             ray.kill(actor, no_restart=True)
     finally:
         _teardown(built)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm(actor: Any) -> Iterator[None]:
+    """While the controller runs, SIGTERM (the pod is deleted: a Kueue preemption, a suspend, a
+    drain) asks it to finish the step in progress and checkpoint it, within the pod's
+    terminationGracePeriodSeconds; the driver then exits 128+15 (`run_job`). Main thread only
+    (Python delivers signals there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        log.warning("SIGTERM: stopping after the step in progress, with a checkpoint of it")
+        actor.stop.remote()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+"""A run stopped by SIGTERM exits as if killed by it: the operator counts a stop it did not cause
+(a drain) as an infrastructure failure and retries it from the checkpoint just written."""
 
 
 def run_job(
@@ -532,8 +562,16 @@ def run_job(
     code, error = 0, None
     try:
         summary = execute(manifest, server, reporters=reporters, ray_address=ray_address)
+        if summary.get("stopped"):
+            code = STOPPED_EXIT_CODE
+            print(
+                f"asyncgrpo: stopped by SIGTERM after step {summary['steps']}, which is checkpointed; "
+                "a resumed run continues after it",
+                file=sys.stderr,
+                flush=True,
+            )
         if server is not None:
-            server.update(state="succeeded")
+            server.update(state="stopped" if code else "succeeded")
         for reporter in reporters:
             reporter.summary(summary)
     except Exception as exc:

@@ -101,10 +101,11 @@ in a Role per watched namespace.
 */}}
 {{- define "asyncgrpo-operator.namespacedRules" -}}
 # The jobs: watched (a pass reads them from the watch's cache, never with a GET); deleted after
-# ttlSecondsAfterFinished; status written only by us.
+# ttlSecondsAfterFinished; status written only by us; spec.suspend patched for a job Kueue
+# manages (Kueue's gate: true until its Workload is admitted, true again when it is evicted).
 - apiGroups: ["asyncgrpo.dev"]
   resources: ["asyncgrpojobs"]
-  verbs: ["list", "watch", "delete"]
+  verbs: ["list", "watch", "delete", "patch"]
 - apiGroups: ["asyncgrpo.dev"]
   resources: ["asyncgrpojobs/status"]
   verbs: ["patch"]
@@ -113,21 +114,27 @@ in a Role per watched namespace.
 - apiGroups: ["asyncgrpo.dev"]
   resources: ["asyncgrpojobs/finalizers"]
   verbs: ["update"]
-# What a job owns: one RayCluster per attempt (watched for its conditions) ...
+# What a job owns: one RayCluster per attempt (watched for its conditions; patched to suspend
+# and resume it in place) ...
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
-  verbs: ["create", "list", "watch", "delete"]
+  verbs: ["create", "list", "watch", "delete", "patch"]
 # ... and the ConfigMap with the job spec the driver reads (garbage-collected with the job),
 # watched as metadata (the operator's labels only) so a pass compares it with the spec without a
 # GET; one of that name in the way is read by a list with a field selector.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["create", "patch", "list", "watch"]
-# Kueue's Workload of a queued job's RayCluster: why it waits (Pending, Preempted, ...). Read
-# only; without Kueue installed the list answers 404 and the job says Kueue made no Workload.
+# A job Kueue manages owns its Kueue Workload (Kueue's externalFrameworks contract): created,
+# its pod sets updated while it holds no quota, deleted when its quota no longer fits the job;
+# its status written as a job's controller does (quota given back after an eviction, PodsReady,
+# Finished). Without Kueue installed the list answers 404 and the job says so.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["list"]
+  verbs: ["list", "create", "patch", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 # Head pod and driver container state (exit codes, Unschedulable, ImagePullBackOff).
 - apiGroups: [""]
   resources: ["pods"]

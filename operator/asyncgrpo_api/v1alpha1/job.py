@@ -43,8 +43,10 @@ class AsyncGRPOJobSpec(ApiModel):
     )
     suspend: bool = Field(
         default=False,
-        description="true deletes the RayCluster and keeps the job (Suspended); false resumes from the "
-        "latest checkpoint. Kueue sets it to admit jobs.",
+        description="true suspends the RayCluster in place (its pods are deleted; the job, its attempt and "
+        "its RayCluster stay: Suspended); false resumes it from the latest checkpoint. For a job Kueue "
+        "manages it is Kueue's gate: the operator holds it true until the job's Workload is admitted and "
+        "sets it true again when Kueue evicts it (stop such a job with its Workload's spec.active false).",
     )
     backoff_limit: int = Field(
         default=2,
@@ -58,14 +60,26 @@ class AsyncGRPOJobSpec(ApiModel):
         ge=1,
         le=31_536_000,
         description="Fail the job (DeadlineExceeded) this long after status.startTime; "
-        "suspended time does not count.",
+        "suspended time does not count. Under Kueue only the time admitted counts, in all admissions "
+        "together (the Workload's accumulatedPastExecutionTimeSeconds): time queued never does.",
+    )
+    termination_grace_period_seconds: int = Field(
+        default=120,
+        ge=1,
+        le=86_400,
+        description="How long every pod has to stop when it is deleted (a Kueue preemption, "
+        "spec.suspend, a drain): the driver finishes the step in progress, checkpoints it and exits, "
+        "and the Ray containers stop only after it (a preStop hook waits for the driver). Give it "
+        "more than a step plus a checkpoint takes; past it the kubelet kills the pods and the run "
+        "resumes from the last periodic checkpoint.",
     )
     startup_deadline_seconds: int | None = Field(
         default=1800,
         ge=1,
         le=31_536_000,
         description="Fail an attempt whose driver is not running this long after its RayCluster was "
-        "created (e.g. GPUs never become available). Unset waits forever.",
+        "created (e.g. GPUs never become available); under Kueue, after the job was admitted. Unset waits "
+        "forever.",
     )
     progress: ProgressWatchSpec = Field(
         default_factory=ProgressWatchSpec, description="Progress polling and stall detection."
@@ -196,6 +210,11 @@ class AsyncGRPOJobStatus(ApiModel):
     )
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")
     ray_cluster_name: ShortText | None = Field(default=None, description="RayCluster of the current attempt.")
+    workload_name: ShortText | None = Field(
+        default=None,
+        description="The job's Kueue Workload, for a job Kueue manages (one for the job's whole life; "
+        "set its spec.active false to stop the job).",
+    )
     dashboard_url: ShortText | None = Field(default=None, description="Ray dashboard of the current attempt.")
     head_pod: ShortText | None = Field(
         default=None,

@@ -78,6 +78,7 @@ ELSEWHERE: Final[Mapping[str, str]] = {
     "restartPolicy": "the operator sets it (Never on the head: a finished driver must not restart)",
     "enableServiceLinks": "the operator turns service links off (they break Ray's runtime_env)",
     "automountServiceAccountToken": "set spec.serviceAccountName to mount a token",
+    "terminationGracePeriodSeconds": "set spec.terminationGracePeriodSeconds",
 }
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -125,9 +125,10 @@ class SchedulerSpec(ApiModel):
 
     name: Literal["default", "kueue", "kai", "volcano"] = Field(
         default="default",
-        description="default: kube-scheduler, no queue. kueue: the RayCluster is created suspended with "
-        "kueue.x-k8s.io/queue-name and runs once Kueue admits it (the job is Queued until then; the "
-        "job's own kueue.x-k8s.io/queue-name label does the same). kai: KAI Scheduler gang-schedules the "
+        description="default: kube-scheduler, no queue. kueue: the job is Kueue's workload (it owns a "
+        "Workload with a pod set per Ray group) and its RayCluster runs once Kueue admits it, on the "
+        "assigned flavors (the job is Queued until then; the job's own kueue.x-k8s.io/queue-name label "
+        "does the same). kai: KAI Scheduler gang-schedules the "
         "pods (schedulerName kai-scheduler, kai.scheduler/queue). volcano: KubeRay's Volcano integration "
         "creates a PodGroup for the whole cluster (volcano.sh/queue-name, ray.io/priority-class-name).",
     )
