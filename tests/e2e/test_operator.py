@@ -327,6 +327,16 @@ def live_rayclusters(api: Api, ns: str, job: str) -> list[str]:
     )
 
 
+def suspended_in_place(api: Api, ns: str, job: str) -> list[str]:
+    """The job's live RayClusters with spec.suspend true: a suspended job keeps its RayCluster
+    (KubeRay deletes the pods) and resumes it."""
+    return sorted(
+        rc["metadata"]["name"]
+        for rc in rayclusters(api, ns, job)
+        if not rc["metadata"].get("deletionTimestamp") and rc["spec"].get("suspend") is True
+    )
+
+
 def head_pod(api: Api, ns: str, cluster: str) -> JSON:
     found = wait_until(
         lambda: [

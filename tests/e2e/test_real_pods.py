@@ -204,7 +204,10 @@ def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpo
     assert job_status(chart.api, ns, name)["phase"] == "Running"
     steps_before = (job_status(chart.api, ns, name).get("progress") or {}).get("step")
     victim = job_pods(chart.api, ns, name)["policy-worker"]["metadata"]["name"]
-    deleted = chart.kubectl("delete", "pod", "-n", ns, victim, "--wait=false")
+    # A worker lost (a node failure, an OOM kill): a 1 s grace period. A graceful deletion keeps
+    # the Ray worker up for its terminationGracePeriodSeconds while the driver runs (the preStop
+    # hook that lets a preempted driver checkpoint), and this short job would finish first.
+    deleted = chart.kubectl("delete", "pod", "-n", ns, victim, "--wait=false", "--grace-period=1")
     assert deleted.returncode == 0, deleted.stderr
     t0 = time.monotonic()
     wait_with_watch(

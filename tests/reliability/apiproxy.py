@@ -89,16 +89,29 @@ def implied_permissions(call: Call) -> list[Permission]:
     if call.method not in ("POST", "PUT", "PATCH") or not call.body:
         return []
     try:
-        body: dict[str, Any] = json.loads(call.body)
+        body: Any = json.loads(call.body)
     except ValueError:
         return []
     out = []
-    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+    for ref in _owner_references(body):
         if ref.get("blockOwnerDeletion"):
             group = str(ref.get("apiVersion", "")).rpartition("/")[0]
             resource = _OWNER_RESOURCES.get((group, str(ref.get("kind"))), f"{str(ref.get('kind')).lower()}s")
             out.append(Permission(group, f"{resource}/finalizers", "update"))
     return out
+
+
+def _owner_references(body: Any) -> list[dict[str, Any]]:
+    """The ownerReferences a write sets: an object's or merge patch's metadata, or the values of a
+    JSON patch's operations on /metadata/ownerReferences (the list, or one entry of it)."""
+    if isinstance(body, dict):
+        return list((body.get("metadata") or {}).get("ownerReferences") or [])
+    refs: list[dict[str, Any]] = []
+    for op in body if isinstance(body, list) else []:
+        if isinstance(op, dict) and str(op.get("path", "")).startswith("/metadata/ownerReferences"):
+            value = op.get("value")
+            refs.extend(value if isinstance(value, list) else [value] if isinstance(value, dict) else [])
+    return refs
 
 
 class RecordingProxy:

@@ -33,7 +33,7 @@ from tests.e2e.test_operator import (
     get_job,
     head_pod,
     job_manifest,
-    live_rayclusters,
+    suspended_in_place,
 )
 from tests.reliability.apiproxy import RecordingProxy
 from tests.reliability.conftest import count
@@ -123,7 +123,9 @@ def test_an_api_server_outage_is_survived_and_status_catches_up(
             )
             caught_up = time.monotonic() - back
             assert retried["rayClusterName"] == f"{c}-1"
-            assert live_rayclusters(api, ns, a) == []
+            wait_until(
+                lambda job=a: suspended_in_place(api, ns, job) == [f"{job}-0"] or None, "suspended in place"
+            )
             print(
                 f"outage {round_}: 15 s; status caught up {caught_up:.1f} s after the API came back; ", end=""
             )

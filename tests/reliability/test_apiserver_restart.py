@@ -36,7 +36,7 @@ from tests.e2e.test_operator import (
     get_job,
     head_pod,
     job_manifest,
-    live_rayclusters,
+    suspended_in_place,
 )
 from tests.reliability.conftest import count
 
@@ -122,7 +122,9 @@ def test_a_kube_apiserver_restart_is_survived_and_status_catches_up_through_watc
                 lambda s: s.get("restarts") == 1 and s.get("phase") == "Running",
             )
             assert retried["rayClusterName"] == f"{c}-1"
-            assert live_rayclusters(api, ns, a) == []
+            wait_until(
+                lambda job=a: suspended_in_place(api, ns, job) == [f"{job}-0"] or None, "suspended in place"
+            )
             caught_up = time.monotonic() - back
             print(f"apiserver restart {round_}: down {DOWN:.0f} s; all caught up {caught_up:.1f} s later")
     finally:

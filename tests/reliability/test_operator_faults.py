@@ -35,6 +35,7 @@ from tests.e2e.test_operator import (
     head_pod,
     job_manifest,
     live_rayclusters,
+    suspended_in_place,
 )
 from tests.reliability.conftest import count
 
@@ -132,7 +133,10 @@ def test_sigkill_at_random_points_of_every_transition_loses_nothing(
                 api.merge_patch(path, {"spec": {"suspend": True}})
                 kill_soon()
                 _until(api, ns, name, "Suspended", lambda s: s.get("phase") == "Suspended")
-                wait_until(lambda job=name: _only(api, ns, job, []), "cluster gone on suspend")
+                wait_until(
+                    lambda job=name: suspended_in_place(api, ns, job) == [f"{job}-0"] or None,
+                    "cluster suspended in place",
+                )
 
                 api.merge_patch(path, {"spec": {"suspend": False}})
                 kill_soon()

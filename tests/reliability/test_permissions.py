@@ -34,6 +34,20 @@ from tests.reliability.apiproxy import Permission, implied_permissions, permissi
 from tests.reliability.conftest import ProxiedInstallation
 from tests.webhook.cluster_harness import JOBS_PATH
 
+KUEUE_INSTALLED_ONLY = {
+    Permission("kueue.x-k8s.io", "workloads", "create"),
+    Permission("kueue.x-k8s.io", "workloads", "patch"),
+    Permission("kueue.x-k8s.io", "workloads", "delete"),
+    Permission("kueue.x-k8s.io", "workloads/status", "patch"),
+    Permission("kueue.x-k8s.io", "resourceflavors", "get"),
+    Permission("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+    Permission("scheduling.k8s.io", "priorityclasses", "get"),
+}
+"""What the operator does only for a job Kueue manages once Kueue is installed (its Workload,
+the flavors of an admission, the priority of a queued Workload), which this test cluster does not
+run: the list of Workloads answering 404 is as far as it gets. tests/e2e/test_kueue.py exercises
+these against the real Kueue; here they may go unused, and any other rule may not."""
+
 
 def chart_rules(values: dict[str, Any] | None = None) -> set[Permission]:
     """(group, resource, verb) of every rule the chart grants the operator (its ClusterRole and
@@ -146,7 +160,8 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     granted = chart_rules({"operator.watchNamespaces": [ns]})
     print("operator used:", sorted((p.group, p.resource, p.verb) for p in used))
     assert used - granted == set(), f"used but not granted: {used - granted}"
-    assert granted - used == set(), f"granted but never used: {granted - used}"
+    assert granted - used - KUEUE_INSTALLED_ONLY == set(), f"granted but never used: {granted - used}"
+    assert granted >= KUEUE_INSTALLED_ONLY, KUEUE_INSTALLED_ONLY - granted
     leases = {p.name for c in calls if (p := permission(c)) is not None and p.resource == "leases" and p.name}
     assert leases <= {"asyncgrpo-operator"}, leases
 

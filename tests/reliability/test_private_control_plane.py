@@ -41,8 +41,8 @@ from tests.e2e.test_operator import (
     get_job,
     head_pod,
     job_manifest,
-    live_rayclusters,
     rayclusters,
+    suspended_in_place,
 )
 from tests.reliability.apiproxy import RecordingProxy
 from tests.reliability.conftest import count
@@ -193,7 +193,9 @@ def test_watches_expired_by_etcd_compaction_are_listed_again_and_status_catches_
             )
             caught_up = time.monotonic() - back
             assert retried["rayClusterName"] == f"{c}-1"
-            assert live_rayclusters(api, ns, a) == []
+            wait_until(
+                lambda job=a: suspended_in_place(api, ns, job) == [f"{job}-0"] or None, "suspended in place"
+            )
             restarted = op.log.read_text().count("Restarting the watch-stream") - restarts_before
             print(
                 f"compaction {round_}: etcd compacted at revision {revision} (the operator had seen {seen}); "

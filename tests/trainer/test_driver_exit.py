@@ -170,7 +170,7 @@ def test_a_sigterm_checkpoints_the_step_reached_and_the_resumed_run_neither_repe
     SIGTERM and has terminationGracePeriodSeconds to stop. It finishes the step in progress, saves
     it (no periodic checkpoint would have: everySteps is larger than the run) and exits 143."""
     ckpt = tmp_path / "ck"
-    steps = 12
+    steps = 120  # a tiny step takes ~60 ms: SIGTERM at step 3 must land while steps remain
     job = jobs.manifest("async-in-order", steps=steps, checkpoint_dir=str(ckpt))
     job["spec"]["checkpoint"].update({"everySteps": 1000, "keepLast": 2})
     port = _free_port()
@@ -190,7 +190,7 @@ def test_a_sigterm_checkpoints_the_step_reached_and_the_resumed_run_neither_repe
         time.sleep(0.05)
     first.send_signal(signal.SIGTERM)
     out1, err1 = first.communicate(timeout=120)
-    assert first.returncode == 128 + signal.SIGTERM, err1
+    assert first.returncode == 128 + signal.SIGTERM, out1 + err1
     trained = _steps(out1)
     saved = checkpoint.latest(ckpt)
     assert saved is not None and saved == trained[-1] < steps, (saved, trained)  # the last step, saved

@@ -46,12 +46,13 @@ OPERATOR_ONLY = {
     "cluster.head": "manifests: the head group's resources and placement",
     "scheduler": "manifests: Kueue/KAI labels and priorityClassName",
     # Lifecycle (asyncgrpo_operator.plan): the operator's decisions about the job.
-    "suspend": "plan: deletes the RayCluster and keeps the job",
+    "suspend": "plan: suspends the RayCluster in place and keeps the job",
     "backoffLimit": "plan: retries of infrastructure failures",
     "activeDeadlineSeconds": "plan: DeadlineExceeded",
     "startupDeadlineSeconds": "plan: DeadlineExceeded before the driver runs",
     "progress": "plan: /progress polling period and Stalled",
     "cleanupPolicy": "plan: what is deleted after the job finishes",
+    "terminationGracePeriodSeconds": "manifests: the pods' grace period and the Ray containers' preStop wait",
 }
 """Subtrees read by the operator alone, with where."""
 for pool in ("policyWorkers", "generationWorkers"):
