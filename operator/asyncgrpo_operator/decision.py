@@ -70,6 +70,7 @@ CLUSTER_NAME_TAKEN = "ClusterNameTaken"
 CONFIGMAP_NAME_TAKEN = "ConfigMapNameTaken"
 WAITING_FOR_PREVIOUS_CLUSTER = "WaitingForPreviousCluster"
 ADMITTED_UNDER_OLDER_RULES = "AdmittedUnderOlderRules"
+SPEC_CHANGE_NOT_ADMITTED = "SpecChangeNotAdmitted"
 GEN_LOGPROB_ERROR_HIGH = "GenLogprobErrorHigh"
 
 BAD_WAITING_REASONS = frozenset(
@@ -94,6 +95,7 @@ _WARNING_REASONS = frozenset(
         CLUSTER_NAME_TAKEN,
         CONFIGMAP_NAME_TAKEN,
         ADMITTED_UNDER_OLDER_RULES,
+        SPEC_CHANGE_NOT_ADMITTED,
         "PodCreationFailed",
         "FlavorConflict",
         "PriorityClassNotFound",
@@ -335,6 +337,7 @@ class Draft:
         self.fields = {
             name: getattr(self.old, name)
             for name in (
+                "admitted_generation",
                 "attempt",
                 "restarts",
                 "start_time",

@@ -27,9 +27,11 @@ The rules, in the order they are applied:
 5. Otherwise the conditions say where the attempt is: PodsScheduled (Unschedulable with the
    scheduler's message), PodsReady (ImagePullBackOff, HeadNotReady, ...), Running (driver running
    on a provisioned cluster) and Stalled (the step stopped advancing for stallAfterSeconds).
-6. A job whose spec the rules refuse is Failed (InvalidSpec) and cleaned up by its cleanupPolicy,
-   unless it was already started: a started job whose spec only fails rules tightened since it
-   was admitted keeps running under the spec it has (SpecValid False says why).
+6. A job whose spec the rules refuse is Failed (InvalidSpec), unless it was already started: an
+   upgrade never kills a running job. A started job whose spec only fails rules tightened since it
+   was admitted keeps running under the spec it has (SpecValid False says why). One whose spec no
+   longer parses, or changed without passing admission (admitted.py), keeps its running attempt
+   but gets no new one (no retry, no resume): when that attempt ends, it is the job's outcome.
 7. A job Kueue manages (kueue.x-k8s.io/queue-name) is Kueue's workload (workload.py): it owns a
    Workload; until Kueue admits it the job is suspended (spec.suspend is Kueue's gate) and Queued
    with Kueue's reason; admission unsuspends it and starts the attempt on the assigned flavors,
@@ -141,6 +143,8 @@ def plan(
     draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, observed.progress_mark)
     ctx = _Ctx(job, observed, owner)
     _spec_validity(draft, spec_errors)
+    if not spec_errors:
+        draft.set_field("admitted_generation", generation)
     if draft.finished:
         _cleanup(job.spec.cleanup_policy, draft, _owned(ctx))
     elif job.kueue_queue_name is not None:
@@ -156,6 +160,11 @@ def plan(
     return draft.decision()
 
 
+NEVER_RUN = "the job is invalid and is never run"
+"""How a job refused without a run to keep is failed: its RayClusters are deleted whatever its
+cleanup policy says (a run that was kept and then ended is cleaned up by its policy instead)."""
+
+
 def plan_invalid(
     status: AsyncGRPOJobStatus | None,
     observed: Observation,
@@ -164,19 +173,31 @@ def plan_invalid(
     message: str,
     cleanup: CleanupPolicy,
     owner: Owner | None,
+    reason: str = ADMITTED_UNDER_OLDER_RULES,
 ) -> Decision:
-    """A job the rules reject and the operator will not run (no webhook installed; a job that had
-    not started when the rules were tightened; a started one whose spec no longer parses at all):
-    Failed with InvalidSpec, and its RayClusters deleted whatever its cleanup policy says, because
-    without a spec nothing can manage, retry or clean them up later: such a job never holds GPUs.
-    A job that had finished before keeps its outcome and its policy. `cleanup` is the job's
-    cleanupPolicy as far as it can be read (else the defaults); its TTL applies either way."""
+    """A job the rules reject and the operator will not run by its spec (admitted.py says when).
+
+    - Not started (no webhook installed, or the rules were tightened before it ran): Failed with
+      InvalidSpec, its RayClusters deleted whatever its cleanup policy says: such a job never
+      holds GPUs.
+    - Started, with its attempt's RayCluster running: the attempt is kept (an upgrade never kills
+      a running job; SpecValid False with `reason` says which rules the spec breaks), but no new
+      attempt is started. Its driver's exit is the job's outcome: 0 Complete, anything else (a lost
+      head too) Failed with InvalidSpec, as no retry can be made by a refused spec.
+    - Finished: it keeps its outcome.
+    `cleanup` is the job's cleanupPolicy as far as it can be read (else the defaults); it applies
+    once the job is finished by a kept attempt, and its TTL applies either way."""
     draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, None)
-    if not draft.finished:
-        _finish(draft, FAILED, INVALID_SPEC, f"the job is invalid and is never run: {message}")
     clusters = tuple(c for c in observed.clusters if owner is None or c.owner_uid == owner.uid)
+    if not draft.finished:
+        running = _running_attempt(draft, clusters)
+        if running is not None:
+            if _kept_attempt(draft, observed, running, message, reason):
+                return draft.decision()
+        else:
+            _finish(draft, FAILED, INVALID_SPEC, f"{NEVER_RUN}: {message}")
     failed = draft.conditions.get(FAILED)
-    if failed is not None and failed.status == "True" and failed.reason == INVALID_SPEC:
+    if failed is not None and failed.status == "True" and failed.message.startswith(NEVER_RUN):
         for cluster in clusters:
             if not cluster.deleting:
                 why = "the job is invalid: nothing can manage its RayCluster any more"
@@ -188,6 +209,55 @@ def plan_invalid(
         clusters = ()
     _cleanup(cleanup, draft, clusters)
     return draft.decision()
+
+
+def _running_attempt(draft: Draft, clusters: tuple[ClusterView, ...]) -> ClusterView | None:
+    """The started job's current RayCluster while its attempt may still be running (not being
+    deleted, not suspended): the one thing an invalid spec must not take away."""
+    if draft.get("start_time") is None:
+        return None
+    name = draft.get("ray_cluster_name")
+    return next(
+        (c for c in clusters if c.name == name and not c.deleting and not c.suspended),
+        None,
+    )
+
+
+def _kept_attempt(
+    draft: Draft, observed: Observation, cluster: ClusterView, message: str, reason: str
+) -> bool:
+    """Keep a started attempt whose job's spec is refused; True while it runs. Once its driver has
+    exited (or its head is lost) the job is finished by that."""
+    pods = [p for p in observed.pods if p.owner_uid == cluster.uid]
+    head, exit_ = _head_and_exit(observed, pods, cluster, admitted_at=None)
+    if exit_ is not None:
+        detail = f": {exit_.message.strip()}" if exit_.message.strip() else ""
+        if exit_.exit_code == 0:
+            _finish(draft, COMPLETE, DRIVER_SUCCEEDED, f"the driver exited 0 (pod {exit_.pod_name})")
+        else:
+            _finish(
+                draft,
+                FAILED,
+                INVALID_SPEC,
+                f"the driver exited with code {exit_.exit_code} in pod {exit_.pod_name}{detail}; no new "
+                f"attempt is started for a refused spec: {message}",
+            )
+        return False
+    lost = _head_lost(draft, cluster, head)
+    if lost is not None:
+        if head is None and _unconfirmed(observed, draft, lost):
+            return True
+        refused = f"{lost}; no new attempt is started for a refused spec: {message}"
+        _finish(draft, FAILED, INVALID_SPEC, refused)
+        return False
+    draft.set(
+        SPEC_VALID,
+        False,
+        reason,
+        f"{message}. The running attempt ({cluster.name}) goes on as it was admitted, but no new attempt "
+        "(a retry, a resume) is started for this spec: fix the spec, or create a new job",
+    )
+    return True
 
 
 def create_retry_seconds(failures: int) -> float:
@@ -610,7 +680,7 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
     if current is None or current.deleting:
         foreign = next((c for c in observed.clusters if c.name == name and c not in owned), None)
         if ours:
-            if _unconfirmed(ctx, draft, f"RayCluster {name} is not among the job's children"):
+            if _unconfirmed(ctx.observed, draft, f"RayCluster {name} is not among the job's children"):
                 return
             _infra_failure(ctx, draft, current, CLUSTER_LOST, f"RayCluster {name} was deleted")
         elif current is not None or (foreign is not None and foreign.deleting):
@@ -688,11 +758,11 @@ def _resume_cluster(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
     _startup_deadline(ctx, draft)
 
 
-def _unconfirmed(ctx: _Ctx, draft: Draft, why: str) -> bool:
+def _unconfirmed(observed: Observation, draft: Draft, why: str) -> bool:
     """Whether a conclusion drawn from something's absence needs a fresh read first. Children read
     from the watch caches may lag behind each other (a RayCluster's list can be newer than its pods'
     list): a missing head pod or RayCluster must be confirmed before it costs the job a restart."""
-    if not ctx.observed.from_cache:
+    if not observed.from_cache:
         return False
     draft.confirm = why
     return True
@@ -793,11 +863,32 @@ def _dashboard_url(job: AsyncGRPOJob, cluster: str) -> str:
 
 
 def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
-    observed = ctx.observed
-    pods = [p for p in observed.pods if p.owner_uid == cluster.uid]
+    pods = [p for p in ctx.observed.pods if p.owner_uid == cluster.uid]
     admitted_at = _admitted_at(ctx, draft)
     if admitted_at is not None and not draft.is_true(RUNNING):
         pods = [p for p in pods if not p.deleting]  # KubeRay deleting a preempted run's pods
+    head, exit_ = _head_and_exit(ctx.observed, pods, cluster, admitted_at)
+    head_name = head.name if head is not None else exit_.pod_name if exit_ is not None else None
+    if head_name is not None:
+        _record_head(ctx, draft, head_name)
+    if exit_ is not None:
+        _driver_exited(ctx, draft, cluster, exit_)
+        return
+    lost = _head_lost(draft, cluster, head)
+    if lost is not None:
+        if head is None and _unconfirmed(ctx.observed, draft, lost):
+            return
+        _infra_failure(ctx, draft, cluster, HEAD_POD_LOST, lost)
+        return
+    _progressing(ctx, draft, cluster, pods, head)
+
+
+def _head_and_exit(
+    observed: Observation, pods: list[PodView], cluster: ClusterView, admitted_at: datetime | None
+) -> tuple[PodView | None, DriverExit | None]:
+    """The attempt's head pod (a live one first) and how its driver ended, if it has: read from the
+    pod, or remembered from a head pod that is gone. An exit from before Kueue's latest admission
+    is the preempted run's, not this one's."""
     heads = sorted((p for p in pods if p.is_head), key=lambda p: p.deleting)
     head = heads[0] if heads else None
     exit_ = DriverExit.from_pod(head) if head is not None else None
@@ -811,19 +902,7 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
         exit_ = remembered
     if exit_ is not None and _before(exit_.finished_at, admitted_at):
         exit_ = None  # the driver of the run Kueue preempted; the resumed one is still to come
-    head_name = head.name if head is not None else exit_.pod_name if exit_ is not None else None
-    if head_name is not None:
-        _record_head(ctx, draft, head_name)
-    if exit_ is not None:
-        _driver_exited(ctx, draft, cluster, exit_)
-        return
-    lost = _head_lost(draft, cluster, head)
-    if lost is not None:
-        if head is None and _unconfirmed(ctx, draft, lost):
-            return
-        _infra_failure(ctx, draft, cluster, HEAD_POD_LOST, lost)
-        return
-    _progressing(ctx, draft, cluster, pods, head)
+    return head, exit_
 
 
 def _record_head(ctx: _Ctx, draft: Draft, pod: str) -> None:

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import cache, decision, k8s, naming, plan, progress
+from asyncgrpo_operator import admitted, cache, decision, k8s, naming, plan, progress
 from asyncgrpo_operator import workload as workload_mod
 from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import Owner
@@ -141,23 +141,26 @@ class Reconciler:
         generation = int(body["metadata"].get("generation") or 0)
         status = _parse_status(body.get("status"))
         owner = Owner(name=name, uid=str(body["metadata"]["uid"]))
-        report = validate_manifest(_manifest(body))
-        job = report.job
-        spec_errors: tuple[str, ...] = ()
-        if job is None and report.parsed is not None and status is not None and status.start_time:
-            # Started under rules that have since been tightened: it keeps running as admitted.
-            job, spec_errors = report.parsed, tuple(str(e) for e in report.errors)
+        verdict = admitted.judge(validate_manifest(_manifest(body)), status, generation)
+        job, spec_errors = verdict.job, verdict.spec_errors
         observed = await self._observe(key, body, job, status, now)
         if job is None:
-            message = "; ".join(str(e) for e in report.errors)
-            outcome = plan.plan_invalid(
-                status,
-                observed,
-                generation=generation,
-                message=message,
-                cleanup=_cleanup_policy(body),
-                owner=owner,
-            )
+            cleanup = _cleanup_policy(body)
+
+            def invalid(seen: Observation) -> decision.Decision:
+                return plan.plan_invalid(
+                    status,
+                    seen,
+                    generation=generation,
+                    message=verdict.refusal,
+                    cleanup=cleanup,
+                    owner=owner,
+                    reason=verdict.reason,
+                )
+
+            outcome = invalid(observed)
+            if outcome.confirm is not None:
+                outcome = invalid(await self._confirm(key, observed, outcome.confirm))
             await self._apply(key, body, outcome, now, generation)
             return outcome.requeue_after
         outcome = plan.plan(

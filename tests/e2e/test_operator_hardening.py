@@ -38,9 +38,11 @@ from tests.e2e.test_operator import (
     OperatorProcess,
     ProgressServer,
     create_job,
+    end_driver,
     events,
     free_port,
     get_job,
+    head_pod,
     job_manifest,
     live_rayclusters,
     rayclusters,
@@ -249,6 +251,12 @@ def test_a_raycluster_refused_by_quota_is_shown_and_created_once_the_quota_allow
 # --- rules tightened under a running job ---------------------------------------------------------
 
 
+TIGHTENED = {"spec": {"cluster": {"head": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}}}}
+"""A spec the current rules refuse (a request above its limit), written past the webhook (the
+tests run none): what an operator upgrade with tighter rules makes of a stored job, or a change
+made while the webhook was not called."""
+
+
 def test_a_running_job_whose_spec_newer_rules_refuse_keeps_running_and_keeps_its_cluster(
     kube_api: Api,
     namespace: str,
@@ -257,12 +265,15 @@ def test_a_running_job_whose_spec_newer_rules_refuse_keeps_running_and_keeps_its
 ) -> None:
     create_job(kube_api, namespace, job_manifest("veteran"))
     run_until_running(kube_api, namespace, "veteran", driver_progress)
-    # What an operator upgrade does to a stored job, done here by writing a spec the current rules
-    # refuse (a request above its limit) past a missing webhook: the stored spec fails the rules.
-    kube_api.merge_patch(
-        f"{JOBS.format(ns=namespace)}/veteran",
-        {"spec": {"cluster": {"head": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}}}},
-    )
+    admitted = get_job(kube_api, namespace, "veteran")["status"]["admittedGeneration"]
+    assert admitted == 1
+    # The upgrade: the old operator admitted (and recorded) the spec the new rules refuse.
+    operator.stop()
+    path = f"{JOBS.format(ns=namespace)}/veteran"
+    written = kube_api.merge_patch(path, TIGHTENED)
+    generation = written["metadata"]["generation"]
+    kube_api.merge_patch(f"{path}/status", {"status": {"admittedGeneration": generation}})
+    operator.start()
     status = until(kube_api, namespace, "veteran", "SpecValid False", lambda s: "SpecValid" in conditions(s))
     spec = conditions(status)["SpecValid"]
     assert (spec["status"], spec["reason"]) == ("False", "AdmittedUnderOlderRules")
@@ -270,7 +281,33 @@ def test_a_running_job_whose_spec_newer_rules_refuse_keeps_running_and_keeps_its
     time.sleep(5)  # several passes (pollSeconds 2)
     status = get_job(kube_api, namespace, "veteran")["status"]
     assert status["phase"] == "Running" and live_rayclusters(kube_api, namespace, "veteran") == ["veteran-0"]
+    assert status["admittedGeneration"] == generation
     assert "AdmittedUnderOlderRules" in {e["reason"] for e in events(kube_api, namespace, "veteran")}
+
+
+def test_a_spec_change_written_past_the_webhook_is_refused_and_the_running_attempt_ends_the_job(
+    kube_api: Api,
+    namespace: str,
+    operator: OperatorProcess,
+    driver_progress: ProgressServer,
+) -> None:
+    create_job(kube_api, namespace, job_manifest("bypassed", backoffLimit=3))
+    run_until_running(kube_api, namespace, "bypassed", driver_progress)
+    written = kube_api.merge_patch(f"{JOBS.format(ns=namespace)}/bypassed", TIGHTENED)
+    status = until(kube_api, namespace, "bypassed", "SpecValid False", lambda s: "SpecValid" in conditions(s))
+    spec = conditions(status)["SpecValid"]
+    assert (spec["status"], spec["reason"]) == ("False", "SpecChangeNotAdmitted")
+    generation = written["metadata"]["generation"]
+    assert f"spec generation {generation} was never admitted" in spec["message"]
+    assert "spec.cluster.head.resources.requests.cpu" in spec["message"]
+    assert status["phase"] == "Running" and status["admittedGeneration"] == 1
+    assert live_rayclusters(kube_api, namespace, "bypassed") == ["bypassed-0"]
+    # Killed by a signal: a valid job would be retried (backoffLimit 3); this one gets no new attempt.
+    end_driver(kube_api, namespace, head_pod(kube_api, namespace, "bypassed-0"), 137)
+    failed = wait_phase(kube_api, namespace, "bypassed", "Failed")
+    assert failed["reason"] == "InvalidSpec" and "no new attempt" in failed["message"]
+    assert failed["restarts"] == 0
+    assert [c["metadata"]["name"] for c in rayclusters(kube_api, namespace, "bypassed")] == ["bypassed-0"]
 
 
 # --- no request forgery -------------------------------------------------------------------------

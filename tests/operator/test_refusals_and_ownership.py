@@ -12,7 +12,7 @@ from dataclasses import replace
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import plan
-from asyncgrpo_operator.observed import CreateFailure
+from asyncgrpo_operator.observed import CreateFailure, Observation
 from tests.operator.builders import (
     OWNER,
     at,
@@ -230,12 +230,7 @@ def test_a_job_the_operator_will_not_run_is_failed_and_cleaned_up_by_its_policy(
     foreign = cluster(1, owner_uid="someone-else", uid="foreign")
     policy = CleanupPolicy(on_failure="DeleteCluster", ttl_seconds_after_finished=60)
     failed = plan.plan_invalid(
-        running().status,
-        observe(40, rc, foreign),
-        generation=2,
-        message="spec.x: bad",
-        cleanup=policy,
-        owner=OWNER,
+        None, observe(40, rc, foreign), generation=2, message="spec.x: bad", cleanup=policy, owner=OWNER
     )
     assert (failed.status.phase, failed.status.reason) == ("Failed", "InvalidSpec")
     assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
@@ -246,12 +241,12 @@ def test_a_job_the_operator_will_not_run_is_failed_and_cleaned_up_by_its_policy(
     assert len(actions_of(expired, plan.DeleteJob)) == 1
 
 
-def test_a_job_failed_as_invalid_never_keeps_its_cluster_even_with_keep_cluster() -> None:
-    """KeepCluster keeps a failed run's pods for debugging; a job the operator cannot read any
-    more has nothing to debug and nobody to manage its cluster: it must not hold GPUs."""
+def test_a_job_refused_before_it_started_never_keeps_a_cluster_even_with_keep_cluster() -> None:
+    """KeepCluster keeps a failed run's pods for debugging; a job that never ran has no run to
+    debug, and must not hold GPUs."""
     rc = cluster(0, provisioned=True)
     failed = plan.plan_invalid(
-        running().status, observe(40, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
+        None, observe(40, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
     )
     assert failed.status.phase == "Failed"
     assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
@@ -259,6 +254,64 @@ def test_a_job_failed_as_invalid_never_keeps_its_cluster_even_with_keep_cluster(
         failed.status, observe(45, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
     )
     assert len(actions_of(again, plan.DeleteRayCluster)) == 1, "until it is gone"
+
+
+def unparseable(
+    status: AsyncGRPOJobStatus, observed: Observation, cleanup: CleanupPolicy | None = None
+) -> plan.Decision:
+    """A pass over a started job whose spec no longer parses under an upgraded operator."""
+    return plan.plan_invalid(
+        status,
+        observed,
+        generation=1,
+        message="spec.x: no longer accepted",
+        cleanup=cleanup or CleanupPolicy(),
+        owner=OWNER,
+    )
+
+
+def test_an_upgrade_that_makes_a_running_jobs_spec_unparseable_keeps_the_run_and_says_why() -> None:
+    rc = cluster(0, provisioned=True)
+    kept = unparseable(running().status, observe(40, rc, pods=healthy_pods(rc)))
+    assert kept.status.phase == "Running"
+    assert kept.actions == ()
+    spec = condition(kept, "SpecValid")
+    assert (spec.status, spec.reason) == ("False", "AdmittedUnderOlderRules")
+    assert "spec.x: no longer accepted" in spec.message and "no new attempt" in spec.message
+    assert [e.reason for e in kept.events] == ["AdmittedUnderOlderRules"]
+    again = unparseable(kept.status, observe(50, rc, pods=healthy_pods(rc)))
+    assert again.status == kept.status and again.events == ()
+
+
+def test_a_kept_run_that_succeeds_completes_the_job() -> None:
+    rc = cluster(0, provisioned=True)
+    kept = unparseable(running().status, observe(40, rc, pods=healthy_pods(rc)))
+    done = unparseable(kept.status, observe(60, rc, pods=healthy_pods(rc, driver=terminated(0))))
+    assert (done.status.phase, done.status.reason) == ("Succeeded", "DriverSucceeded")
+
+
+def test_a_kept_run_that_fails_is_not_retried_and_is_cleaned_up_by_its_policy() -> None:
+    rc = cluster(0, provisioned=True)
+    kept = unparseable(running().status, observe(40, rc, pods=healthy_pods(rc)))
+    killed = healthy_pods(rc, driver=terminated(137))  # an infrastructure failure: retried if valid
+    failed = unparseable(kept.status, observe(60, rc, pods=killed), CleanupPolicy(on_failure="DeleteCluster"))
+    assert (failed.status.phase, failed.status.reason) == ("Failed", "InvalidSpec")
+    assert "code 137" in (failed.status.message or "") and "no new attempt" in (failed.status.message or "")
+    assert failed.status.attempt == 0 and actions_of(failed, plan.CreateRayCluster) == []
+    assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
+    keep = CleanupPolicy(on_failure="KeepCluster")
+    kept_cluster = unparseable(kept.status, observe(60, rc, pods=killed), keep)
+    assert kept_cluster.status.phase == "Failed" and kept_cluster.actions == ()
+
+
+def test_a_kept_run_whose_head_pod_is_lost_fails_once_the_loss_is_confirmed() -> None:
+    rc = cluster(0, provisioned=True)
+    kept = unparseable(running().status, observe(40, rc, pods=healthy_pods(rc)))
+    cached = unparseable(kept.status, replace(observe(60, rc), from_cache=True))
+    assert cached.confirm is not None and cached.status.phase == "Running"
+    confirmed = unparseable(kept.status, observe(61, rc))
+    assert (confirmed.status.phase, confirmed.status.reason) == ("Failed", "InvalidSpec")
+    assert "head pod" in (confirmed.status.message or "")
 
 
 def test_a_job_that_had_succeeded_keeps_its_outcome_and_its_policy_when_its_spec_stops_parsing() -> None:

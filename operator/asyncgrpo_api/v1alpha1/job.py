@@ -209,6 +209,14 @@ class AsyncGRPOJobStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")
+    admitted_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The newest spec generation that passed every admission rule when the operator "
+        "read it. A started job whose spec fails the rules at this generation was admitted under older "
+        "rules and keeps running; a newer generation that fails them never passed admission (it was "
+        "written while the webhook was not called) and is refused.",
+    )
     ray_cluster_name: ShortText | None = Field(default=None, description="RayCluster of the current attempt.")
     workload_name: ShortText | None = Field(
         default=None,
