@@ -73,6 +73,9 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
             "ClusterRole",  # users': aggregated into edit and admin
             "ClusterRole",  # users': aggregated into view
             "ClusterRoleBinding",
+            "Role",  # the leader-election Lease
+            "RoleBinding",
+            "PodDisruptionBudget",  # two replicas: one keeps serving the webhook through a drain
             "Deployment",
             "Service",  # webhook
             "Service",  # metrics
@@ -110,7 +113,6 @@ def test_operator_runs_its_own_entrypoint_on_all_namespaces(default_objects: Obj
     assert c["command"] == ["python", "-m", "asyncgrpo_operator"]
     assert "--log-format=json" in c["args"]
     assert not [a for a in c["args"] if a.startswith("--namespace")]
-    assert one(default_objects, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def test_webhook_certificate_is_mounted_where_the_operator_reads_it(default_objects: Objects) -> None:
@@ -130,8 +132,6 @@ def test_rbac_grants_no_secrets_and_no_wildcards(default_objects: Objects) -> No
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
         assert "secrets" not in rule["resources"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
-    assert not by_kind(default_objects, "Role"), "no namespaced Roles unless leader election is on"
-    assert not by_kind(default_objects, "PodDisruptionBudget"), "a PDB on one replica would block drains"
 
 
 def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
@@ -159,7 +159,7 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "", "events") == {"create"}
     assert granted(rules, "", "namespaces") == {"list", "watch"}
     assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
-    assert not granted(rules, "coordination.k8s.io", "leases"), "no leader election: kopf runs standalone"
+    assert not granted(rules, "coordination.k8s.io", "leases"), "the Lease is a Role in the release namespace"
     assert not granted(rules, "admissionregistration.k8s.io", "validatingwebhookconfigurations"), (
         "the chart owns the webhook configuration; the operator must not be able to rewrite it"
     )
@@ -173,7 +173,14 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
 def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_namespaced_cluster_wide(
     helm_bin: Path,
 ) -> None:
-    objects = template(helm_bin, {"operator.watchNamespaces": ["team-a", "team-b"]})
+    objects = template(
+        helm_bin,
+        {
+            "operator.watchNamespaces": ["team-a", "team-b"],
+            "replicaCount": 1,
+            "leaderElection.enabled": False,
+        },
+    )
     cluster_rules = operator_role(objects)["rules"]
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
         "customresourcedefinitions",
@@ -369,7 +376,9 @@ def test_non_default_values_reach_the_objects(helm_bin: Path) -> None:
 
 BAD_VALUES = [
     pytest.param(
-        {"replicaCount": 2}, "needs leaderElection.enabled=true", id="two-replicas-without-leader-election"
+        {"leaderElection.enabled": False},
+        "needs leaderElection.enabled=true",
+        id="two-replicas-without-leader-election",
     ),
     pytest.param({"replicaCount": 11}, "replicaCount", id="too-many-replicas"),
     pytest.param({"webhook.failurePolicy": "Sometimes"}, "failurePolicy", id="unknown-failure-policy"),
@@ -383,8 +392,12 @@ BAD_VALUES = [
 ]
 
 
-def test_leader_election_allows_replicas_with_a_lease_role_rolling_updates_and_a_pdb(helm_bin: Path) -> None:
-    objects = template(helm_bin, {"replicaCount": 2, "leaderElection.enabled": True})
+def test_by_default_two_replicas_elect_a_leader_roll_and_keep_one_through_drains(
+    default_objects: Objects,
+) -> None:
+    """The webhook's failurePolicy Fail refuses every job write while no replica answers: two
+    replicas with a PodDisruptionBudget keep one answering through an upgrade or a node drain."""
+    objects = default_objects
     deployment = one(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"] == {
@@ -407,6 +420,30 @@ def test_leader_election_allows_replicas_with_a_lease_role_rolling_updates_and_a
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     pdb = one(objects, "PodDisruptionBudget")
     assert pdb["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+
+
+def test_the_replicas_prefer_different_nodes_unless_the_affinity_is_set(
+    default_objects: Objects, helm_bin: Path
+) -> None:
+    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    selector = one(default_objects, "Deployment")["spec"]["selector"]
+    assert term["podAffinityTerm"]["labelSelector"] == selector
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["podAntiAffinity"]
+    pinned = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    objects = template(helm_bin, {"affinity": pinned})
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["affinity"] == pinned
+
+
+def test_one_replica_without_leader_election_recreates_and_has_no_lease_role_or_pdb(helm_bin: Path) -> None:
+    objects = template(helm_bin, {"replicaCount": 1, "leaderElection.enabled": False})
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
+    assert "ASYNCGRPO_LEADER_ELECTION" not in env(objects)
+    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    assert not by_kind(objects, "PodDisruptionBudget"), "a PDB on one replica would block drains"
 
 
 def test_lease_name_in_the_role_is_the_operators() -> None:
