@@ -28,11 +28,17 @@ def env(objects: Objects) -> dict[str, str]:
 
 
 AGGREGATED = "agrpo-asyncgrpo-operator-edit", "agrpo-asyncgrpo-operator-view"
+METRICS_READER = "agrpo-asyncgrpo-operator-metrics-reader"
 
 
 def operator_role(objects: Objects) -> dict[str, Any]:
-    """The ClusterRole bound to the operator (the others are users', aggregated into edit/view)."""
-    (role,) = [o for o in by_kind(objects, "ClusterRole") if o["metadata"]["name"] not in AGGREGATED]
+    """The ClusterRole bound to the operator (the others are users': aggregated into edit/view,
+    and the right to read /metrics)."""
+    (role,) = [
+        o
+        for o in by_kind(objects, "ClusterRole")
+        if o["metadata"]["name"] not in {*AGGREGATED, METRICS_READER}
+    ]
     return role
 
 
@@ -72,6 +78,7 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
             "ClusterRole",  # the operator's
             "ClusterRole",  # users': aggregated into edit and admin
             "ClusterRole",  # users': aggregated into view
+            "ClusterRole",  # get /metrics, for Prometheus
             "ClusterRoleBinding",
             "Role",  # the leader-election Lease
             "RoleBinding",
@@ -159,6 +166,9 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "", "events") == {"create"}
     assert granted(rules, "", "namespaces") == {"list", "watch"}
     assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
+    # who scrapes /metrics (metrics.secure): the caller's token, then its right to get /metrics
+    assert granted(rules, "authentication.k8s.io", "tokenreviews") == {"create"}
+    assert granted(rules, "authorization.k8s.io", "subjectaccessreviews") == {"create"}
     assert not granted(rules, "coordination.k8s.io", "leases"), "the Lease is a Role in the release namespace"
     assert not granted(rules, "admissionregistration.k8s.io", "validatingwebhookconfigurations"), (
         "the chart owns the webhook configuration; the operator must not be able to rewrite it"
@@ -188,6 +198,8 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
         "resourceflavors",
         "workloadpriorityclasses",
         "priorityclasses",
+        "tokenreviews",
+        "subjectaccessreviews",
     }
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
@@ -503,6 +515,8 @@ def test_metrics_are_served_where_the_chart_points_the_service(default_objects: 
     values = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]
     ports = {p["name"]: p["containerPort"] for p in container(default_objects)["ports"]}
     assert env(default_objects)[metrics.PORT_ENV] == str(values["port"]) == str(ports["metrics"])
+    assert env(default_objects)[metrics.SECURE_ENV] == "true"
+    assert env(default_objects)[metrics.CERT_DIR_ENV] == str(DEFAULT_CERT_DIR), "the webhook's certificate"
     service = next(
         s for s in by_kind(default_objects, "Service") if s["metadata"]["name"].endswith("-metrics")
     )
@@ -519,7 +533,16 @@ def test_a_service_monitor_scrapes_the_metrics_service_when_enabled(helm_bin: Pa
     service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-metrics"))
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["interval"] == "30s"
+    # HTTPS with Prometheus' own token, verified against the CA of the certificate the operator serves
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    secret = one(objects, "Secret")
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": secret["metadata"]["name"], "key": "ca.crt"}}
+    served = load_cert(secret["data"]["tls.crt"])
+    sans = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert endpoint["tlsConfig"]["serverName"] in sans.get_values_for_type(x509.DNSName)
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert not by_kind(
         template(helm_bin, {"metrics.enabled": False, "metrics.serviceMonitor.enabled": True}),
@@ -541,3 +564,28 @@ def test_kueue_may_read_the_jobs_only_when_asked(default_objects: Objects, helm_
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
     ]
+
+
+def test_prometheus_gets_the_metrics_reader_role_when_named(default_objects: Objects, helm_bin: Path) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(default_objects, "ClusterRole")}
+    assert roles[METRICS_READER]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert METRICS_READER not in {
+        b["roleRef"]["name"] for b in by_kind(default_objects, "ClusterRoleBinding")
+    }
+    prometheus = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+    objects = template(helm_bin, {"metrics.readers": [prometheus]})
+    (binding,) = [b for b in by_kind(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == METRICS_READER]
+    assert binding["subjects"] == [prometheus]
+
+
+def test_insecure_metrics_are_plain_http_with_no_review_rights_and_no_reader_role(helm_bin: Path) -> None:
+    from asyncgrpo_operator import metrics  # noqa: PLC0415
+
+    objects = template(helm_bin, {"metrics.secure": False, "metrics.serviceMonitor.enabled": True})
+    assert metrics.SECURE_ENV not in env(objects)
+    rules = operator_role(objects)["rules"]
+    assert not granted(rules, "authentication.k8s.io", "tokenreviews")
+    assert not granted(rules, "authorization.k8s.io", "subjectaccessreviews")
+    assert METRICS_READER not in {r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")}
+    (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert "scheme" not in endpoint and "tlsConfig" not in endpoint

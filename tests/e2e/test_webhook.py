@@ -31,8 +31,8 @@ from tests.chart.helm import NO_HELM, REPO, find_helm, template
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import ApiError
 from tests.cluster.samples import raycluster_path, wait_until
-from tests.e2e.test_operator_hardening import NO_HOST_NETWORK, host_network_refused, scrape, value
-from tests.webhook.cluster_harness import JOBS_PATH, Installation, running_chart
+from tests.e2e.test_operator_hardening import NO_HOST_NETWORK, host_network_refused, samples_of, value
+from tests.webhook.cluster_harness import JOBS_PATH, METRICS_READER, Installation, running_chart
 from tests.webhook.jobs import (
     INVALID_COMBINATIONS,
     SYNC_WITH_FORCE_IN_ORDER,
@@ -325,12 +325,18 @@ def test_a_job_whose_raycluster_the_api_server_would_refuse_is_refused_at_apply(
 def test_admissions_and_dry_runs_are_counted_in_the_operators_metrics(
     chart: Installation, jobs_ns: str
 ) -> None:
-    assert chart.metrics_port is not None
-    before = scrape(chart.metrics_port)
+    token = chart.token(METRICS_READER)
+
+    def scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
+        status, text = chart.read_metrics(token)
+        assert status == 200, text
+        return samples_of(text)
+
+    before = scrape()
     assert chart.kubectl.apply(jobs_ns, job("counted")).returncode == 0
     refused = chart.kubectl.apply(jobs_ns, WEBHOOK_ONLY[0].manifest)  # past CEL, refused by the webhook
     assert refused.returncode != 0 and DENIED_BY_WEBHOOK in refused.stderr
-    after = scrape(chart.metrics_port)
+    after = scrape()
 
     def grew(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
