@@ -88,6 +88,8 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
             "Service",  # metrics
             "Secret",  # generated webhook certificate
             "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",  # the invariants CEL can express, while no webhook answers
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
 
@@ -589,3 +591,30 @@ def test_insecure_metrics_are_plain_http_with_no_review_rights_and_no_reader_rol
     assert METRICS_READER not in {r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")}
     (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
     assert "scheme" not in endpoint and "tlsConfig" not in endpoint
+
+
+def test_the_admission_policy_judges_what_the_webhook_judges_and_fails_closed(
+    default_objects: Objects, helm_bin: Path
+) -> None:
+    policy = one(default_objects, "ValidatingAdmissionPolicy")
+    webhook = webhook_entry(default_objects)
+    constraints = policy["spec"]["matchConstraints"]
+    assert constraints["resourceRules"] == webhook["rules"]
+    assert constraints["matchPolicy"] == webhook["matchPolicy"] == "Equivalent"
+    assert policy["spec"]["failurePolicy"] == "Fail", "every expression is proven not to fail"
+    generated = yaml.safe_load((CHART / "files" / "admission-policy.yaml").read_text())
+    assert {k: v for k, v in policy["spec"].items() if k != "matchConstraints"} == generated
+    binding = one(default_objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+    scoped = {
+        "webhook.namespaceSelector": {"matchLabels": {"asyncgrpo.dev/jobs": "enabled"}},
+        "webhook.objectSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]},
+    }
+    constraints = one(template(helm_bin, scoped), "ValidatingAdmissionPolicy")["spec"]["matchConstraints"]
+    assert constraints["namespaceSelector"] == scoped["webhook.namespaceSelector"]
+    assert constraints["objectSelector"] == scoped["webhook.objectSelector"]
+    off = template(helm_bin, {"admissionPolicy.enabled": False})
+    assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(
+        off, "ValidatingAdmissionPolicyBinding"
+    )
