@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from tests.chart.helm import CHART, REPO, helm
+from tests.chart.helm import CHART, REPO, helm, set_args
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import Api, ApiError
 from tests.webhook.server import free_port
@@ -88,9 +88,11 @@ class Kubectl:
         argv = [str(self.binary), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.cache_dir}", *args]
         return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
 
-    def apply(self, namespace: str, manifest: dict[str, Any] | str) -> subprocess.CompletedProcess[str]:
+    def apply(
+        self, namespace: str, manifest: dict[str, Any] | str, *flags: str
+    ) -> subprocess.CompletedProcess[str]:
         text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
-        return self("apply", "-n", namespace, "-f", "-", stdin=text)
+        return self("apply", "-n", namespace, *flags, "-f", "-", stdin=text)
 
 
 @dataclass
@@ -111,6 +113,8 @@ class Installation:
     metrics_port: int | None = None
     """Serve the operator's /metrics on this port as the chart does: ASYNCGRPO_METRICS_PORT, over
     HTTPS with the webhook's certificate, for tokens RBAC lets get /metrics (`read_metrics`)."""
+    values: dict[str, Any] = field(default_factory=dict)
+    """More chart values (dotted keys), e.g. {"webhook.failurePolicy": "Ignore"}."""
     watch_jobs_ns_only: bool = False
     """Install with operator.watchNamespaces = [jobs_ns]: the operator's rights on jobs and their
     children are then a Role in that namespace, not the ClusterRole."""
@@ -193,6 +197,7 @@ class Installation:
                 if self.watch_jobs_ns_only
                 else []
             ),
+            *set_args(self.values),
             helm_bin=self.helm_bin,
         )
 
