@@ -85,14 +85,12 @@ class Invariant:
         return f"spec.{self.field}"
 
 
-def _capacity_formula() -> tuple[str | Expr, ...]:
-    return ("numPromptsPerStep x (maxStalenessVersions + 1) = ", P, " x ", S + 1, " = ", CAPACITY)
-
-
-def _samples_formula() -> tuple[str | Expr, ...]:
-    return ("numPromptsPerStep x numGenerationsPerPrompt = ", P, " x ", N, " = ", SAMPLES)
-
-
+CAPACITY_FORMULA: tuple[str | Expr, ...] = (
+    "numPromptsPerStep x (maxStalenessVersions + 1) = ", P, " x ", S + 1, " = ", CAPACITY,
+)  # fmt: skip
+SAMPLES_FORMULA: tuple[str | Expr, ...] = (
+    "numPromptsPerStep x numGenerationsPerPrompt = ", P, " x ", N, " = ", SAMPLES,
+)  # fmt: skip
 _MEGATRON_FILTERS = (
     "top-p / top-k sampling needs the policy to score pi_old under the same filter for the importance "
     "weight, which the megatron backend does not do; sample unfiltered (topP 1, topK unset) or use "
@@ -127,7 +125,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         BUFFER.is_set() & ~OVER_SAMPLING & BUFFER.ne(CAPACITY),
         (
             "must equal ",
-            *_capacity_formula(),
+            *CAPACITY_FORMULA,
             " when overSampling is false; got ",
             BUFFER,
             ". Set it to ",
@@ -141,7 +139,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         BUFFER.is_set() & OVER_SAMPLING & BUFFER.lt(CAPACITY),
         (
             "must be at least ",
-            *_capacity_formula(),
+            *CAPACITY_FORMULA,
             " when overSampling is true, or a step could starve; ",
             "got ",
             BUFFER,
@@ -173,7 +171,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         GLOBAL_BATCH.is_set() & (GLOBAL_BATCH.gt(SAMPLES) | (SAMPLES % GLOBAL_BATCH).ne(0)),
         (
             "must divide ",
-            *_samples_formula(),
+            *SAMPLES_FORMULA,
             " (each RL step is ",
             SAMPLES,
             " / trainGlobalBatchSize ",
