@@ -338,7 +338,7 @@ class Printer:
     def message(self, parts: Sequence[str | Expr], known: frozenset[str]) -> str:
         """A CEL string expression for a message of text and integer or string expressions."""
         out = []
-        for part in parts:
+        for part in _joined_text(parts):
             if isinstance(part, str):
                 out.append(_cel_literal(part))
                 continue
@@ -419,6 +419,17 @@ def set_when(expr: Expr, outcome: bool) -> frozenset[str]:
     if isinstance(expr, Or) and not outcome:
         return frozenset().union(*(set_when(operand, False) for operand in expr.operands))
     return frozenset()
+
+
+def _joined_text(parts: Sequence[str | Expr]) -> list[str | Expr]:
+    """Adjacent pieces of text as one."""
+    out: list[str | Expr] = []
+    for part in parts:
+        if isinstance(part, str) and out and isinstance(out[-1], str):
+            out[-1] += part
+        else:
+            out.append(part)
+    return out
 
 
 def _cel_literal(value: int | float | str | bool) -> str:
