@@ -58,7 +58,8 @@ Kueue labels, which no invariant here reads)."""
 def spec_schema() -> Mapping[str, Any]:
     """The spec's schema in the CRD this version ships: what the API server type-checks against."""
     version = build_crd()["spec"]["versions"][0]
-    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]  # type: ignore[no-any-return]
+    schema: Mapping[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return schema
 
 
 def broken(invariant: Invariant, root: str, schema: Mapping[str, Any]) -> str:
