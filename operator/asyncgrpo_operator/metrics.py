@@ -38,6 +38,9 @@ SECURE_ENV = "ASYNCGRPO_METRICS_SECURE"
 """true: HTTPS, and only for bearer tokens RBAC lets get /metrics (default false: plain HTTP)."""
 CERT_DIR_ENV = "ASYNCGRPO_METRICS_CERT_DIR"
 """Folder with tls.crt and tls.key for HTTPS (the chart: the webhook's); unset, a self-signed one."""
+CERT_CHECK_ENV = "ASYNCGRPO_METRICS_CERT_CHECK_SECONDS"
+"""How often those files are re-read (default 60; the chart: webhook.certCheckSeconds, as for the
+webhook, which serves the same certificate)."""
 PHASES: tuple[Phase, ...] = get_args(Phase)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

@@ -7,7 +7,7 @@ the scrape, so they must not cross the network in the clear. A run without the f
 development) serves a throwaway self-signed certificate, as controller-runtime's metrics server
 does; a scraper then skips verification or trusts the CA written next to it.
 
-The files are checked every few seconds and loaded into the live SSL context when they change
+The files are checked every minute (or as often as told) and loaded into the live SSL context when they change
 (cert-manager renewals, a re-generated Secret): new connections get the new certificate, without
 restarting the listener or the pod.
 """
@@ -25,8 +25,8 @@ from asyncgrpo_operator import certs
 log = logging.getLogger(__name__)
 
 CHECK_SECONDS = 60.0
-"""How often the files are compared with what is served (the kubelet updates a mounted Secret
-within about a minute of its change)."""
+"""How often the files are compared with what is served, by default (the kubelet updates a
+mounted Secret within about a minute of its change)."""
 
 
 @dataclass

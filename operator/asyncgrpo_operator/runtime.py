@@ -215,7 +215,8 @@ async def _serve_metrics(runtime: Runtime, port: int) -> None:
     runtime.metrics_server = await metrics_module.serve(
         runtime.metrics, port, tls=tls.context, access=MetricsAccess(runtime.api)
     )
-    runtime.metrics_certificate = asyncio.create_task(tls.follow(), name="asyncgrpo-metrics-certificate")
+    every = float(os.environ.get(metrics_module.CERT_CHECK_ENV) or metrics_tls.CHECK_SECONDS)
+    runtime.metrics_certificate = asyncio.create_task(tls.follow(every), name="asyncgrpo-metrics-certificate")
 
 
 async def resync_keys(api: k8s.Api, cache: Cache, scopes: Iterable[str | None]) -> list[Key]:

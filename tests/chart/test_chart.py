@@ -519,6 +519,10 @@ def test_metrics_are_served_where_the_chart_points_the_service(default_objects: 
     assert env(default_objects)[metrics.PORT_ENV] == str(values["port"]) == str(ports["metrics"])
     assert env(default_objects)[metrics.SECURE_ENV] == "true"
     assert env(default_objects)[metrics.CERT_DIR_ENV] == str(DEFAULT_CERT_DIR), "the webhook's certificate"
+    assert (
+        env(default_objects)[metrics.CERT_CHECK_ENV]
+        == env(default_objects)["ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS"]
+    )
     service = next(
         s for s in by_kind(default_objects, "Service") if s["metadata"]["name"].endswith("-metrics")
     )

@@ -302,6 +302,7 @@ class Installation:
             env["ASYNCGRPO_METRICS_PORT"] = str(self.metrics_port)
             env["ASYNCGRPO_METRICS_SECURE"] = "true"
             env["ASYNCGRPO_METRICS_CERT_DIR"] = str(self.tls_dir)
+            env["ASYNCGRPO_METRICS_CERT_CHECK_SECONDS"] = env["ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS"]
         argv = [
             sys.executable,
             "-m",
