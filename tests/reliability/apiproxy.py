@@ -89,8 +89,10 @@ def implied_permissions(call: Call) -> list[Permission]:
     if call.method not in ("POST", "PUT", "PATCH") or not call.body:
         return []
     try:
-        body: dict[str, Any] = json.loads(call.body)
+        body: Any = json.loads(call.body)
     except ValueError:
+        return []
+    if not isinstance(body, dict):  # a JSON patch (a list of operations) sets no ownerReferences
         return []
     out = []
     for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
