@@ -67,6 +67,7 @@ typecheck: venv
 
 generated: venv
 	$(PY) -m asyncgrpo_api.crdgen --check
+	$(PY) -m asyncgrpo_api.admissionpolicy --check
 	$(PY) -m asyncgrpo_api.apidoc --check
 
 # Everything the tests start is built first (Kueue included), with the builder's progress on the

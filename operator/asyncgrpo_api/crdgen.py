@@ -3,8 +3,12 @@
 The models are the one schema: this turns their JSON schema into a Kubernetes structural schema
 (refs inlined, nullable unions collapsed, pydantic-only keywords dropped), adds the defaults so
 the API server stores complete objects, the printer columns of `kubectl get agj`, the status
-subresource, and CEL rules for the invariants CEL can express, so the API server rejects them
-even when the admission webhook is down.
+subresource, and CEL rules for what one object's schema needs (one volume source per volume; a
+name that leaves room for the retries' RayCluster names). The cross-field invariants CEL can
+express are not here but in the chart's ValidatingAdmissionPolicy (admissionpolicy.py), generated
+from the table the webhook evaluates (invariants.py): Helm never upgrades a CRD, so rules here
+would lag behind the webhook's (and one copy kept here by hand already refused PPO mini-batches
+the webhook admits), and the policy judges only the namespaces the webhook judges.
 
 Run `python -m asyncgrpo_api.crdgen` to rewrite crds/ and the Helm chart's byte copy of it;
 `--check` fails when either is stale.
@@ -53,52 +57,6 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
 ]
 
-_P = "self.grpo.numPromptsPerStep"
-_S = "self.asyncRL.maxStalenessVersions"
-_CAPACITY = f"{_P} * ({_S} + 1)"
-
-TRAINER_RULES: list[Schema] = [  # guarded by has() for the blocks they read: see build_crd
-    {
-        "rule": f"!({_S} == 0 && self.asyncRL.overSampling)",
-        "fieldPath": ".asyncRL.overSampling",
-        "message": "must be false when maxStalenessVersions is 0 (sync mode gates one dispatch batch per "
-        "trainer version); set overSampling: false or maxStalenessVersions >= 1",
-    },
-    {
-        "rule": "!(has(self.asyncRL.forceInOrder) && self.asyncRL.forceInOrder && self.asyncRL.overSampling)",
-        "fieldPath": ".asyncRL.forceInOrder",
-        "message": "cannot be true when overSampling is true (each dispatched batch must map to exactly "
-        "one step); set forceInOrder: false or overSampling: false",
-    },
-    {
-        "rule": "self.asyncRL.overSampling || !has(self.asyncRL.maxBufferedRollouts) || "
-        f"self.asyncRL.maxBufferedRollouts == {_CAPACITY}",
-        "fieldPath": ".asyncRL.maxBufferedRollouts",
-        "message": "must equal numPromptsPerStep x (maxStalenessVersions + 1) when overSampling is false; "
-        "set it to that product or leave it unset",
-    },
-    {
-        "rule": "!self.asyncRL.overSampling || !has(self.asyncRL.maxBufferedRollouts) || "
-        f"self.asyncRL.maxBufferedRollouts >= {_CAPACITY}",
-        "fieldPath": ".asyncRL.maxBufferedRollouts",
-        "message": "must be at least numPromptsPerStep x (maxStalenessVersions + 1) when overSampling is "
-        "true, or a step could starve",
-    },
-    {
-        "rule": "!has(self.asyncRL.minGroupsForStreamingTrain) || "
-        f"self.asyncRL.minGroupsForStreamingTrain <= {_P}",
-        "fieldPath": ".asyncRL.minGroupsForStreamingTrain",
-        "message": "must be at most numPromptsPerStep",
-    },
-    {
-        "rule": "!has(self.policy.trainGlobalBatchSize) || "
-        f"self.policy.trainGlobalBatchSize == {_P} * self.grpo.numGenerationsPerPrompt",
-        "fieldPath": ".policy.trainGlobalBatchSize",
-        "message": "must equal numPromptsPerStep x numGenerationsPerPrompt (one RL step is one optimizer "
-        "step); set it to that product or leave it unset",
-    },
-]
-
 VOLUME_RULES: list[Schema] = [
     {
         "rule": "[has(self.pvc), has(self.hostPath), has(self.emptyDir)].filter(x, x).size() == 1",
@@ -119,10 +77,6 @@ def build_crd() -> Schema:
     """The CustomResourceDefinition object, as a dict ready to dump."""
     spec_schema = _structural(AsyncGRPOJobSpec.model_json_schema(by_alias=True), with_defaults=True)
     status_schema = _structural(AsyncGRPOJobStatus.model_json_schema(by_alias=True), with_defaults=False)
-    spec_schema["properties"]["trainer"]["x-kubernetes-validations"] = [
-        {**rule, "rule": f"!has(self.grpo) || !has(self.asyncRL) || !has(self.policy) || ({rule['rule']})"}
-        for rule in TRAINER_RULES
-    ]
     for volume in spec_schema["properties"]["storage"]["properties"].values():
         volume["x-kubernetes-validations"] = VOLUME_RULES
     root: Schema = {

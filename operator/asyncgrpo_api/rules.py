@@ -5,6 +5,8 @@ trainer all call, so a job is judged the same way everywhere. Every finding name
 as the user wrote it (camelCase, with list indices) and says how to fix it. Errors reject the job;
 warnings accept it and are shown to the user (admission warnings, CLI output).
 
+The invariants CEL can express are a table in invariants.py, which the chart's
+ValidatingAdmissionPolicy is generated from (admissionpolicy.py); the rules here are the others.
 The async_rl invariants (P = numPromptsPerStep, N = numGenerationsPerPrompt,
 S = maxStalenessVersions) and why they exist are documented in docs/guides/async-modes.md.
 """
@@ -20,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from asyncgrpo_api import quantity
+from asyncgrpo_api import invariants, quantity
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
@@ -207,84 +209,16 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-# --- async_rl invariants (the knob table) --------------------------------------------------------
+# --- the invariants CEL can express (invariants.py; the chart's ValidatingAdmissionPolicy too) ---
 
 
-def _sync_mode_without_over_sampling(job: AsyncGRPOJob) -> Iterator[Finding]:
-    rl = job.spec.trainer.async_rl
-    if rl.max_staleness_versions == 0 and rl.over_sampling:
-        yield Finding(
-            f"{ASYNC_RL}.overSampling",
-            "must be false when maxStalenessVersions is 0: sync mode dispatches exactly one batch per "
-            "trainer version, which over-sampling bypasses. Set overSampling: false, or set "
-            "maxStalenessVersions >= 1 for asynchronous training",
-        )
+def _invariants(job: AsyncGRPOJob) -> Iterator[Finding]:
+    spec = job.spec.model_dump(mode="json", by_alias=True)
+    for invariant, message in invariants.violations(spec):
+        yield Finding(invariant.path, message)
 
 
-def _in_order_without_over_sampling(job: AsyncGRPOJob) -> Iterator[Finding]:
-    rl = job.spec.trainer.async_rl
-    if rl.force_in_order is True and rl.over_sampling:
-        yield Finding(
-            f"{ASYNC_RL}.forceInOrder",
-            "cannot be true when overSampling is true: each dispatched batch must map to exactly one "
-            "step. Set forceInOrder: false (streaming, over-sampled) or overSampling: false (exact "
-            "batch-to-step matching)",
-        )
-
-
-def _buffer_capacity(job: AsyncGRPOJob) -> Iterator[Finding]:
-    trainer = job.spec.trainer
-    rl = trainer.async_rl
-    if rl.max_buffered_rollouts is None:
-        return
-    need = trainer.required_buffer_capacity
-    p, s = trainer.grpo.num_prompts_per_step, rl.max_staleness_versions
-    formula = f"numPromptsPerStep x (maxStalenessVersions + 1) = {p} x {s + 1} = {need}"
-    if not rl.over_sampling and rl.max_buffered_rollouts != need:
-        yield Finding(
-            f"{ASYNC_RL}.maxBufferedRollouts",
-            f"must equal {formula} when overSampling is false; got {rl.max_buffered_rollouts}. Set it "
-            f"to {need} or leave it unset",
-        )
-    if rl.over_sampling and rl.max_buffered_rollouts < need:
-        yield Finding(
-            f"{ASYNC_RL}.maxBufferedRollouts",
-            f"must be at least {formula} when overSampling is true, or a step could starve; got "
-            f"{rl.max_buffered_rollouts}. Raise it to {need} or more",
-        )
-
-
-def _streaming_chunk(job: AsyncGRPOJob) -> Iterator[Finding]:
-    trainer = job.spec.trainer
-    chunk = trainer.async_rl.min_groups_for_streaming_train
-    p = trainer.grpo.num_prompts_per_step
-    if chunk is not None and chunk > p:
-        yield Finding(
-            f"{ASYNC_RL}.minGroupsForStreamingTrain",
-            f"must be at most numPromptsPerStep ({p}): a step trains on {p} prompt groups, so a larger "
-            f"chunk could never fill; got {chunk}. Set it to {p} or less",
-        )
-
-
-def _whole_mini_batches(job: AsyncGRPOJob) -> Iterator[Finding]:
-    trainer = job.spec.trainer
-    gbs, samples = trainer.policy.train_global_batch_size, trainer.samples_per_step
-    if gbs is None:
-        return
-    p, n = trainer.grpo.num_prompts_per_step, trainer.grpo.num_generations_per_prompt
-    if gbs > samples or samples % gbs:
-        yield Finding(
-            f"{TRAINER}.policy.trainGlobalBatchSize",
-            f"must divide numPromptsPerStep x numGenerationsPerPrompt = {p} x {n} = {samples} (each RL "
-            f"step is {samples} / trainGlobalBatchSize optimizer steps); got {gbs}. Use a divisor of "
-            f"{samples}, or leave it unset for one optimizer step per RL step",
-        )
-    elif gbs < samples and trainer.policy.backend == "megatron":
-        yield Finding(
-            f"{TRAINER}.policy.trainGlobalBatchSize",
-            f"below P x N = {samples} (PPO mini-batches) runs on the torch policy backend; the megatron "
-            "backend takes one optimizer step per RL step. Leave it unset or use policy.backend torch",
-        )
+# --- batch arithmetic over the policy pool ---------------------------------------------------------
 
 
 def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
@@ -293,7 +227,7 @@ def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
     micro = trainer.policy.train_micro_batch_size
     ranks = policy_data_parallel_size(job)
     if trainer.samples_per_step % gbs:
-        return  # _whole_mini_batches reports it
+        return  # invariants.py's globalBatchNotADivisor reports it
     if gbs == trainer.samples_per_step:
         field, what = f"{TRAINER}.grpo.numPromptsPerStep", "numPromptsPerStep x numGenerationsPerPrompt"
     else:
@@ -312,8 +246,10 @@ def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
-def _loss_variants(job: AsyncGRPOJob) -> Iterator[Finding]:
-    """The GRPO variants' combinations that have no meaning (NeMo-RL refuses the same ones)."""
+def _truncation_bounds(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """The truncation window of icepop and seq-mask-tis (NeMo-RL refuses the same). Not in
+    invariants.py: truncatedImportanceSamplingRatio is nullable, and CEL implementations disagree
+    on comparisons with null."""
     loss = job.spec.trainer.loss
     path = f"{TRAINER}.loss"
     kind = loss.truncated_importance_sampling_type
@@ -338,37 +274,6 @@ def _loss_variants(job: AsyncGRPOJob) -> Iterator[Finding]:
             f"{path}.truncatedImportanceSamplingRatioMin",
             f"must be at most truncatedImportanceSamplingRatio ({hi}); got {lo}",
         )
-    if loss.sequence_level_importance_ratios and kind == "seq-mask-tis":
-        yield Finding(
-            f"{path}.sequenceLevelImportanceRatios",
-            "cannot be combined with truncatedImportanceSamplingType seq-mask-tis, which masks "
-            "sequences but weights tokens; use tis or icepop (they then act on the sequence's weight) "
-            "or set this false",
-        )
-    if loss.sequence_level_importance_ratios and loss.token_level_loss:
-        yield Finding(
-            f"{path}.sequenceLevelImportanceRatios",
-            "needs tokenLevelLoss false: GSPO averages each sequence's loss over its tokens, then over "
-            "sequences; set loss.tokenLevelLoss false",
-        )
-    if loss.constant_normalizer and not loss.token_level_loss:
-        yield Finding(
-            f"{path}.constantNormalizer",
-            "needs tokenLevelLoss true: Dr. GRPO sums the loss over tokens and divides by samples x "
-            "generation.maxNewTokens, which replaces the per-sequence means; set loss.tokenLevelLoss true",
-        )
-
-
-def _megatron_samples_unfiltered(job: AsyncGRPOJob) -> Iterator[Finding]:
-    trainer = job.spec.trainer
-    g = trainer.generation
-    if trainer.policy.backend == "megatron" and (g.top_p < 1 or g.top_k is not None):
-        yield Finding(
-            f"{TRAINER}.generation.topP" if g.top_p < 1 else f"{TRAINER}.generation.topK",
-            "top-p / top-k sampling needs the policy to score pi_old under the same filter for the "
-            "importance weight, which the megatron backend does not do; sample unfiltered (topP 1, topK "
-            "unset) or use policy.backend torch",
-        )
 
 
 def _inflight_within_buffer(job: AsyncGRPOJob) -> Iterator[Finding]:
@@ -382,102 +287,7 @@ def _inflight_within_buffer(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
-def _watchdog_outlasts_rollouts(job: AsyncGRPOJob) -> Iterator[Finding]:
-    rl = job.spec.trainer.async_rl
-    if rl.rollout_timeout_seconds is not None and rl.stall_timeout_seconds <= rl.rollout_timeout_seconds:
-        yield Finding(
-            f"{ASYNC_RL}.stallTimeoutSeconds",
-            f"must be greater than rolloutTimeoutSeconds ({rl.rollout_timeout_seconds:g}), or the "
-            f"watchdog fires before a slow rollout can time out and retry",
-        )
-
-
-# --- model, sequence lengths ---------------------------------------------------------------------
-
-
-def _model_source(job: AsyncGRPOJob) -> Iterator[Finding]:
-    model = job.spec.trainer.model
-    if model.source == "pretrained" and model.path is None:
-        yield Finding(
-            f"{TRAINER}.model.path",
-            "is required when source is pretrained: the directory of a Hugging Face checkpoint, e.g. "
-            "under storage.models.mountPath",
-        )
-    data = job.spec.trainer.data
-    if model.source == "tiny" and data.chat_template:
-        yield Finding(
-            f"{TRAINER}.data.chatTemplate",
-            "must not be true with model.source tiny: the tiny model's character tokenizer has no chat "
-            "template; remove it or use a pretrained checkpoint",
-        )
-    if data.system_prompt is not None and (model.source == "tiny" or data.chat_template is False):
-        yield Finding(
-            f"{TRAINER}.data.systemPrompt",
-            "is only used inside a chat template (model.source pretrained, data.chatTemplate not false); "
-            "remove it or enable the template",
-        )
-    if job.spec.trainer.generation.backend == "vllm" and model.source == "tiny":
-        yield Finding(
-            f"{TRAINER}.generation.backend",
-            "vllm serves Hugging Face checkpoints: set model.source pretrained and model.path (make a tiny "
-            "one with `asyncgrpo make-tiny-checkpoint DIR`), or use backend torch for the tiny model",
-        )
-    tiny = model.tiny
-    if model.source == "tiny":
-        if tiny.hidden_size % tiny.num_heads:
-            yield Finding(
-                f"{TRAINER}.model.tiny.numHeads",
-                f"must divide hiddenSize ({tiny.hidden_size}); got {tiny.num_heads}",
-            )
-        if tiny.num_heads % tiny.num_kv_heads:
-            yield Finding(
-                f"{TRAINER}.model.tiny.numKvHeads",
-                f"must divide numHeads ({tiny.num_heads}); got {tiny.num_kv_heads}",
-            )
-
-
-def _sequence_fits(job: AsyncGRPOJob) -> Iterator[Finding]:
-    trainer = job.spec.trainer
-    total = trainer.data.max_prompt_length + trainer.generation.max_new_tokens
-    if total > trainer.model.max_sequence_length:
-        yield Finding(
-            f"{TRAINER}.generation.maxNewTokens",
-            f"data.maxPromptLength + generation.maxNewTokens = {trainer.data.max_prompt_length} + "
-            f"{trainer.generation.max_new_tokens} = {total} exceeds model.maxSequenceLength "
-            f"({trainer.model.max_sequence_length}); lower one of them or raise maxSequenceLength",
-        )
-
-
-# --- data and rewards ----------------------------------------------------------------------------
-
-REWARD_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
-"""env.function: a dotted module path, a colon, a function name (what importlib can resolve)."""
-
-BUILTIN_PROMPT_SETS = frozenset({"reverse", "math"})
-"""Environments that ship prompts, so that a job without data.trainPath has something to train on."""
-
-
-def _data_and_env(job: AsyncGRPOJob) -> Iterator[Finding]:
-    """What the spec alone shows about data and rewards; what only the files show (a missing file,
-    a row without the key, a function that cannot be imported) fails the driver with InvalidData."""
-    data, env = job.spec.trainer.data, job.spec.trainer.env
-    if env.name not in BUILTIN_PROMPT_SETS and data.train_path is None:
-        yield Finding(
-            f"{TRAINER}.data.trainPath",
-            f"is required with env.name {env.name}, which has no built-in prompt set: point it at a "
-            f"JSONL, JSON or Parquet file (or a save_to_disk directory) on a volume",
-        )
-    if data.prompt_key == data.answer_key:
-        yield Finding(
-            f"{TRAINER}.data.answerKey",
-            f"must differ from promptKey (both {data.prompt_key!r}): the prompt would be its own answer",
-        )
-    if env.function is not None and not REWARD_FUNCTION.fullmatch(env.function):
-        yield Finding(
-            f"{TRAINER}.env.function",
-            f'must be "package.module:function" (a module importable in the trainer image, a colon, a '
-            f"function name); got {env.function!r}",
-        )
+# --- data ----------------------------------------------------------------------------------------
 
 
 def _warn_unread_data_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
@@ -976,18 +786,9 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
 _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _names_fit,
     _annotations_fit,
-    _sync_mode_without_over_sampling,
-    _in_order_without_over_sampling,
-    _buffer_capacity,
-    _streaming_chunk,
-    _whole_mini_batches,
+    _invariants,
     _batch_divides,
-    _loss_variants,
-    _megatron_samples_unfiltered,
-    _watchdog_outlasts_rollouts,
-    _model_source,
-    _sequence_fits,
-    _data_and_env,
+    _truncation_bounds,
     _gpu_layout,
     _gpus_not_in_resources,
     _requests_within_limits,

@@ -25,6 +25,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from asyncgrpo_operator import naming
 from asyncgrpo_operator.metrics import Metrics
+from asyncgrpo_operator.metrics_access import Identity, identity_from_review
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +426,30 @@ class Api:
             f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
         )
         await self._delete(f"{path}/{name}", uid)
+
+    # --- who may read /metrics (metrics_access.py) -----------------------------------------------
+
+    async def review_token(self, token: str) -> Identity | None:
+        """A TokenReview: the token's identity, or None when the API server does not know it."""
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        answer = await self.request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review)
+        return identity_from_review(answer.get("status") or {})
+
+    async def review_access(self, identity: Identity, path: str, verb: str) -> bool:
+        """A SubjectAccessReview: whether `identity` may `verb` the non-resource URL `path`."""
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": identity.username,
+                "uid": identity.uid,
+                "groups": list(identity.groups),
+                "extra": {key: list(values) for key, values in identity.extra},
+                "nonResourceAttributes": {"path": path, "verb": verb},
+            },
+        }
+        answer = await self.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review)
+        return (answer.get("status") or {}).get("allowed") is True
 
     # --- events ----------------------------------------------------------------------------------
 

@@ -10,12 +10,16 @@ What is measured, and where:
 
 One registry per operator (not prometheus_client's global one), so tests can run several
 operators in one process. The endpoint is an aiohttp app on the operator's event loop, on
-ASYNCGRPO_METRICS_PORT (the chart sets it to `metrics.port`); unset, nothing is served.
+ASYNCGRPO_METRICS_PORT (the chart sets it to `metrics.port`); unset, nothing is served. With
+ASYNCGRPO_METRICS_SECURE=true (the chart's default, `metrics.secure`) it is HTTPS
+(metrics_tls.py) and answers only callers whose bearer token RBAC lets `get` /metrics
+(metrics_access.py); otherwise plain HTTP to anyone who reaches the port.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import get_args
 
@@ -25,10 +29,18 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from asyncgrpo_api.v1alpha1.job import Phase
+from asyncgrpo_operator.metrics_access import METRICS_PATH, MetricsAccess, Verdict
 
 log = logging.getLogger(__name__)
 
 PORT_ENV = "ASYNCGRPO_METRICS_PORT"
+SECURE_ENV = "ASYNCGRPO_METRICS_SECURE"
+"""true: HTTPS, and only for bearer tokens RBAC lets get /metrics (default false: plain HTTP)."""
+CERT_DIR_ENV = "ASYNCGRPO_METRICS_CERT_DIR"
+"""Folder with tls.crt and tls.key for HTTPS (the chart: the webhook's); unset, a self-signed one."""
+CERT_CHECK_ENV = "ASYNCGRPO_METRICS_CERT_CHECK_SECONDS"
+"""How often those files are re-read (default 60; the chart: webhook.certCheckSeconds, as for the
+webhook, which serves the same certificate)."""
 PHASES: tuple[Phase, ...] = get_args(Phase)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -145,17 +157,44 @@ def _count(values: Iterable[str]) -> dict[str, int]:
     return out
 
 
-async def serve(metrics: Metrics, port: int, host: str = "0.0.0.0") -> web.AppRunner:
-    """Serve GET /metrics on host:port; returns the runner to clean up at shutdown."""
+REFUSALS: Mapping[Verdict, tuple[int, str]] = {
+    "unauthenticated": (401, "Unauthorized: send a bearer token the API server knows\n"),
+    "forbidden": (403, "Forbidden: RBAC does not let this identity get /metrics\n"),
+}
 
-    async def scrape(_: web.Request) -> web.Response:
+
+async def serve(
+    metrics: Metrics,
+    port: int,
+    host: str = "0.0.0.0",
+    *,
+    tls: ssl.SSLContext | None = None,
+    access: MetricsAccess | None = None,
+) -> web.AppRunner:
+    """Serve GET /metrics on host:port (over `tls`, to callers `access` allows, when given);
+    returns the runner to clean up at shutdown."""
+
+    async def scrape(request: web.Request) -> web.Response:
+        if access is not None:
+            try:
+                verdict = await access.check(request.headers.get("Authorization"))
+            except Exception as exc:  # the API server did not answer: refuse this scrape only
+                log.warning("could not review a metrics scrape's token: %s", exc)
+                return web.Response(status=500, text="could not review the token with the API server\n")
+            if verdict != "allowed":
+                status, text = REFUSALS[verdict]
+                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                return web.Response(status=status, text=text, headers=headers)
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
-    app.router.add_get("/metrics", scrape)
+    app.router.add_get(METRICS_PATH, scrape)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    log.info("serving Prometheus metrics", extra={"port": port, "path": "/metrics"})
+    await web.TCPSite(runner, host, port, ssl_context=tls).start()
+    log.info(
+        "serving Prometheus metrics",
+        extra={"port": port, "https": tls is not None, "token_reviewed": access is not None},
+    )
     return runner

@@ -19,18 +19,20 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from asyncgrpo_operator import k8s, naming, progress
+from asyncgrpo_operator import k8s, metrics_tls, naming, progress
 from asyncgrpo_operator import metrics as metrics_module
 from asyncgrpo_operator.cache import Cache, Key
 from asyncgrpo_operator.controller import Controller
 from asyncgrpo_operator.informer import Informer, Sink
 from asyncgrpo_operator.leader import LeaseElector, Timing
 from asyncgrpo_operator.metrics import Metrics
+from asyncgrpo_operator.metrics_access import MetricsAccess
 from asyncgrpo_operator.observed import DriverExit, PodView
 from asyncgrpo_operator.reconciler import ConflictError, Reconciler
 
@@ -70,6 +72,8 @@ class Runtime:
     elector: LeaseElector | None = None
     elector_task: asyncio.Task[None] | None = None
     metrics_server: web.AppRunner | None = None
+    metrics_certificate: asyncio.Task[None] | None = None
+    """Reloads the metrics endpoint's certificate when its files change (HTTPS only)."""
     admission_dry_run: bool = True
     dry_runs_in_flight: int = 0
     """The admission webhook's RayCluster dry-runs running now (dryrun.MAX_IN_FLIGHT bounds it)."""
@@ -195,10 +199,24 @@ async def start(memo: Any) -> Runtime:
     )
     port = os.environ.get(metrics_module.PORT_ENV)
     if port:
-        runtime.metrics_server = await metrics_module.serve(metrics, int(port))
+        await _serve_metrics(runtime, int(port))
     memo[MEMO_KEY] = runtime
     log.info("controller started", extra={"namespaces": namespaces or "all", "progress_url": template})
     return runtime
+
+
+async def _serve_metrics(runtime: Runtime, port: int) -> None:
+    """Plain /metrics, or (ASYNCGRPO_METRICS_SECURE) HTTPS for the callers RBAC lets read it."""
+    if os.environ.get(metrics_module.SECURE_ENV, "").lower() not in {"1", "true", "yes"}:
+        runtime.metrics_server = await metrics_module.serve(runtime.metrics, port)
+        return
+    cert_dir = os.environ.get(metrics_module.CERT_DIR_ENV)
+    tls = metrics_tls.serving_tls(Path(cert_dir) if cert_dir else None)
+    runtime.metrics_server = await metrics_module.serve(
+        runtime.metrics, port, tls=tls.context, access=MetricsAccess(runtime.api)
+    )
+    every = float(os.environ.get(metrics_module.CERT_CHECK_ENV) or metrics_tls.CHECK_SECONDS)
+    runtime.metrics_certificate = asyncio.create_task(tls.follow(every), name="asyncgrpo-metrics-certificate")
 
 
 async def resync_keys(api: k8s.Api, cache: Cache, scopes: Iterable[str | None]) -> list[Key]:
@@ -228,6 +246,7 @@ async def stop(memo: Any) -> None:
     if runtime.elector is not None:
         await _cancel(runtime.elector_task)
         await runtime.elector.release()
+    await _cancel(runtime.metrics_certificate)
     if runtime.metrics_server is not None:
         await runtime.metrics_server.cleanup()
     await runtime.session.close()

@@ -13,9 +13,10 @@
   handler failures (WARNING and above), as component asyncgrpo-operator.
 - Watching: kopf watches only the jobs (the children are the informers', informer.py), with
   explicit timeouts so a silently dead watch is noticed and re-established (kopf#204, #698).
-- Peering: standalone. The chart runs one replica (strategy Recreate); the reconcile is safe even
-  with two active replicas (deterministic names, UID preconditions, resourceVersion on status
-  writes), so peering would only save duplicate work and requires the KopfPeering CRDs.
+- Peering: standalone. The chart runs two replicas with our own Lease election (leader.py), so
+  only one reconciles; the reconcile is safe even with two active replicas (deterministic names,
+  UID preconditions, resourceVersion on status writes). kopf's peering would need the KopfPeering
+  CRDs for what the Lease already does.
 - Admission: the webhook (webhook.py) is configured here; the chart owns its configuration.
 """
 

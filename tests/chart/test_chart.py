@@ -28,11 +28,17 @@ def env(objects: Objects) -> dict[str, str]:
 
 
 AGGREGATED = "agrpo-asyncgrpo-operator-edit", "agrpo-asyncgrpo-operator-view"
+METRICS_READER = "agrpo-asyncgrpo-operator-metrics-reader"
 
 
 def operator_role(objects: Objects) -> dict[str, Any]:
-    """The ClusterRole bound to the operator (the others are users', aggregated into edit/view)."""
-    (role,) = [o for o in by_kind(objects, "ClusterRole") if o["metadata"]["name"] not in AGGREGATED]
+    """The ClusterRole bound to the operator (the others are users': aggregated into edit/view,
+    and the right to read /metrics)."""
+    (role,) = [
+        o
+        for o in by_kind(objects, "ClusterRole")
+        if o["metadata"]["name"] not in {*AGGREGATED, METRICS_READER}
+    ]
     return role
 
 
@@ -72,12 +78,18 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
             "ClusterRole",  # the operator's
             "ClusterRole",  # users': aggregated into edit and admin
             "ClusterRole",  # users': aggregated into view
+            "ClusterRole",  # get /metrics, for Prometheus
             "ClusterRoleBinding",
+            "Role",  # the leader-election Lease
+            "RoleBinding",
+            "PodDisruptionBudget",  # two replicas: one keeps serving the webhook through a drain
             "Deployment",
             "Service",  # webhook
             "Service",  # metrics
             "Secret",  # generated webhook certificate
             "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",  # the invariants CEL can express, while no webhook answers
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
 
@@ -110,7 +122,6 @@ def test_operator_runs_its_own_entrypoint_on_all_namespaces(default_objects: Obj
     assert c["command"] == ["python", "-m", "asyncgrpo_operator"]
     assert "--log-format=json" in c["args"]
     assert not [a for a in c["args"] if a.startswith("--namespace")]
-    assert one(default_objects, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def test_webhook_certificate_is_mounted_where_the_operator_reads_it(default_objects: Objects) -> None:
@@ -130,8 +141,6 @@ def test_rbac_grants_no_secrets_and_no_wildcards(default_objects: Objects) -> No
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
         assert "secrets" not in rule["resources"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
-    assert not by_kind(default_objects, "Role"), "no namespaced Roles unless leader election is on"
-    assert not by_kind(default_objects, "PodDisruptionBudget"), "a PDB on one replica would block drains"
 
 
 def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
@@ -159,7 +168,10 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "", "events") == {"create"}
     assert granted(rules, "", "namespaces") == {"list", "watch"}
     assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
-    assert not granted(rules, "coordination.k8s.io", "leases"), "no leader election: kopf runs standalone"
+    # who scrapes /metrics (metrics.secure): the caller's token, then its right to get /metrics
+    assert granted(rules, "authentication.k8s.io", "tokenreviews") == {"create"}
+    assert granted(rules, "authorization.k8s.io", "subjectaccessreviews") == {"create"}
+    assert not granted(rules, "coordination.k8s.io", "leases"), "the Lease is a Role in the release namespace"
     assert not granted(rules, "admissionregistration.k8s.io", "validatingwebhookconfigurations"), (
         "the chart owns the webhook configuration; the operator must not be able to rewrite it"
     )
@@ -173,7 +185,14 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
 def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_namespaced_cluster_wide(
     helm_bin: Path,
 ) -> None:
-    objects = template(helm_bin, {"operator.watchNamespaces": ["team-a", "team-b"]})
+    objects = template(
+        helm_bin,
+        {
+            "operator.watchNamespaces": ["team-a", "team-b"],
+            "replicaCount": 1,
+            "leaderElection.enabled": False,
+        },
+    )
     cluster_rules = operator_role(objects)["rules"]
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
         "customresourcedefinitions",
@@ -181,6 +200,8 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
         "resourceflavors",
         "workloadpriorityclasses",
         "priorityclasses",
+        "tokenreviews",
+        "subjectaccessreviews",
     }
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
@@ -369,7 +390,9 @@ def test_non_default_values_reach_the_objects(helm_bin: Path) -> None:
 
 BAD_VALUES = [
     pytest.param(
-        {"replicaCount": 2}, "needs leaderElection.enabled=true", id="two-replicas-without-leader-election"
+        {"leaderElection.enabled": False},
+        "needs leaderElection.enabled=true",
+        id="two-replicas-without-leader-election",
     ),
     pytest.param({"replicaCount": 11}, "replicaCount", id="too-many-replicas"),
     pytest.param({"webhook.failurePolicy": "Sometimes"}, "failurePolicy", id="unknown-failure-policy"),
@@ -383,8 +406,12 @@ BAD_VALUES = [
 ]
 
 
-def test_leader_election_allows_replicas_with_a_lease_role_rolling_updates_and_a_pdb(helm_bin: Path) -> None:
-    objects = template(helm_bin, {"replicaCount": 2, "leaderElection.enabled": True})
+def test_by_default_two_replicas_elect_a_leader_roll_and_keep_one_through_drains(
+    default_objects: Objects,
+) -> None:
+    """The webhook's failurePolicy Fail refuses every job write while no replica answers: two
+    replicas with a PodDisruptionBudget keep one answering through an upgrade or a node drain."""
+    objects = default_objects
     deployment = one(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"] == {
@@ -407,6 +434,30 @@ def test_leader_election_allows_replicas_with_a_lease_role_rolling_updates_and_a
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     pdb = one(objects, "PodDisruptionBudget")
     assert pdb["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+
+
+def test_the_replicas_prefer_different_nodes_unless_the_affinity_is_set(
+    default_objects: Objects, helm_bin: Path
+) -> None:
+    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    selector = one(default_objects, "Deployment")["spec"]["selector"]
+    assert term["podAffinityTerm"]["labelSelector"] == selector
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["podAntiAffinity"]
+    pinned = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    objects = template(helm_bin, {"affinity": pinned})
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["affinity"] == pinned
+
+
+def test_one_replica_without_leader_election_recreates_and_has_no_lease_role_or_pdb(helm_bin: Path) -> None:
+    objects = template(helm_bin, {"replicaCount": 1, "leaderElection.enabled": False})
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
+    assert "ASYNCGRPO_LEADER_ELECTION" not in env(objects)
+    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    assert not by_kind(objects, "PodDisruptionBudget"), "a PDB on one replica would block drains"
 
 
 def test_lease_name_in_the_role_is_the_operators() -> None:
@@ -466,6 +517,12 @@ def test_metrics_are_served_where_the_chart_points_the_service(default_objects: 
     values = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]
     ports = {p["name"]: p["containerPort"] for p in container(default_objects)["ports"]}
     assert env(default_objects)[metrics.PORT_ENV] == str(values["port"]) == str(ports["metrics"])
+    assert env(default_objects)[metrics.SECURE_ENV] == "true"
+    assert env(default_objects)[metrics.CERT_DIR_ENV] == str(DEFAULT_CERT_DIR), "the webhook's certificate"
+    assert (
+        env(default_objects)[metrics.CERT_CHECK_ENV]
+        == env(default_objects)["ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS"]
+    )
     service = next(
         s for s in by_kind(default_objects, "Service") if s["metadata"]["name"].endswith("-metrics")
     )
@@ -482,7 +539,16 @@ def test_a_service_monitor_scrapes_the_metrics_service_when_enabled(helm_bin: Pa
     service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-metrics"))
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["interval"] == "30s"
+    # HTTPS with Prometheus' own token, verified against the CA of the certificate the operator serves
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    secret = one(objects, "Secret")
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": secret["metadata"]["name"], "key": "ca.crt"}}
+    served = load_cert(secret["data"]["tls.crt"])
+    sans = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert endpoint["tlsConfig"]["serverName"] in sans.get_values_for_type(x509.DNSName)
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert not by_kind(
         template(helm_bin, {"metrics.enabled": False, "metrics.serviceMonitor.enabled": True}),
@@ -504,3 +570,55 @@ def test_kueue_may_read_the_jobs_only_when_asked(default_objects: Objects, helm_
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
     ]
+
+
+def test_prometheus_gets_the_metrics_reader_role_when_named(default_objects: Objects, helm_bin: Path) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(default_objects, "ClusterRole")}
+    assert roles[METRICS_READER]["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert METRICS_READER not in {
+        b["roleRef"]["name"] for b in by_kind(default_objects, "ClusterRoleBinding")
+    }
+    prometheus = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+    objects = template(helm_bin, {"metrics.readers": [prometheus]})
+    (binding,) = [b for b in by_kind(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == METRICS_READER]
+    assert binding["subjects"] == [prometheus]
+
+
+def test_insecure_metrics_are_plain_http_with_no_review_rights_and_no_reader_role(helm_bin: Path) -> None:
+    from asyncgrpo_operator import metrics  # noqa: PLC0415
+
+    objects = template(helm_bin, {"metrics.secure": False, "metrics.serviceMonitor.enabled": True})
+    assert metrics.SECURE_ENV not in env(objects)
+    rules = operator_role(objects)["rules"]
+    assert not granted(rules, "authentication.k8s.io", "tokenreviews")
+    assert not granted(rules, "authorization.k8s.io", "subjectaccessreviews")
+    assert METRICS_READER not in {r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")}
+    (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert "scheme" not in endpoint and "tlsConfig" not in endpoint
+
+
+def test_the_admission_policy_judges_what_the_webhook_judges_and_fails_closed(
+    default_objects: Objects, helm_bin: Path
+) -> None:
+    policy = one(default_objects, "ValidatingAdmissionPolicy")
+    webhook = webhook_entry(default_objects)
+    constraints = policy["spec"]["matchConstraints"]
+    assert constraints["resourceRules"] == webhook["rules"]
+    assert constraints["matchPolicy"] == webhook["matchPolicy"] == "Equivalent"
+    assert policy["spec"]["failurePolicy"] == "Fail", "every expression is proven not to fail"
+    generated = yaml.safe_load((CHART / "files" / "admission-policy.yaml").read_text())
+    assert {k: v for k, v in policy["spec"].items() if k != "matchConstraints"} == generated
+    binding = one(default_objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+    scoped = {
+        "webhook.namespaceSelector": {"matchLabels": {"asyncgrpo.dev/jobs": "enabled"}},
+        "webhook.objectSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]},
+    }
+    constraints = one(template(helm_bin, scoped), "ValidatingAdmissionPolicy")["spec"]["matchConstraints"]
+    assert constraints["namespaceSelector"] == scoped["webhook.namespaceSelector"]
+    assert constraints["objectSelector"] == scoped["webhook.objectSelector"]
+    off = template(helm_bin, {"admissionPolicy.enabled": False})
+    assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(
+        off, "ValidatingAdmissionPolicyBinding"
+    )

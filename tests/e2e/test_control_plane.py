@@ -314,9 +314,12 @@ def test_asyncgrpojob_crd_explain_shows_descriptions(
         assert " ".join(text.split())[:40] in squashed, f"description of spec.{field} missing from explain"
 
 
-def test_asyncgrpojob_cel_rule_rejects_sync_with_oversampling(
+def test_asyncgrpojob_cel_rule_rejects_a_name_without_room_for_its_retries(
     kube_api: Api, namespace: str, asyncgrpo_crd: JSON
 ) -> None:
+    """The CRD's own CEL (the cross-field invariants are the chart's ValidatingAdmissionPolicy's,
+    tests/e2e/test_admission_policy.py): the last retry's RayCluster `<name>-<backoffLimit>` must
+    fit KubeRay's 53 characters."""
     if not EXAMPLE_JOB.exists():
         pytest.skip(f"{EXAMPLE_JOB.relative_to(REPO)} does not exist yet")
     group = asyncgrpo_crd["spec"]["group"]
@@ -326,9 +329,9 @@ def test_asyncgrpojob_cel_rule_rejects_sync_with_oversampling(
     kube_api.request("POST", path, valid, query={"dryRun": "All"})  # the example itself is accepted
 
     invalid = copy.deepcopy(valid)
-    invalid["spec"]["trainer"]["asyncRL"].update(maxStalenessVersions=0, overSampling=True)
+    invalid["metadata"]["name"] = "x" * 52  # 52 + len("-2") > 53
+    invalid["spec"]["backoffLimit"] = 2
     with pytest.raises(ApiError) as exc:
         kube_api.create(path, invalid)
     assert exc.value.status == 422
-    assert "overSampling" in str(exc.value)
-    assert "maxStalenessVersions" in str(exc.value)
+    assert "metadata.name is too long" in str(exc.value)

@@ -382,9 +382,13 @@ def test_a_raycluster_with_the_jobs_name_but_another_owner_is_neither_adopted_no
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The operator's /metrics, parsed: sample name -> [(labels, value)]."""
+    """The operator's plain-HTTP /metrics (no ASYNCGRPO_METRICS_SECURE), parsed."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+        return samples_of(response.read().decode())
+
+
+def samples_of(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus' text format, parsed: sample name -> [(labels, value)]."""
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -31,8 +31,8 @@ from tests.chart.helm import NO_HELM, REPO, find_helm, template
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import ApiError
 from tests.cluster.samples import raycluster_path, wait_until
-from tests.e2e.test_operator_hardening import NO_HOST_NETWORK, host_network_refused, scrape, value
-from tests.webhook.cluster_harness import JOBS_PATH, Installation, running_chart
+from tests.e2e.test_operator_hardening import NO_HOST_NETWORK, host_network_refused, samples_of, value
+from tests.webhook.cluster_harness import JOBS_PATH, METRICS_READER, Installation, running_chart
 from tests.webhook.jobs import (
     INVALID_COMBINATIONS,
     SYNC_WITH_FORCE_IN_ORDER,
@@ -47,6 +47,7 @@ pytestmark = pytest.mark.cluster
 
 EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
 DENIED_BY_WEBHOOK = f'admission webhook "{WEBHOOK_NAME}" denied the request'
+DENIED_BY_POLICY = "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request"
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +199,12 @@ def test_each_mode_of_the_knob_table_is_admitted(chart: Installation, jobs_ns: s
 def test_each_invalid_combination_is_rejected_naming_the_field(
     chart: Installation, jobs_ns: str, case: Case
 ) -> None:
-    # The CRD's CEL rules run before admission webhooks, so these six are refused by the API
-    # server itself; the webhook would refuse them too (tests/webhook/test_review.py).
+    # The chart's ValidatingAdmissionPolicy runs before admission webhooks, so these six are
+    # refused by the API server itself; the webhook would refuse them too (tests/webhook/test_review.py).
     outcome = chart.kubectl.apply(jobs_ns, case.manifest)
     assert case.path is not None
     rejected(outcome.stderr, outcome.returncode, case.path)
+    assert DENIED_BY_POLICY.format(name=chart.fullname) in outcome.stderr
 
 
 @pytest.mark.parametrize("case", WEBHOOK_ONLY, ids=lambda c: c.id)
@@ -217,7 +219,9 @@ def test_rules_cel_cannot_express_are_denied_by_the_webhook(
 
 def test_every_error_is_listed_in_one_denial(chart: Installation, jobs_ns: str) -> None:
     manifest = job(
-        "two-errors", policy={"trainMicroBatchSize": 5}, trainer={"generation": {"backend": "vllm"}}
+        "two-errors",
+        policy={"trainMicroBatchSize": 5},
+        trainer={"loss": {"truncatedImportanceSamplingType": "icepop"}},
     )
     outcome = chart.kubectl.apply(jobs_ns, manifest)
     assert DENIED_BY_WEBHOOK in outcome.stderr
@@ -325,12 +329,18 @@ def test_a_job_whose_raycluster_the_api_server_would_refuse_is_refused_at_apply(
 def test_admissions_and_dry_runs_are_counted_in_the_operators_metrics(
     chart: Installation, jobs_ns: str
 ) -> None:
-    assert chart.metrics_port is not None
-    before = scrape(chart.metrics_port)
+    token = chart.token(METRICS_READER)
+
+    def scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
+        status, text = chart.read_metrics(token)
+        assert status == 200, text
+        return samples_of(text)
+
+    before = scrape()
     assert chart.kubectl.apply(jobs_ns, job("counted")).returncode == 0
-    refused = chart.kubectl.apply(jobs_ns, WEBHOOK_ONLY[0].manifest)  # past CEL, refused by the webhook
+    refused = chart.kubectl.apply(jobs_ns, WEBHOOK_ONLY[0].manifest)  # the policy lets it by, the webhook not
     assert refused.returncode != 0 and DENIED_BY_WEBHOOK in refused.stderr
-    after = scrape(chart.metrics_port)
+    after = scrape()
 
     def grew(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
@@ -349,20 +359,24 @@ def test_admissions_and_dry_runs_are_counted_in_the_operators_metrics(
 
 @pytest.fixture(scope="module")
 def plain_ns(chart: Installation) -> Iterator[str]:
-    """A namespace outside the webhook's namespaceSelector: only the CRD schema and CEL apply."""
+    """A namespace outside the webhook's namespaceSelector: only the CRD's schema applies."""
     name = chart.jobs_namespace("no-webhook", validated=False)
     yield name
     chart.delete_namespace(name)
 
 
-@pytest.mark.parametrize("case", INVALID_COMBINATIONS, ids=lambda c: c.id)
-def test_without_the_webhook_cel_still_rejects_the_knob_table(
-    chart: Installation, plain_ns: str, case: Case
+def test_outside_the_webhooks_namespaces_the_policy_does_not_judge_either(
+    chart: Installation, plain_ns: str
 ) -> None:
-    outcome = chart.kubectl.apply(plain_ns, case.manifest)
-    assert case.path is not None
-    rejected(outcome.stderr, outcome.returncode, case.path)
-    assert "admission webhook" not in outcome.stderr
+    """The policy is never stricter than the webhook: where webhook.namespaceSelector does not
+    reach, neither judges (the trainer still refuses the job at start), while the CRD's schema
+    and its own CEL (a volume's one source, the name's length) still do."""
+    outcome = chart.kubectl.apply(plain_ns, INVALID_COMBINATIONS[0].manifest)
+    assert outcome.returncode == 0, outcome.stderr
+    too_long = job("x" * 52)
+    refused = chart.kubectl.apply(plain_ns, too_long)
+    rejected(refused.stderr, refused.returncode, "metadata.name")
+    assert "admission webhook" not in refused.stderr and "ValidatingAdmissionPolicy" not in refused.stderr
 
 
 def test_with_the_operator_down_deletion_and_metadata_updates_still_pass(
@@ -377,11 +391,13 @@ def test_with_the_operator_down_deletion_and_metadata_updates_still_pass(
     # failurePolicy Fail: a new job is refused while nothing could run it ...
     refused = chart.kubectl.apply(jobs_ns, VALID_MODES[2].manifest)
     assert refused.returncode != 0 and "failed calling webhook" in refused.stderr, refused.stderr
-    # ... CEL still names the field of an invalid one (it runs before any webhook) ...
+    # ... the ValidatingAdmissionPolicy still names the field of an invalid one (the API server
+    # evaluates it before any webhook) ...
     bad = INVALID_COMBINATIONS[0]
     cel = chart.kubectl.apply(jobs_ns, bad.manifest)
     assert bad.path is not None
     rejected(cel.stderr, cel.returncode, bad.path)
+    assert DENIED_BY_POLICY.format(name=chart.fullname) in cel.stderr
     # ... and labels, finalizers and deletion never reach the webhook (matchConditions).
     label = chart.kubectl("label", "-n", jobs_ns, "asyncgrpojob", "held-while-down", "team=rl")
     assert label.returncode == 0, label.stderr

@@ -25,6 +25,7 @@ from tests.cluster.cluster import LocalCluster
 from tests.e2e.test_operator import ProgressServer
 from tests.reliability.apiproxy import RecordingProxy
 from tests.webhook.cluster_harness import Installation
+from tests.webhook.server import free_port
 
 
 def count(name: str, default: int) -> int:
@@ -74,6 +75,7 @@ def chart(local_cluster: LocalCluster, progress_server: ProgressServer) -> Itera
         proxy=proxy,
         progress_url_template=progress_server.template,
         watch_jobs_ns_only=True,
+        metrics_port=free_port(),
     )
     installation.install()
     try:

@@ -32,7 +32,7 @@ from tests.cluster.samples import pods, wait_until
 from tests.e2e.test_operator import ProgressServer, end_driver, head_pod, job_manifest
 from tests.reliability.apiproxy import Permission, implied_permissions, permission
 from tests.reliability.conftest import ProxiedInstallation
-from tests.webhook.cluster_harness import JOBS_PATH
+from tests.webhook.cluster_harness import JOBS_PATH, METRICS_READER
 
 KUEUE_INSTALLED_ONLY = {
     Permission("kueue.x-k8s.io", "workloads", "create"),
@@ -146,6 +146,10 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     api.create(JOBS_PATH.format(ns=ns), queued)
     _wait_status(api, ns, "rbac-queued", lambda s: s.get("phase") == "Queued", "Queued")
     api.delete(f"{JOBS_PATH.format(ns=ns)}/rbac-queued")
+    # Prometheus scrapes /metrics (metrics.secure): the operator reviews its token, then whether
+    # it may get /metrics; a token without the right is refused after the same two reviews.
+    assert chart.read_metrics(chart.token(METRICS_READER))[0] == 200
+    assert chart.read_metrics(chart.token("not-prometheus"))[0] == 403
     time.sleep(1)
 
     calls = list(proxy.calls)

@@ -1,9 +1,10 @@
 """One manifest, two judges: `asyncgrpo validate` offline and the real API server plus webhook.
 
 Why a dry-run create (`dryRun=All`): it runs the whole admission chain (decoding, structural schema,
-defaults, CEL, the validating webhook) exactly as `kubectl apply` would, but stores nothing, so
-thousands of cases leave no objects for the operator or the garbage collector. `fieldValidation=
-Strict` is what kubectl sends, so unknown fields are refused instead of silently pruned.
+defaults, CEL, the chart's ValidatingAdmissionPolicy, the validating webhook) exactly as `kubectl
+apply` would, but stores nothing, so thousands of cases leave no objects for the operator or the
+garbage collector. `fieldValidation=Strict` is what kubectl sends, so unknown fields are refused
+instead of silently pruned.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from tests.cluster.rest import Api
 
 JOBS = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
 WEBHOOK_DENIAL = f'admission webhook "{WEBHOOK_NAME}" denied the request'
+POLICY_DENIAL = "ValidatingAdmissionPolicy '"
+_POLICY_FINDING = re.compile(r"(?:\): | \| )((?:spec|metadata)[^\s:]*): ")
 REQUEST_TIMEOUT = 20.0
 _PATH = re.compile(r"(?<![\w.])((?:spec|metadata)(?:\.[A-Za-z0-9_-]+|\[\d+\])+|apiVersion|kind)")
 _WEBHOOK_LINE = re.compile(r"^- (\S+?): ", re.MULTILINE)
@@ -62,6 +65,8 @@ class ApiVerdict:
     message: str
     paths: list[str] = field(default_factory=list)
     by_webhook: bool = False
+    """Refused by the webhook or the chart's ValidatingAdmissionPolicy: both name every finding
+    in the rules' words, which `asyncgrpo validate` must report as well."""
     seconds: float = 0.0
 
     @property
@@ -119,7 +124,7 @@ def api_verdict(api: Api, namespace: str, manifest: Any) -> ApiVerdict:
         status=status,
         message=message,
         paths=api_paths(body),
-        by_webhook=WEBHOOK_DENIAL in message,
+        by_webhook=WEBHOOK_DENIAL in message or POLICY_DENIAL in message,
         seconds=seconds,
     )
 
@@ -129,6 +134,8 @@ def api_paths(body: dict[str, Any]) -> list[str]:
     message = str(body.get("message", ""))
     if WEBHOOK_DENIAL in message:
         return _WEBHOOK_LINE.findall(message)
+    if POLICY_DENIAL in message:
+        return _POLICY_FINDING.findall(message)
     found: list[str] = []
     for cause in (body.get("details") or {}).get("causes") or []:
         name = str(cause.get("field", "")).lstrip(".")

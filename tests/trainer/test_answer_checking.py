@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncgrpo_api import rules
+from asyncgrpo_api import invariants
 from asyncgrpo_trainer import envs
 from asyncgrpo_trainer.envs import math as math_env
 from asyncgrpo_trainer.envs.base import Example, Score
@@ -96,7 +96,7 @@ def test_gsm8k_compares_the_final_number_of_the_response(response: str, correct:
 def test_the_environments_admission_lets_run_without_a_data_file_are_those_with_prompts() -> None:
     for name in envs.REGISTRY:
         env = envs.build(name)
-        if name in rules.BUILTIN_PROMPT_SETS:
+        if name in invariants.BUILTIN_PROMPT_SETS:
             assert env.builtin_examples(split="train", count=4, seed=0)
         else:
             with pytest.raises(ValueError, match=r"set data\.trainPath"):

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,12 +33,15 @@ from typing import Any
 
 import yaml
 
-from tests.chart.helm import CHART, REPO, helm
+from tests.chart.helm import CHART, REPO, helm, set_args
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import Api, ApiError
 from tests.webhook.server import free_port
 
 SELECTOR_LABEL = "asyncgrpo.dev/webhook-e2e"
+METRICS_READER = "prometheus"
+"""The ServiceAccount (in the release namespace) the installation binds to the chart's
+metrics-reader ClusterRole through `metrics.readers`, as a user binds their Prometheus."""
 JOBS_PATH = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
 
 # Used when operator/asyncgrpo_operator/main.py does not (yet) configure the webhook itself: the
@@ -83,9 +88,11 @@ class Kubectl:
         argv = [str(self.binary), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.cache_dir}", *args]
         return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
 
-    def apply(self, namespace: str, manifest: dict[str, Any] | str) -> subprocess.CompletedProcess[str]:
+    def apply(
+        self, namespace: str, manifest: dict[str, Any] | str, *flags: str
+    ) -> subprocess.CompletedProcess[str]:
         text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
-        return self("apply", "-n", namespace, "-f", "-", stdin=text)
+        return self("apply", "-n", namespace, *flags, "-f", "-", stdin=text)
 
 
 @dataclass
@@ -104,7 +111,10 @@ class Installation:
     progress_url_template: str | None = None
     """Where the operator reads the drivers' /progress (the tests serve it; kwok runs no driver)."""
     metrics_port: int | None = None
-    """Serve the operator's /metrics on this port (as the chart's ASYNCGRPO_METRICS_PORT does)."""
+    """Serve the operator's /metrics on this port as the chart does: ASYNCGRPO_METRICS_PORT, over
+    HTTPS with the webhook's certificate, for tokens RBAC lets get /metrics (`read_metrics`)."""
+    values: dict[str, Any] = field(default_factory=dict)
+    """More chart values (dotted keys), e.g. {"webhook.failurePolicy": "Ignore"}."""
     watch_jobs_ns_only: bool = False
     """Install with operator.watchNamespaces = [jobs_ns]: the operator's rights on jobs and their
     children are then a Role in that namespace, not the ClusterRole."""
@@ -166,6 +176,7 @@ class Installation:
 
     def _helm_release(self, verb: str, *extra: str) -> None:
         selector = json.dumps({"matchLabels": {SELECTOR_LABEL: self.release}})
+        reader = json.dumps([{"kind": "ServiceAccount", "name": METRICS_READER, "namespace": self.namespace}])
         helm(
             verb,
             self.release,
@@ -179,13 +190,14 @@ class Installation:
             f"webhook.url=https://127.0.0.1:{self.port}",
             "--set-json",
             f"webhook.namespaceSelector={selector}",
-            "--set",
-            "leaderElection.enabled=true",
+            "--set-json",
+            f"metrics.readers={reader}",
             *(
                 ["--set-json", f'operator.watchNamespaces=["{self.jobs_ns}"]']
                 if self.watch_jobs_ns_only
                 else []
             ),
+            *set_args(self.values),
             helm_bin=self.helm_bin,
         )
 
@@ -222,17 +234,29 @@ class Installation:
         for key in ("tls.crt", "tls.key", "ca.crt"):
             (self.tls_dir / key).write_bytes(base64.b64decode(secret["data"][key]))
 
+    def token(self, service_account: str) -> str:
+        """A TokenRequest token of a ServiceAccount of the release namespace (created if missing)."""
+        accounts = f"/api/v1/namespaces/{self.namespace}/serviceaccounts"
+        try:
+            self.api.create(accounts, {"metadata": {"name": service_account}})
+        except ApiError as err:
+            if err.status != 409:
+                raise
+        return str(
+            self.api.create(
+                f"{accounts}/{service_account}/token",
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": 3600},
+                },
+            )["status"]["token"]
+        )
+
     def service_account_kubeconfig(self) -> Path:
         """A kubeconfig holding a TokenRequest token of the chart's ServiceAccount, nothing else."""
         sa = self.fullname
-        token = self.api.create(
-            f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 3600},
-            },
-        )["status"]["token"]
+        token = self.token(sa)
         admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
         cluster = admin["clusters"][0]["cluster"]
         config = {
@@ -274,8 +298,11 @@ class Installation:
         }
         if self.progress_url_template:
             env["ASYNCGRPO_PROGRESS_URL_TEMPLATE"] = self.progress_url_template
-        if self.metrics_port:
+        if self.metrics_port:  # as the chart's Deployment sets them (metrics.secure)
             env["ASYNCGRPO_METRICS_PORT"] = str(self.metrics_port)
+            env["ASYNCGRPO_METRICS_SECURE"] = "true"
+            env["ASYNCGRPO_METRICS_CERT_DIR"] = str(self.tls_dir)
+            env["ASYNCGRPO_METRICS_CERT_CHECK_SECONDS"] = env["ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS"]
         argv = [
             sys.executable,
             "-m",
@@ -319,6 +346,20 @@ class Installation:
                 return True
         except OSError:
             return False
+
+    def read_metrics(self, token: str | None) -> tuple[int, str]:
+        """GET /metrics as a scraper does: HTTPS verified with the chart's CA, the bearer token if
+        any. Returns the status and the body."""
+        assert self.metrics_port is not None, "installed without metrics_port"
+        request = urllib.request.Request(f"https://127.0.0.1:{self.metrics_port}/metrics")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        context = ssl.create_default_context(cafile=str(self.tls_dir / "ca.crt"))
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=context) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log.exists():

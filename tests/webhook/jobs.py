@@ -117,12 +117,13 @@ WEBHOOK_ONLY: tuple[Case, ...] = (
         "spec.trainer.policy.trainMicroBatchSize",
     ),
     Case(
-        "vllm-with-the-tiny-model",
-        job("bad-vllm-tiny", trainer={"generation": {"backend": "vllm"}}),
-        "spec.trainer.generation.backend",
+        "icepop-without-its-lower-bound",
+        job("bad-icepop", trainer={"loss": {"truncatedImportanceSamplingType": "icepop"}}),
+        "spec.trainer.loss.truncatedImportanceSamplingType",
     ),
 )
-"""Rules the CRD's CEL cannot express (arithmetic over the GPU layout): only the webhook catches them."""
+"""Rules the chart's ValidatingAdmissionPolicy does not hold (arithmetic over the policy pool; a
+nullable field): only the webhook catches them. The knob table above is the policy's too."""
 
 SYNC_WITH_FORCE_IN_ORDER = job(
     "sync-in-order", async_rl={"maxStalenessVersions": 0, "overSampling": False, "forceInOrder": True}
