@@ -92,8 +92,6 @@ def implied_permissions(call: Call) -> list[Permission]:
         body: Any = json.loads(call.body)
     except ValueError:
         return []
-    if not isinstance(body, dict):  # a JSON patch (a list of operations) sets no ownerReferences
-        return []
     out = []
     for ref in _owner_references(body):
         if ref.get("blockOwnerDeletion"):
