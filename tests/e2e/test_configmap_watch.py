@@ -20,8 +20,13 @@ from kubernetes_asyncio import client, config
 from asyncgrpo_operator import k8s, manifests, naming
 from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.informer import Informer
-from tests.cluster.rest import Api
-from tests.operator.builders import OWNER, job
+from asyncgrpo_operator.manifests import Owner
+from tests.cluster.rest import JSON, Api
+from tests.e2e import test_operator as base
+from tests.e2e.test_operator import create_job, job_manifest
+from tests.operator.builders import job
+
+asyncgrpo_crd = base.asyncgrpo_crd  # the fixture: the job that owns the spec ConfigMap
 
 FOREIGN = 100
 FOREIGN_BYTES = 512 << 10
@@ -61,7 +66,7 @@ async def cache_configmaps(kubeconfig: Path, namespace: str) -> tuple[Cache, int
 
 @pytest.mark.cluster
 def test_foreign_configmaps_with_a_jobs_label_are_neither_cached_nor_read(
-    kube_api: Api, kubeconfig: Path, namespace: str
+    kube_api: Api, kubeconfig: Path, namespace: str, asyncgrpo_crd: JSON
 ) -> None:
     path = f"/api/v1/namespaces/{namespace}/configmaps"
     for i in range(FOREIGN):
@@ -70,7 +75,11 @@ def test_foreign_configmaps_with_a_jobs_label_are_neither_cached_nor_read(
             path,
             {"metadata": {"name": f"job-{i}-spec", "labels": labels}, "data": {"blob": "x" * FOREIGN_BYTES}},
         )
-    ours = manifests.spec_configmap(job(), OWNER)  # job team/demo's, as the operator writes it
+    # The job exists: the garbage collector deletes a ConfigMap whose owner does not, and did so
+    # before the informer listed it on a CI run.
+    created = create_job(kube_api, namespace, job_manifest("demo"))
+    owner = Owner(name="demo", uid=created["metadata"]["uid"])
+    ours = manifests.spec_configmap(job(), owner)  # job demo's, as the operator writes it
     ours["metadata"]["namespace"] = namespace
     kube_api.create(path, ours)
 
@@ -78,7 +87,7 @@ def test_foreign_configmaps_with_a_jobs_label_are_neither_cached_nor_read(
 
     assert len(cache.configmaps) == 1, f"{len(cache.configmaps)} ConfigMaps cached"
     [view] = cache.configmaps.of((namespace, "demo"))
-    assert (view.name, view.owner_uid) == ("demo-spec", OWNER.uid)
+    assert (view.name, view.owner_uid) == ("demo-spec", owner.uid)
     assert view.digest == ours["metadata"]["annotations"][naming.SPEC_DIGEST_ANNOTATION]
     foreign_mib = FOREIGN * FOREIGN_BYTES >> 20
     assert peak < 8 << 20, f"listing took {peak / 2**20:.0f} MiB with {foreign_mib} MiB foreign"
