@@ -36,6 +36,7 @@ TRAINER_UID = 1000  # images/trainer.Dockerfile: USER 1000
 SELECTOR_LABEL = "asyncgrpo.dev/real-pods-e2e"
 """The jobs namespace's label that the installation's webhook selects (its value: the release)."""
 OPERATOR_READY_TIMEOUT = 300.0  # a 350 MB image's first container on 2 loaded cores
+WEBHOOK_ROUTED_TIMEOUT = 120.0
 DEMO_JOB = Path(__file__).resolve().parent / "demo-job.yaml"
 COMPONENTS = ("head", "policy-worker", "generation-worker")
 
@@ -144,6 +145,7 @@ class InClusterChart:
             helm_bin=self.helm_bin,
         )
         self.wait_operator_ready()
+        self.wait_webhook_answers()
         return time.monotonic() - t0
 
     def operator_pods(self) -> list[JSON]:
@@ -158,6 +160,28 @@ class InClusterChart:
             return wait_until(ready, "the operator pod Ready", timeout=OPERATOR_READY_TIMEOUT, interval=2)
         except TimeoutError:
             raise RuntimeError(f"operator pod not Ready:\n{self.describe()}") from None
+
+    def wait_webhook_answers(self) -> None:
+        """Until the API server reaches the webhook through its Service: a Ready pod is not yet a
+        routed one (the EndpointSlice controller and kube-proxy follow it, 10 s and more on 2
+        loaded cores), and with failurePolicy Fail every job write is refused until then. A server
+        dry-run of a valid job is admitted only once the webhook answers."""
+        probe = tiny_job("webhook-reachable")
+
+        def admitted() -> bool:
+            return self.kubectl.apply(self.jobs_ns, probe, "--dry-run=server").returncode == 0
+
+        try:
+            wait_until(
+                admitted,
+                "the webhook reached through its Service",
+                timeout=WEBHOOK_ROUTED_TIMEOUT,
+                interval=2,
+            )
+        except TimeoutError:
+            last = self.kubectl.apply(self.jobs_ns, probe, "--dry-run=server").stderr
+            slices = self.kubectl("get", "endpointslices", "-n", self.namespace, "-o", "wide").stdout
+            raise RuntimeError(f"the webhook never answered: {last}\n{slices}\n{self.describe()}") from None
 
     def describe(self) -> str:
         """The operator pods' status and log tails, for a failure message."""
