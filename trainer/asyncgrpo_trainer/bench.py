@@ -52,7 +52,7 @@ import ray
 import torch
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
-from asyncgrpo_trainer import driver, envs, floor, specmap, tracking
+from asyncgrpo_trainer import driver, envs, floor, learning_curves, specmap, tracking
 from asyncgrpo_trainer.models import directory
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
@@ -317,11 +317,6 @@ def measure(summary: dict[str, Any], shape: Shape) -> dict[str, Any]:
     }
 
 
-def steps_to(curve: dict[int, float], target: float) -> int | None:
-    """The first validated step whose held-out accuracy reached `target` (None: never)."""
-    return next((step for step, acc in sorted(curve.items()) if acc >= target), None)
-
-
 def run_floor(shape: Shape, steps: int, keep: str | None) -> dict[str, Any]:
     """The floor on the benchmark's shape; its records also go to TensorBoard under keep/floor."""
     t = AsyncGRPOJob.model_validate(job("sync", shape, steps=steps, kl=0.0, ckpt="/unused")).spec.trainer
@@ -367,7 +362,7 @@ def learning_markdown(results: dict[str, dict[str, Any]], target: float) -> str:
     ]
     for name, m in results.items():
         curve = {int(k): v for k, v in m["validation_accuracy"].items()}
-        reached = steps_to(curve, target)
+        reached = learning_curves.steps_to(curve, target)
         final = curve[max(curve)] if curve else float("nan")
         lines.append(
             f"| {name} | {m['samples_per_s']:.0f} | {m['samples_per_s'] / base:.2f}x | "
