@@ -56,28 +56,40 @@ def apply_override(trainer: dict[str, Any], assignment: str) -> None:
     node[field] = yaml.safe_load(value)
 
 
-def run_seed(template: dict[str, Any], models: Path, seed: int, steps: int) -> dict[str, Any]:
-    """One `asyncgrpo run` of `template` with grpo.seed = seed; its held-out curve and rewards."""
+class RunFailedError(RuntimeError):
+    """An `asyncgrpo run` that exited non-zero or ran past its time: a sweep records it and goes on."""
+
+
+def run_seed(
+    template: dict[str, Any], models: Path, seed: int, steps: int, timeout: float | None = None
+) -> dict[str, Any]:
+    """One `asyncgrpo run` of `template` with grpo.seed = seed; its held-out curve (and the samples
+    trained at each validation) and rewards."""
     job = json.loads(json.dumps(template))
     job["spec"]["trainer"]["grpo"].update(seed=seed, maxNumSteps=steps)
     with tempfile.TemporaryDirectory(prefix="asyncgrpo-seeds-") as tmp:
         path, records = Path(tmp) / "job.yaml", Path(tmp) / "steps.jsonl"
         path.write_text(yaml.safe_dump(job))
         started = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "asyncgrpo_cli.main", "run", str(path), "--mount", f"/models={models}",
-             "--mount", f"/data={REPO / 'docs' / 'examples' / 'data'}",
-             "--checkpoint-dir", str(Path(tmp) / "checkpoints"), "--jsonl", str(records)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "asyncgrpo_cli.main", "run", str(path), "--mount", f"/models={models}",
+                 "--mount", f"/data={REPO / 'docs' / 'examples' / 'data'}",
+                 "--checkpoint-dir", str(Path(tmp) / "checkpoints"), "--jsonl", str(records)],
+                capture_output=True, text=True, check=False, timeout=timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise RunFailedError(f"seed {seed}: asyncgrpo run still running after {timeout:.0f} s") from exc
         if done.returncode != 0:
-            raise SystemExit(f"seed {seed}: asyncgrpo run failed:\n{done.stderr[-3000:]}")
+            raise RunFailedError(f"seed {seed}: asyncgrpo run failed:\n{done.stderr[-3000:]}")
         lines = [json.loads(line) for line in records.read_text().splitlines()]
     step_lines = [r for r in lines if r.get("event") == "step"]
+    validations = [r for r in lines if r.get("event") == "validation"]
     return {
         "seed": seed,
         "seconds": round(time.perf_counter() - started, 1),
-        "held_out": [[r["step"], r["validation_accuracy"]] for r in lines if r.get("event") == "validation"],
+        "held_out": [[r["step"], r["validation_accuracy"]] for r in validations],
+        "samples_at_validation": [r["samples_trained"] for r in validations],
         "reward_every_10": [round(r["reward_mean"], 2) for r in step_lines[::10]],
         "zero_advantage_every_10": [round(r["zero_advantage_groups"], 2) for r in step_lines[::10]],
     }
@@ -102,7 +114,10 @@ def main() -> None:
     with concurrent.futures.ThreadPoolExecutor(max_workers=ns.parallel) as pool:
         runs = [pool.submit(run_seed, job, ns.models, seed, ns.steps) for seed in parse_seeds(ns.seeds)]
         for run in concurrent.futures.as_completed(runs):
-            results.append(run.result())
+            try:
+                results.append(run.result())
+            except RunFailedError as exc:
+                raise SystemExit(str(exc)) from exc
             print(json.dumps(results[-1]), flush=True)
     finals = [r["held_out"][-1][1] for r in results]
     below = [r["seed"] for r in results if r["held_out"][-1][1] < ns.bar]

@@ -1,0 +1,217 @@
+"""Sample efficiency of every mode over seeds: held-out accuracy against samples trained.
+
+Whether async learns as well as sync cannot be read off runs that all ended at 1.0; this runs each
+case below in each mode for several seeds, over steps short enough that the curves are still
+rising at the end, and compares the modes on how soon they learn (learning_curves.py: steps to
+held-out 0.5 and 0.8, the area under held-out accuracy against samples trained; mean, spread and
+worst seed). Every mode trains the same P x N samples a step, so the curves line up sample for
+sample. The cases:
+
+- toy: the char-level model from random weights (docs/examples/train-reverse-cpu.yaml, the recipe
+  of tests/trainer/test_modes_learn.py) over 80 steps where the test runs 150;
+- real: the real-model path (a tiny Qwen2 checkpoint, BPE tokenizer, chat template) of
+  tests/trainer/learning_job.yaml from the warm start of its fixture (`tiny-qwen2`: 600 supervised
+  steps on 3- and 5-digit reversal), over 30 steps where the test runs 80. The checkpoint's greedy
+  answers to 4-digit prompts already have all four digits right and a fifth too many: RL mostly
+  teaches it to stop;
+- low-start: the same job over 40 steps from the same warm start stopped after 80 of its 600 steps
+  (`tiny-qwen2-low-start`): its answers have the first three digits right, the fourth right on
+  about two prompts in three and a fifth too many, so RL has to teach it the fourth digit as well
+  as the stop (tests/trainer/test_low_start_learning.py).
+
+Each run is one `asyncgrpo run` with its own Ray (learning_seeds.run_seed), `--parallel` at once.
+It prints one JSON line per run as it finishes, then per case a table (every mode: final held-out,
+steps to 0.5 and 0.8, area; mean and worst seed) with a verdict per async mode against sync, and
+the mean and worst seed's curves; the header gives the date, load average and command, for
+docs/benchmarks.md. The checkpoints are made beforehand (the warm start sets its 2 threads itself):
+
+    asyncgrpo make-tiny-checkpoint DIR/tiny-qwen2 --hidden-size 128 --heads 4 --intermediate-size 512 \\
+        --warm-start
+    asyncgrpo make-tiny-checkpoint DIR/tiny-qwen2-low-start --hidden-size 128 --heads 4 \\
+        --intermediate-size 512 --warm-start --warm-start-steps 80
+    PYTHONPATH=trainer:operator python bench/models/sample_efficiency.py --models DIR --seeds 1-5 \\
+        --parallel 8 [--cases toy real low-start]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import learning_seeds
+import yaml
+
+from asyncgrpo_trainer import bench, learning_curves
+from asyncgrpo_trainer.learning_curves import Reached, Spread
+
+REPO = Path(__file__).resolve().parents[2]
+MODES = ("sync", "async-in-order", "streaming-gated", "streaming-oversampled")
+"""The four modes of the knob table (docs/guides/async-modes.md), as the CPU benchmark runs them."""
+THRESHOLDS = (0.5, 0.8)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A job every mode learns: its file, the `--set`s on its trainer section and its steps."""
+
+    job: Path
+    steps: int
+    overrides: tuple[str, ...] = ()
+
+
+CASES = {
+    "toy": Case(REPO / "docs" / "examples" / "train-reverse-cpu.yaml", 80, ("grpo.valPeriod=10",)),
+    "real": Case(REPO / "tests" / "trainer" / "learning_job.yaml", 30, ("grpo.valPeriod=5",)),
+    "low-start": Case(
+        REPO / "tests" / "trainer" / "learning_job.yaml",
+        40,
+        ("grpo.valPeriod=5", "model.path=/models/tiny-qwen2-low-start"),
+    ),
+}
+
+
+def job_of(case: Case, mode: str) -> dict[str, Any]:
+    """The case's job file with its overrides and `mode`'s asyncRL settings."""
+    job: dict[str, Any] = yaml.safe_load(case.job.read_text())
+    trainer = job["spec"]["trainer"]
+    for assignment in case.overrides:
+        learning_seeds.apply_override(trainer, assignment)
+    trainer["asyncRL"] = bench.modes(trainer["grpo"]["numPromptsPerStep"])[mode]
+    return job
+
+
+def curve(run: dict[str, Any]) -> dict[int, float]:
+    return {step: accuracy for step, accuracy in run["held_out"]}
+
+
+def area(run: dict[str, Any]) -> float:
+    """The run's area under held-out accuracy against the samples trained at each validation."""
+    accuracies = [accuracy for _, accuracy in run["held_out"]]
+    return learning_curves.area_under(list(zip(run["samples_at_validation"], accuracies, strict=True)))
+
+
+def steps_text(r: Reached) -> str:
+    """`40 (60)`: the mean over seeds and the slowest seed; `45 (2 of 5 never)` when some never did."""
+    if r.mean is None:
+        return "never"
+    worst = f"{r.worst}" if r.worst is not None else f"{r.missed} never"
+    return f"{r.mean:.0f} ({worst})"
+
+
+def spread_text(s: Spread) -> str:
+    return f"{s.mean:.3f} ± {s.std:.3f} ({s.worst:.3f})"
+
+
+def case_report(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The case's table (one row per mode that has runs) and each mode's mean and worst curves."""
+    lines = [
+        f"### {name}",
+        "",
+        "| mode | seeds | held-out at the end: mean ± std (worst) | steps to 0.5: mean (worst) "
+        "| steps to 0.8: mean (worst) | area: mean ± std (worst) | against sync (area) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    areas = {mode: learning_curves.spread([area(r) for r in done]) for mode, done in runs.items() if done}
+    curves: list[str] = []
+    for mode, done in runs.items():
+        if not done:
+            continue
+        finals = learning_curves.spread([r["held_out"][-1][1] for r in done])
+        to = [
+            learning_curves.reached([learning_curves.steps_to(curve(r), t) for r in done]) for t in THRESHOLDS
+        ]
+        against = (
+            "—"
+            if mode == "sync" or "sync" not in areas
+            else learning_curves.verdict(areas[mode], areas["sync"])
+        )
+        seeds = ",".join(str(r["seed"]) for r in sorted(done, key=lambda r: r["seed"]))
+        lines.append(
+            f"| {mode} | {seeds} | {spread_text(finals)} | {steps_text(to[0])} | {steps_text(to[1])} "
+            f"| {spread_text(areas[mode])} | {against} |"
+        )
+        mean = learning_curves.mean_curve([curve(r) for r in done])
+        worst = min(done, key=area)
+        curves.append(f"- {mode}, mean: {' '.join(f'{a:.2f}' for a in mean.values())}")
+        curves.append(
+            f"- {mode}, worst seed ({worst['seed']}): {' '.join(f'{a:.2f}' for _, a in worst['held_out'])}"
+        )
+    first = next(r for done in runs.values() for r in done)
+    steps = " ".join(str(step) for step, _ in first["held_out"])
+    per_step = int(first["samples_at_validation"][-1]) // first["held_out"][-1][0]
+    return [*lines, "", f"Held-out accuracy at steps {steps} ({per_step} samples a step):", "", *curves, ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--models", type=Path, required=True, help="holds tiny-qwen2/ and tiny-qwen2-low-start/"
+    )
+    parser.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 4,9,42")
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds a run may take before it counts as failed"
+    )
+    ns = parser.parse_args()
+    started, load = time.monotonic(), os.getloadavg()
+    print(
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}, {os.cpu_count()} cores, "
+        f"1/5/15-minute load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n"
+        f"command: PYTHONPATH=trainer:operator python {' '.join(sys.argv)}",
+        flush=True,
+    )
+    seeds = learning_seeds.parse_seeds(ns.seeds)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        case: {mode: [] for mode in ns.modes} for case in ns.cases
+    }
+    left = {case: len(ns.modes) * len(seeds) for case in ns.cases}
+    failed = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=ns.parallel) as pool:
+        futures = {
+            pool.submit(
+                learning_seeds.run_seed,
+                job_of(CASES[case], mode),
+                ns.models,
+                seed,
+                CASES[case].steps,
+                ns.timeout,
+            ): (case, mode)
+            for case in ns.cases
+            for mode in ns.modes
+            for seed in seeds
+        }
+        for future in concurrent.futures.as_completed(futures):
+            case, mode = futures[future]
+            try:
+                run = future.result()
+                runs[case][mode].append(run)
+                print(json.dumps({"case": case, "mode": mode, **run}), flush=True)
+            except learning_seeds.RunFailedError as exc:
+                failed += 1
+                print(f"FAILED: {case} {mode} {exc}", flush=True)
+            left[case] -= 1
+            if not left[case]:  # its table now, so a sweep cut short keeps the cases it finished
+                load = os.getloadavg()
+                print(
+                    f"\n{case}: done after {time.monotonic() - started:.0f} s, 1-minute load {load[0]:.1f}, "
+                    f"failed runs so far {failed}\n",
+                    flush=True,
+                )
+                if any(runs[case].values()):
+                    print("\n".join(case_report(case, runs[case])), flush=True)
+
+
+if __name__ == "__main__":
+    main()
