@@ -8,7 +8,7 @@ worst seed). Every mode trains the same P x N samples a step, so the curves line
 sample. The cases:
 
 - toy: the char-level model from random weights (docs/examples/train-reverse-cpu.yaml, the recipe
-  of tests/trainer/test_modes_learn.py) over 80 steps where the test runs 150;
+  of tests/trainer/test_modes_learn.py) over 100 steps where the test runs 150;
 - real: the real-model path (a tiny Qwen2 checkpoint, BPE tokenizer, chat template) of
   tests/trainer/learning_job.yaml from the warm start of its fixture (`tiny-qwen2`: 600 supervised
   steps on 3- and 5-digit reversal), over 30 steps where the test runs 80. The checkpoint's greedy
@@ -20,17 +20,22 @@ sample. The cases:
   as the stop (tests/trainer/test_low_start_learning.py).
 
 Each run is one `asyncgrpo run` with its own Ray (learning_seeds.run_seed), `--parallel` at once.
-It prints one JSON line per run as it finishes, then per case a table (every mode: final held-out,
-steps to 0.5 and 0.8, area; mean and worst seed) with a verdict per async mode against sync, and
-the mean and worst seed's curves; the header gives the date, load average and command, for
-docs/benchmarks.md. The checkpoints are made beforehand (the warm start sets its 2 threads itself):
+It prints one JSON line per run as it finishes and, once a case's runs are done, its table (every
+mode: final held-out, steps to 0.5 and 0.8, area; mean and worst seed) with a verdict per async
+mode against sync, and the mean and worst seed's curves; the header gives the date, load average
+and command, for docs/benchmarks.md. `--report` makes the tables of several sweeps' outputs at
+once (one sweep of some modes, another of the rest). The checkpoints are made beforehand (the warm
+start sets its 2 threads itself):
 
     asyncgrpo make-tiny-checkpoint DIR/tiny-qwen2 --hidden-size 128 --heads 4 --intermediate-size 512 \\
         --warm-start
     asyncgrpo make-tiny-checkpoint DIR/tiny-qwen2-low-start --hidden-size 128 --heads 4 \\
         --intermediate-size 512 --warm-start --warm-start-steps 80
     PYTHONPATH=trainer:operator python bench/models/sample_efficiency.py --models DIR --seeds 1-5 \\
-        --parallel 8 [--cases toy real low-start]
+        --parallel 8 --modes sync async-in-order > A.txt
+    PYTHONPATH=trainer:operator python bench/models/sample_efficiency.py --models DIR --seeds 1-5 \\
+        --parallel 8 --modes streaming-gated streaming-oversampled > B.txt
+    PYTHONPATH=trainer:operator python bench/models/sample_efficiency.py --report A.txt B.txt
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ class Case:
 
 
 CASES = {
-    "toy": Case(REPO / "docs" / "examples" / "train-reverse-cpu.yaml", 80, ("grpo.valPeriod=10",)),
+    "toy": Case(REPO / "docs" / "examples" / "train-reverse-cpu.yaml", 100, ("grpo.valPeriod=10",)),
     "real": Case(REPO / "tests" / "trainer" / "learning_job.yaml", 30, ("grpo.valPeriod=5",)),
     "low-start": Case(
         REPO / "tests" / "trainer" / "learning_job.yaml",
@@ -150,34 +155,26 @@ def case_report(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [*lines, "", f"Held-out accuracy at steps {steps} ({per_step} samples a step):", "", *curves, ""]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--models", type=Path, required=True, help="holds tiny-qwen2/ and tiny-qwen2-low-start/"
-    )
-    parser.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 4,9,42")
-    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
-    parser.add_argument(
-        "--timeout", type=float, default=None, help="seconds a run may take before it counts as failed"
-    )
-    ns = parser.parse_args()
-    started, load = time.monotonic(), os.getloadavg()
-    print(
-        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}, {os.cpu_count()} cores, "
-        f"1/5/15-minute load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n"
-        f"command: PYTHONPATH=trainer:operator python {' '.join(sys.argv)}",
-        flush=True,
-    )
+def read_runs(paths: list[Path]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The runs that sweeps printed (their JSON lines), by case and mode: several sweeps, of other
+    seeds or modes each, make one table."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {case: {mode: [] for mode in MODES} for case in CASES}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.startswith('{"case"'):
+                run = json.loads(line)
+                runs[run.pop("case")][run.pop("mode")].append(run)
+    return runs
+
+
+def sweep(ns: argparse.Namespace) -> None:
+    """Every case x mode x seed, `ns.parallel` runs at once; each case's table once its runs are done."""
     seeds = learning_seeds.parse_seeds(ns.seeds)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         case: {mode: [] for mode in ns.modes} for case in ns.cases
     }
     left = {case: len(ns.modes) * len(seeds) for case in ns.cases}
-    failed = 0
+    started, failed = time.monotonic(), 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=ns.parallel) as pool:
         futures = {
             pool.submit(
@@ -211,6 +208,38 @@ def main() -> None:
                 )
                 if any(runs[case].values()):
                     print("\n".join(case_report(case, runs[case])), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", type=Path, help="holds tiny-qwen2/ and tiny-qwen2-low-start/")
+    parser.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 4,9,42")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds a run may take before it fails")
+    parser.add_argument(
+        "--report", type=Path, nargs="+", help="no runs: the tables of the runs in these sweeps' outputs"
+    )
+    ns = parser.parse_args()
+    if ns.report:
+        print(f"tables of the runs in {' '.join(map(str, ns.report))}\n")
+        for case, runs in read_runs(ns.report).items():
+            if any(runs.values()):
+                print("\n".join(case_report(case, runs)))
+        return
+    if ns.models is None:
+        parser.error("--models is needed to run a sweep")
+    load = os.getloadavg()
+    print(
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}, {os.cpu_count()} cores, "
+        f"1/5/15-minute load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n"
+        f"command: PYTHONPATH=trainer:operator python {' '.join(sys.argv)}",
+        flush=True,
+    )
+    sweep(ns)
 
 
 if __name__ == "__main__":
