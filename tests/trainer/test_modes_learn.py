@@ -5,7 +5,11 @@ held-out greedy exact-match accuracy, which no constant answer or copy of the pr
 - before the first step the held-out accuracy is below 0.1, after STEPS steps it is at least BAR
   in every mode;
 - async with maxStalenessVersions 1 (in order and both streaming modes) ends within 0.05 of sync
-  at the same number of trained samples (every mode trains P x N samples a step);
+  at the same number of trained samples (every mode trains P x N samples a step). By then every
+  mode has reached 1.0 (from step 80-110), so this catches an async mode that does not learn, not
+  one that learns more slowly: how soon each mode learns, over seeds and before saturation, is
+  bench/models/sample_efficiency.py's comparison (docs/benchmarks.md, "Sample efficiency over
+  seeds"), too costly for a test;
 - the reported validation accuracy is what the final checkpoint's weights score, recomputed here
   outside the trainer;
 - each run's TensorBoard files hold the same curves (`asyncgrpo plot` reads them);
