@@ -94,7 +94,7 @@ def job_of(case: Case, mode: str) -> dict[str, Any]:
 
 
 def curve(run: dict[str, Any]) -> dict[int, float]:
-    return {step: accuracy for step, accuracy in run["held_out"]}
+    return dict(run["held_out"])
 
 
 def area(run: dict[str, Any]) -> float:
@@ -104,7 +104,7 @@ def area(run: dict[str, Any]) -> float:
 
 
 def steps_text(r: Reached) -> str:
-    """`40 (60)`: the mean over seeds and the slowest seed; `45 (2 of 5 never)` when some never did."""
+    """`40 (60)`: the mean over seeds and the slowest seed; `45 (2 never)` when two seeds never did."""
     if r.mean is None:
         return "never"
     worst = f"{r.worst}" if r.worst is not None else f"{r.missed} never"
