@@ -5,6 +5,7 @@ rollout straddling a weight update."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,8 @@ def test_two_data_parallel_ranks_produce_the_global_gradient(ray_address: str) -
     try:
         ray.get(ready)
         rows = _rows(11)  # uneven: 6 rows on rank 0, 5 on rank 1
-        ray.get([a.train_chunk.remote(s) for a, s in zip(group.actors, group._shards(rows[:7]), strict=True)])
-        ray.get([a.train_chunk.remote(s) for a, s in zip(group.actors, group._shards(rows[7:]), strict=True)])
+        for chunk in (rows[:7], rows[7:]):
+            asyncio.run(group.train_chunk(chunk))
         results = ray.get([a.finish_step.remote() for a in group.actors])
         expected = _direct_grad_norm(rows)
         assert results[0]["grad_norm"] == pytest.approx(expected, rel=1e-4)
