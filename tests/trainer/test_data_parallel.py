@@ -22,7 +22,9 @@ from tests.trainer.test_grpo_math import BUILD, _direct_grad_norm, _rows
 
 @pytest.mark.trainer
 @pytest.mark.parametrize("token_budget", [None, 16], ids=["rows", "packed-and-token-balanced"])
-def test_two_data_parallel_ranks_produce_the_global_gradient(ray_address: str, token_budget: int | None) -> None:
+def test_two_data_parallel_ranks_produce_the_global_gradient(
+    ray_address: str, token_budget: int | None
+) -> None:
     pools = cluster.build_pools(
         policy_ranks=2, policy_gpus=0, generation_ranks=1, generation_gpus=0, colocated=False, name="dp-test"
     )

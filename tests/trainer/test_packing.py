@@ -20,6 +20,7 @@ from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import packing, policy
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs
 from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.network import CausalLM
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
@@ -111,7 +112,7 @@ def _rows(vocab: int) -> list[policy.TrainRow]:
 
 
 def _loss_and_gradients(
-    model: torch.nn.Module,
+    model: CausalLM,
     rows: list[policy.TrainRow],
     cfg: losses.LossConfig,
     logprobs: ResponseLogprobs,
@@ -122,7 +123,7 @@ def _loss_and_gradients(
     step = policy.StepAccumulator(cfg, torch.device("cpu"))
     for batch in batches:
         part = [rows[i] for i in batch]
-        logp, mask = logprobs(model, [(r.prompt_ids, r.response_ids) for r in part], torch.device("cpu"))  # type: ignore[arg-type]
+        logp, mask = logprobs(model, [(r.prompt_ids, r.response_ids) for r in part], torch.device("cpu"))
         step.backward(part, logp, mask)
     params = dict(model.named_parameters())
     totals = step.reduce(list(params.values()), None)

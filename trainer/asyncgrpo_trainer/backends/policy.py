@@ -37,6 +37,11 @@ float64, which the Megatron backend shares) and read once in `finish_step`, toge
 counters' all-reduce, and host->device copies do not wait for the queue. On the compiled recipe
 every micro-batch is padded to a fixed shape (see `ResponseLogprobs`) with fully masked rows,
 which add nothing to the loss, the gradient, the token and sequence counts or the metrics.
+
+With policy.maxTokensPerMicroBatch every forward pass (training, reference, pi_old) takes rows
+packed end to end up to that many tokens instead of a fixed number of padded rows (`packing`
+plans them, `ResponseLogprobs` runs them); the log-probs come back in the padded layout, so the
+step above is unchanged and gives the same loss and gradient.
 """
 
 from __future__ import annotations
