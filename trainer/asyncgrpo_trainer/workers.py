@@ -159,27 +159,19 @@ class PolicyGroup:
 
     def _shards(self, lengths: Sequence[int]) -> list[list[int]]:
         """Row indices per rank, each rank's in arrival order, for rows of `lengths` tokens."""
-        n = len(self.actors)
         if self.balance_tokens:
-            return packing.balanced_shards(lengths, n)
-        size, extra = divmod(len(lengths), n)
-        out, start = [], 0
-        for r in range(n):
-            end = start + size + (1 if r < extra else 0)
-            out.append(list(range(start, end)))
-            start = end
-        return out
+            return packing.balanced_shards(lengths, len(self.actors))
+        return policy.split_evenly(list(range(len(lengths))), len(self.actors))
 
     async def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        shards = [s for s in self._shards([len(p) + len(r) for p, r in rows]) if s]
-        parts = await asyncio.gather(
-            *(
-                a.reference_logprobs.remote([rows[i] for i in s])
-                for a, s in zip(self.actors, shards, strict=False)
-            )
-        )
+        calls = [
+            (shard, a.reference_logprobs.remote([rows[i] for i in shard]))
+            for a, shard in zip(self.actors, self._shards([len(p) + len(r) for p, r in rows]), strict=True)
+            if shard
+        ]
+        parts = await asyncio.gather(*(ref for _, ref in calls))
         out: list[list[float]] = [[] for _ in rows]
-        for shard, part in zip(shards, parts, strict=True):
+        for (shard, _), part in zip(calls, parts, strict=True):
             for i, logprobs in zip(shard, part, strict=True):
                 out[i] = logprobs
         return out

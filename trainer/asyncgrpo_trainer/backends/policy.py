@@ -54,7 +54,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -65,6 +65,8 @@ from asyncgrpo_trainer.backends import packing, sampling
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
 from asyncgrpo_trainer.models import hf
 from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
+
+Row = TypeVar("Row")
 
 POLICY_FILE = "policy.pt"
 """The torch backend's file in a checkpoint directory (`checkpoint`)."""
@@ -496,7 +498,7 @@ def _lengths(rows: list[TrainRow]) -> list[int]:
     return [len(r.prompt_ids) + len(r.response_ids) for r in rows]
 
 
-def split_evenly(rows: list[TrainRow], parts: int) -> list[list[TrainRow]]:
+def split_evenly(rows: list[Row], parts: int) -> list[list[Row]]:
     """`rows` in order, cut into `parts` consecutive parts whose sizes differ by at most one."""
     size, extra = divmod(len(rows), parts)
     out, start = [], 0
