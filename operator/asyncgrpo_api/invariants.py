@@ -37,6 +37,7 @@ STALL_TIMEOUT = _t("asyncRL.stallTimeoutSeconds")
 ROLLOUT_TIMEOUT = _t("asyncRL.rolloutTimeoutSeconds")
 GLOBAL_BATCH = _t("policy.trainGlobalBatchSize")
 POLICY_BACKEND = _t("policy.backend")
+TOKEN_BUDGET = _t("policy.maxTokensPerMicroBatch")
 SEQUENCE_LEVEL = _t("loss.sequenceLevelImportanceRatios")
 TRUNCATION = _t("loss.truncatedImportanceSamplingType")
 TOKEN_LEVEL = _t("loss.tokenLevelLoss")
@@ -298,6 +299,27 @@ INVARIANTS: tuple[Invariant, ...] = (
             MAX_SEQUENCE,
             "); lower ",
             "one of them or raise maxSequenceLength",
+        ),
+    ),
+    Invariant(
+        "tokenBudgetBelowLongestRow",
+        TOKEN_BUDGET.path,
+        TOKEN_BUDGET.is_set() & TOKEN_BUDGET.lt(MAX_PROMPT + MAX_NEW_TOKENS),
+        (
+            "must hold the longest row, data.maxPromptLength + generation.maxNewTokens = ",
+            MAX_PROMPT + MAX_NEW_TOKENS,
+            " tokens; got ",
+            TOKEN_BUDGET,
+            ". Raise it, or lower maxPromptLength or maxNewTokens",
+        ),
+    ),
+    Invariant(
+        "megatronTokenBudget",
+        TOKEN_BUDGET.path,
+        MEGATRON & TOKEN_BUDGET.is_set(),
+        (
+            "packs rows for the torch policy backend only; the megatron backend counts micro-batches in "
+            "rows (trainMicroBatchSize): unset it or use policy.backend torch",
         ),
     ),
     # --- data and rewards (what only the files show fails the driver with InvalidData) ---

@@ -238,7 +238,7 @@ def _batch_divides(job: AsyncGRPOJob) -> Iterator[Finding]:
             f"{what} = {gbs} samples must split evenly over the {ranks} data-parallel policy ranks; "
             "change the batch or the policy pool size",
         )
-    elif (gbs // ranks) % micro:
+    elif (gbs // ranks) % micro and trainer.policy.max_tokens_per_micro_batch is None:  # packed: by tokens
         yield Finding(
             f"{TRAINER}.policy.trainMicroBatchSize",
             f"must divide the per-rank batch ({what} = {gbs} samples / {ranks} ranks = {gbs // ranks}); "

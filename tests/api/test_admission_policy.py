@@ -188,6 +188,22 @@ TABLE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"data": {"maxPromptLength": 100}, "generation": {"maxNewTokens": 28}},
         {"data": {"maxPromptLength": 100}, "generation": {"maxNewTokens": 29}},
     ),
+    "tokenBudgetBelowLongestRow": (
+        {
+            "data": {"maxPromptLength": 64},
+            "generation": {"maxNewTokens": 16},
+            "policy": {"maxTokensPerMicroBatch": 80},
+        },
+        {
+            "data": {"maxPromptLength": 64},
+            "generation": {"maxNewTokens": 16},
+            "policy": {"maxTokensPerMicroBatch": 79},
+        },
+    ),
+    "megatronTokenBudget": (
+        {"policy": {"maxTokensPerMicroBatch": 256}},
+        {"policy": {"backend": "megatron", "maxTokensPerMicroBatch": 256}},
+    ),
     "promptsWithoutData": (
         {"env": {"name": "gsm8k"}, "data": {"trainPath": "/data/train.jsonl"}},
         {"env": {"name": "gsm8k"}},
@@ -246,6 +262,7 @@ TRAINERS = st.fixed_dictionaries(
             {
                 "backend": st.sampled_from(("torch", "megatron")),
                 "trainGlobalBatchSize": unset_or(1, 3, 4, 8, 12, 32, 40),
+                "maxTokensPerMicroBatch": unset_or(63, 64, 80, 112, 113, 128),
             }
         ),
         "loss": st.fixed_dictionaries(

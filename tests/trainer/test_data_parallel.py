@@ -1,10 +1,12 @@
 """The torch policy backend over two data-parallel Ray actors (gloo) gives the gradient of the
 whole batch: its grad_norm equals a direct single-process computation, and both ranks hold the
-same weights after the step. Also: the colocated placement trains, and the drain gate leaves no
+same weights after the step, with rows split by count or packed and balanced by tokens
+(policy.maxTokensPerMicroBatch). Also: the colocated placement trains, and the drain gate leaves no
 rollout straddling a weight update."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,10 @@ from tests.trainer.test_grpo_math import BUILD, _direct_grad_norm, _rows
 
 
 @pytest.mark.trainer
-def test_two_data_parallel_ranks_produce_the_global_gradient(ray_address: str) -> None:
+@pytest.mark.parametrize("token_budget", [None, 16], ids=["rows", "packed-and-token-balanced"])
+def test_two_data_parallel_ranks_produce_the_global_gradient(
+    ray_address: str, token_budget: int | None
+) -> None:
     pools = cluster.build_pools(
         policy_ranks=2, policy_gpus=0, generation_ranks=1, generation_gpus=0, colocated=False, name="dp-test"
     )
@@ -31,13 +36,14 @@ def test_two_data_parallel_ranks_produce_the_global_gradient(ray_address: str) -
         micro_batch_size=3,
         logprob_batch_size=3,
         temperature=1.0,
+        max_tokens_per_micro_batch=token_budget,
     )
     group, ready = workers.start_policy_group(pools[0], BUILD, optim, losses.LossConfig(), gpus=0)
     try:
         ray.get(ready)
-        rows = _rows(11)  # uneven: 6 rows on rank 0, 5 on rank 1
-        ray.get([a.train_chunk.remote(s) for a, s in zip(group.actors, group._shards(rows[:7]), strict=True)])
-        ray.get([a.train_chunk.remote(s) for a, s in zip(group.actors, group._shards(rows[7:]), strict=True)])
+        rows = _rows(11)  # uneven: 6 rows on rank 0, 5 on rank 1 (packed: by tokens)
+        for chunk in (rows[:7], rows[7:]):
+            asyncio.run(group.train_chunk(chunk))
         results = ray.get([a.finish_step.remote() for a in group.actors])
         expected = _direct_grad_norm(rows)
         assert results[0]["grad_norm"] == pytest.approx(expected, rel=1e-4)

@@ -11,6 +11,7 @@ import pytest
 PURE = [
     "asyncgrpo_trainer.algorithms.advantages",
     "asyncgrpo_trainer.algorithms.losses",
+    "asyncgrpo_trainer.backends.packing",
     "asyncgrpo_trainer.envs",
     "asyncgrpo_trainer.sampler",
     "asyncgrpo_trainer.buffer",

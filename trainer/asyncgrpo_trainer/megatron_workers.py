@@ -52,14 +52,15 @@ class MegatronPolicyGroup(workers.PolicyGroup):
         """Data-parallel replicas (each TP actors)."""
         return len(self.actors) // self.tp
 
-    def _shards(self, rows: Sequence[Any]) -> list[list[Any]]:
-        replicas = workers.PolicyGroup(self.actors[:: self.tp])._shards(rows)
+    def _shards(self, lengths: Sequence[int]) -> list[list[int]]:
+        replicas = workers.PolicyGroup(self.actors[:: self.tp])._shards(lengths)
         return [replicas[i // self.tp] for i in range(len(self.actors))]
 
     async def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        shards = self._shards([len(p) + len(r) for p, r in rows])  # consecutive: the parts concatenate
         calls = [
-            (i, a.reference_logprobs.remote(s))
-            for i, (a, s) in enumerate(zip(self.actors, self._shards(rows), strict=True))
+            (i, a.reference_logprobs.remote([rows[j] for j in s]))
+            for i, (a, s) in enumerate(zip(self.actors, shards, strict=True))
             if s
         ]
         parts = await asyncio.gather(*(ref for _, ref in calls))

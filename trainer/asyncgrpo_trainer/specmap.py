@@ -97,6 +97,7 @@ def optim_config(t: TrainerSpec) -> policy.OptimConfig:
         schedule=p.learning_rate_schedule,
         min_lr_ratio=p.min_learning_rate_ratio,
         total_steps=t.grpo.max_num_steps * (t.samples_per_step // t.train_global_batch_size),
+        max_tokens_per_micro_batch=p.max_tokens_per_micro_batch,
     )
 
 

@@ -26,7 +26,7 @@ import torch
 
 from asyncgrpo_trainer import checkpoint, cluster, rewards
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import generation, ipc, policy, sampling, vllm_engine
+from asyncgrpo_trainer.backends import generation, ipc, packing, policy, sampling, vllm_engine
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
@@ -142,38 +142,44 @@ class PolicyActor(DeferredRank, RefitSender, policy.TorchPolicyWorker):
 
 
 class PolicyGroup:
-    """The data-parallel policy ranks; see the module docstring."""
+    """The data-parallel policy ranks; see the module docstring.
 
-    def __init__(self, actors: list[Any]) -> None:
+    A chunk's rows go to the ranks as consecutive slices of equal row counts, or, when the policy
+    packs micro-batches by tokens (`balance_tokens`, policy.maxTokensPerMicroBatch), with equal
+    token counts (`packing.balanced_shards`), so no rank waits at the all-reduce for one that drew
+    the long rows."""
+
+    def __init__(self, actors: list[Any], *, balance_tokens: bool = False) -> None:
         self.actors = actors
+        self.balance_tokens = balance_tokens
 
     @property
     def world_size(self) -> int:
         return len(self.actors)
 
-    def _shards(self, rows: Sequence[Any]) -> list[list[Any]]:
-        n = len(self.actors)
-        size, extra = divmod(len(rows), n)
-        out, start = [], 0
-        for r in range(n):
-            end = start + size + (1 if r < extra else 0)
-            out.append(list(rows[start:end]))
-            start = end
-        return out
+    def _shards(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Row indices per rank, each rank's in arrival order, for rows of `lengths` tokens."""
+        if self.balance_tokens:
+            return packing.balanced_shards(lengths, len(self.actors))
+        return policy.split_evenly(list(range(len(lengths))), len(self.actors))
 
     async def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        parts = await asyncio.gather(
-            *(
-                a.reference_logprobs.remote(s)
-                for a, s in zip(self.actors, self._shards(rows), strict=True)
-                if s
-            )
-        )
-        return [lp for part in parts for lp in part]
+        calls = [
+            (shard, a.reference_logprobs.remote([rows[i] for i in shard]))
+            for a, shard in zip(self.actors, self._shards([len(p) + len(r) for p, r in rows]), strict=True)
+            if shard
+        ]
+        parts = await asyncio.gather(*(ref for _, ref in calls))
+        out: list[list[float]] = [[] for _ in rows]
+        for (shard, _), part in zip(calls, parts, strict=True):
+            for i, logprobs in zip(shard, part, strict=True):
+                out[i] = logprobs
+        return out
 
     async def train_chunk(self, rows: list[policy.TrainRow]) -> None:
+        shards = self._shards([len(r.prompt_ids) + len(r.response_ids) for r in rows])
         await asyncio.gather(
-            *(a.train_chunk.remote(s) for a, s in zip(self.actors, self._shards(rows), strict=True))
+            *(a.train_chunk.remote([rows[i] for i in s]) for a, s in zip(self.actors, shards, strict=True))
         )
 
     async def finish_step(self) -> dict[str, float | None]:
@@ -254,7 +260,8 @@ def start_policy_group(
         for rank in range(pool.ranks)
     ]
     address = ray.get(actors[0].rendezvous_address.remote()) if pool.ranks > 1 else None  # type: ignore[attr-defined]
-    return PolicyGroup(actors), [a.setup.remote(address) for a in actors]  # type: ignore[attr-defined]
+    group = PolicyGroup(actors, balance_tokens=optim.max_tokens_per_micro_batch is not None)
+    return group, [a.setup.remote(address) for a in actors]  # type: ignore[attr-defined]
 
 
 def start_generation_group(

@@ -273,6 +273,18 @@ class PolicySpec(ApiModel):
         le=65536,
         description="Samples per log-prob pass; unset means trainMicroBatchSize.",
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="Pack rows (prompt + response) end to end into micro-batches of at most this many "
+        "tokens, with positions restarting and attention kept within each row, instead of padding "
+        "trainMicroBatchSize rows to the longest; the log-prob passes pack the same way, and the "
+        "data-parallel ranks get equal token counts instead of equal row counts. The loss and gradient "
+        "are those of the padded micro-batches. At least data.maxPromptLength + generation.maxNewTokens "
+        "(the longest row). Unset: trainMicroBatchSize and logprobBatchSize rows, right-padded. torch "
+        "backend only.",
+    )
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="AdamW weight decay.")
     max_grad_norm: float | None = Field(

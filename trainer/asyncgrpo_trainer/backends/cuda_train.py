@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from asyncgrpo_trainer.models.network import CausalLM
+from asyncgrpo_trainer.models.network import CausalLM, PackedRows
 
 
 @dataclass(frozen=True)
@@ -135,12 +135,20 @@ class ResponseLogprobs:
     tokens whose mask is all zero (their log-probs are 0 and get no gradient), so ragged GRPO
     batches and a short last micro-batch reuse a few compiled graphs. Eager recipes keep the
     tight shapes: there padding would only add work.
+
+    With a `token_budget` (policy.maxTokensPerMicroBatch) the rows are packed instead
+    (`network.PackedRows`): each row but its last token, end to end in one sequence, scored by
+    the same head; the log-probs come back in the same (B, R) layout, so the loss is computed the
+    same way. A compiling recipe pads the packed sequence to the budget: one shape, one graph.
     """
 
-    def __init__(self, recipe: Recipe, *, pad_id: int, temperature: float) -> None:
+    def __init__(
+        self, recipe: Recipe, *, pad_id: int, temperature: float, token_budget: int | None = None
+    ) -> None:
         self.recipe = recipe
         self.pad_id = pad_id
         self.temperature = temperature if temperature > 0 else 1.0
+        self.token_budget = token_budget
         self._head: Any = torch.compile(head_logprobs, dynamic=False) if recipe.compile else head_logprobs
 
     def __call__(
@@ -151,6 +159,8 @@ class ResponseLogprobs:
         *,
         batch: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.token_budget is not None:
+            return self._packed(model, rows, device, self.token_budget)
         full = [[*p, *r] for p, r in rows]
         length = max(2, *(len(x) for x in full))
         r_max = max(1, *(len(r) for _, r in rows))
@@ -178,6 +188,44 @@ class ResponseLogprobs:
                 temperature=self.temperature,
             )
         return logp_all.gather(1, index) * mask, mask
+
+    def _packed(
+        self,
+        model: CausalLM,
+        rows: Sequence[tuple[Sequence[int], Sequence[int]]],
+        device: torch.device,
+        budget: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed forward: row i's inputs are its tokens but the last, from `offsets[i]`, and
+        its response token j is scored at offsets[i] + len(prompt) - 1 + j."""
+        inputs = [[*p, *r][:-1] for p, r in rows]
+        lengths = [len(x) for x in inputs]
+        total = sum(lengths)
+        if self.recipe.compile and total < budget:
+            lengths.append(budget - total)  # a row of pad tokens, attending only to itself
+        ids = torch.full((1, sum(lengths)), self.pad_id, dtype=torch.long)
+        targets = ids.clone()
+        r_max = max(1, *(len(r) for _, r in rows))
+        index = torch.zeros((len(rows), r_max), dtype=torch.long)
+        mask = torch.zeros((len(rows), r_max))
+        offset = 0
+        for i, ((p, r), x) in enumerate(zip(rows, inputs, strict=True)):
+            ids[0, offset : offset + len(x)] = torch.tensor(x, dtype=torch.long)
+            targets[0, offset : offset + len(x)] = torch.tensor([*p, *r][1:], dtype=torch.long)
+            index[i, : len(r)] = torch.arange(offset + len(p) - 1, offset + len(p) - 1 + len(r))
+            mask[i, : len(r)] = 1.0
+            offset += len(x)
+        ids, targets, index, mask = (x.to(device, non_blocking=True) for x in (ids, targets, index, mask))
+        with self.recipe.forward_context(device):
+            logp_all = self._head(
+                model.model.unnormed(ids, packed=PackedRows(tuple(lengths)))[0],
+                targets,
+                norm_w=model.model.norm.weight,
+                eps=float(model.model.norm.eps),
+                lm_w=model.lm_head.weight,
+                temperature=self.temperature,
+            )
+        return logp_all[0][index] * mask, mask
 
 
 def matmul_params(model: CausalLM) -> int:

@@ -37,6 +37,11 @@ float64, which the Megatron backend shares) and read once in `finish_step`, toge
 counters' all-reduce, and host->device copies do not wait for the queue. On the compiled recipe
 every micro-batch is padded to a fixed shape (see `ResponseLogprobs`) with fully masked rows,
 which add nothing to the loss, the gradient, the token and sequence counts or the metrics.
+
+With policy.maxTokensPerMicroBatch every forward pass (training, reference, pi_old) takes rows
+packed end to end up to that many tokens instead of a fixed number of padded rows (`packing`
+plans them, `ResponseLogprobs` runs them); the log-probs come back in the padded layout, so the
+step above is unchanged and gives the same loss and gradient.
 """
 
 from __future__ import annotations
@@ -49,17 +54,19 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
-from asyncgrpo_trainer.backends import sampling
+from asyncgrpo_trainer.backends import packing, sampling
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
 from asyncgrpo_trainer.models import hf
 from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
+
+Row = TypeVar("Row")
 
 POLICY_FILE = "policy.pt"
 """The torch backend's file in a checkpoint directory (`checkpoint`)."""
@@ -102,6 +109,9 @@ class OptimConfig:
     """Optimizer steps in the whole run (grpo.maxNumSteps x minibatches): where cosine ends."""
     top_p: float = 1.0
     top_k: int | None = None
+    max_tokens_per_micro_batch: int | None = None
+    """policy.maxTokensPerMicroBatch: pack rows into micro-batches of at most this many tokens
+    (`packing`, `network.PackedRows`) instead of micro_batch_size / logprob_batch_size rows."""
 
     @property
     def sampler(self) -> sampling.Filter:
@@ -175,7 +185,12 @@ class TorchPolicyWorker(PolicyWorker):
             for m in (self.model, self.reference):
                 if m is not None:
                     compile_blocks(m)
-        self.logprobs = ResponseLogprobs(self.recipe, pad_id=build.pad_id, temperature=optim.temperature)
+        self.logprobs = ResponseLogprobs(
+            self.recipe,
+            pad_id=build.pad_id,
+            temperature=optim.temperature,
+            token_budget=optim.max_tokens_per_micro_batch,
+        )
         self.optimizer = self.recipe.optimizer(
             self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
         )
@@ -192,16 +207,23 @@ class TorchPolicyWorker(PolicyWorker):
         if self.reference is None:
             raise RuntimeError("reference log-probs requested but the KL penalty is off")
         t0 = time.perf_counter()
-        out: list[list[float]] = []
+        out: list[list[float]] = [[] for _ in rows]
         size = self.optim_cfg.logprob_batch_size
-        for i in range(0, len(rows), size):
-            part = rows[i : i + size]
+        for batch in self._micro_batches([len(p) + len(r) for p, r in rows], size):
+            part = [rows[i] for i in batch]
             with torch.no_grad():
                 lp, _ = self.logprobs(self.reference, part, self.device, batch=size)
             lp = lp.cpu()  # one device->host copy per batch, not one per row
-            out.extend(lp[j, : len(r)].tolist() for j, (_, r) in enumerate(part))
+            for j, i in enumerate(batch):
+                out[i] = lp[j, : len(rows[i][1])].tolist()
         self.busy_seconds += time.perf_counter() - t0
         return out
+
+    def _micro_batches(self, lengths: list[int], rows_per_batch: int) -> list[list[int]]:
+        """Row indices per forward pass: `rows_per_batch` rows, or packed to the token budget."""
+        return packing.micro_batches(
+            lengths, rows_per_batch=rows_per_batch, token_budget=self.optim_cfg.max_tokens_per_micro_batch
+        )
 
     def train_chunk(self, rows: list[TrainRow]) -> dict[str, float]:
         """Queue forward/backward of the rows (with PPO mini-batches: score them under pi_old and
@@ -217,9 +239,8 @@ class TorchPolicyWorker(PolicyWorker):
         return {}
 
     def _train_rows(self, rows: list[TrainRow]) -> None:
-        size = self.optim_cfg.micro_batch_size
-        for i in range(0, len(rows), size):
-            self._train_micro(rows[i : i + size])
+        for batch in self._micro_batches(_lengths(rows), self.optim_cfg.micro_batch_size):
+            self._train_micro([rows[i] for i in batch])
 
     def _with_old_logprobs(self, rows: list[TrainRow]) -> list[TrainRow]:
         """`rows` with the log-probs under the current weights (the step's pi_old) that the
@@ -230,9 +251,9 @@ class TorchPolicyWorker(PolicyWorker):
         if not rows or not (prev or filtered):
             return rows
         size = self.optim_cfg.logprob_batch_size
-        out: list[TrainRow] = []
-        for i in range(0, len(rows), size):
-            part = rows[i : i + size]
+        out = list(rows)
+        for batch in self._micro_batches(_lengths(rows), size):
+            part = [rows[i] for i in batch]
             pairs = [(r.prompt_ids, r.response_ids) for r in part]
             old = imp = None
             with torch.no_grad():
@@ -243,14 +264,12 @@ class TorchPolicyWorker(PolicyWorker):
                         imp = sampling.token_logprobs(
                             self.model, pairs, pad_id=self.build.pad_id, params=sampler, device=self.device
                         )[0].cpu()
-            for j, r in enumerate(part):
-                n = len(r.response_ids)
-                out.append(
-                    dataclasses.replace(
-                        r,
-                        prev_logprobs=None if old is None else old[j, :n].tolist(),
-                        importance_logprobs=None if imp is None else imp[j, :n].tolist(),
-                    )
+            for j, i in enumerate(batch):
+                n = len(rows[i].response_ids)
+                out[i] = dataclasses.replace(
+                    rows[i],
+                    prev_logprobs=None if old is None else old[j, :n].tolist(),
+                    importance_logprobs=None if imp is None else imp[j, :n].tolist(),
                 )
         return out
 
@@ -474,7 +493,12 @@ class OptimizerStep:
         return out
 
 
-def split_evenly(rows: list[TrainRow], parts: int) -> list[list[TrainRow]]:
+def _lengths(rows: list[TrainRow]) -> list[int]:
+    """Each row's tokens, prompt and response: what a packed micro-batch's budget counts."""
+    return [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+
+
+def split_evenly(rows: list[Row], parts: int) -> list[list[Row]]:
     """`rows` in order, cut into `parts` consecutive parts whose sizes differ by at most one."""
     size, extra = divmod(len(rows), parts)
     out, start = [], 0

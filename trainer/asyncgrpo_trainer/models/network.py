@@ -17,6 +17,8 @@ H heads, D head width.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
@@ -25,6 +27,31 @@ from asyncgrpo_trainer.models.config import ModelConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer (keys, values), each (B, H_kv, T_past, D)."""
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Rows laid end to end in one sequence (B = 1), each of `lengths[i]` tokens.
+
+    Each row restarts its positions at 0 and attends only to its own earlier tokens (a
+    block-diagonal causal mask), so a row's outputs are those it gets alone or right-padded in a
+    batch, without computing any padding (`policy.maxTokensPerMicroBatch`). The mask is dense
+    (T, T) booleans for SDPA: the reference on CPU, and on CUDA the memory-efficient kernel.
+    """
+
+    lengths: tuple[int, ...]
+
+    def positions(self, device: torch.device) -> torch.Tensor:
+        """(T,) each token's position within its row."""
+        return torch.cat([torch.arange(n, device=device) for n in self.lengths])
+
+    def attention_mask(self, device: torch.device) -> torch.Tensor:
+        """(T, T) True where the query (row) may attend to the key (column)."""
+        rows = torch.repeat_interleave(
+            torch.arange(len(self.lengths), device=device), torch.tensor(self.lengths, device=device)
+        )
+        same_row = rows[:, None] == rows[None, :]
+        return same_row & torch.ones_like(same_row).tril()
 
 
 class RMSNorm(nn.Module):
@@ -86,6 +113,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, t, _ = x.shape
         q, k, v = self.project(x, rope)
@@ -93,9 +121,15 @@ class Attention(nn.Module):
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         # With a cache the new queries sit after every cached key, so a causal mask is needed only
-        # among the new tokens themselves (prefill); a single decode query sees everything.
+        # among the new tokens themselves (prefill); a single decode query sees everything. Packed
+        # rows bring their own mask (`PackedRows.attention_mask`), causal within each row.
         out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=past is None and t > 1, enable_gqa=self.h != self.h_kv
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None and past is None and t > 1,
+            enable_gqa=self.h != self.h_kv,
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d)), (k, v)
 
@@ -125,8 +159,9 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attn, kv = self.self_attn(self.input_layernorm(x), rope, past)
+        attn, kv = self.self_attn(self.input_layernorm(x), rope, past, mask)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -176,20 +211,32 @@ class Decoder(nn.Module):
         x, cache = self.unnormed(ids, past)
         return self.norm(x), cache
 
-    def unnormed(self, ids: torch.Tensor, past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
-        """The forward without the final norm (the compiled training head fuses the norm into it)."""
-        start = 0 if past is None else past[0][0].shape[2]
-        t = ids.shape[1]
-        if start + t > self.cfg.max_positions:
-            raise ValueError(
-                f"sequence of {start + t} tokens exceeds maxSequenceLength {self.cfg.max_positions}"
-            )
-        positions = torch.arange(start, start + t, device=ids.device)
+    def unnormed(
+        self, ids: torch.Tensor, past: KVCache | None = None, packed: PackedRows | None = None
+    ) -> tuple[torch.Tensor, KVCache]:
+        """The forward without the final norm (the compiled training head fuses the norm into it).
+        With `packed`, ids (1, T) are those rows end to end (no cache)."""
+        mask = None
+        if packed is not None:
+            longest = max(packed.lengths, default=0)
+            if longest > self.cfg.max_positions:
+                raise ValueError(
+                    f"row of {longest} tokens exceeds maxSequenceLength {self.cfg.max_positions}"
+                )
+            positions, mask = packed.positions(ids.device), packed.attention_mask(ids.device)
+        else:
+            start = 0 if past is None else past[0][0].shape[2]
+            t = ids.shape[1]
+            if start + t > self.cfg.max_positions:
+                raise ValueError(
+                    f"sequence of {start + t} tokens exceeds maxSequenceLength {self.cfg.max_positions}"
+                )
+            positions = torch.arange(start, start + t, device=ids.device)
         x = self.embed(ids, positions)
         rope = self.rotary(positions)
         cache: KVCache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, rope, None if past is None else past[i])
+            x, kv = layer(x, rope, None if past is None else past[i], mask)
             cache.append(kv)
         return x, cache
 
