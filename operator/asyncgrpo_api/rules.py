@@ -737,6 +737,13 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                     "is 1: GSPO's gradient is GRPO's); set trainGlobalBatchSize below P x N or "
                     "useImportanceSamplingCorrection true",
                 )
+    if trainer.policy.max_tokens_per_micro_batch is not None:
+        for field in _non_default(trainer.policy, "train_micro_batch_size", "logprob_batch_size"):
+            yield Finding(
+                f"{TRAINER}.policy.{field}",
+                "is ignored with policy.maxTokensPerMicroBatch: micro-batches are packed by tokens, not "
+                "counted in rows; remove it or unset maxTokensPerMicroBatch",
+            )
     if trainer.logprob_gate.threshold is None:
         for field in _non_default(trainer.logprob_gate, "steps", "fail_job"):
             yield Finding(

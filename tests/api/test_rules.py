@@ -694,6 +694,10 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
     ),
     ("loss.klType", "k1", [{}], [{"trainer": {"loss": {"referencePolicyKlPenalty": 0.01}}}]),
     *(
+        (f"policy.{field}", 4, [{"trainer": {"policy": {"maxTokensPerMicroBatch": 4096}}}], [{}])
+        for field in ("trainMicroBatchSize", "logprobBatchSize")
+    ),
+    *(
         (
             f"loss.{field}",
             value,
