@@ -71,7 +71,8 @@ generated: venv
 	$(PY) -m asyncgrpo_api.apidoc --check
 
 # Everything the tests start is built first (Kueue included), with the builder's progress on the
-# console, not inside a test where pytest holds its output.
+# console, not inside a test where pytest holds its output. Then the suite runs as two pytest
+# processes side by side, the control plane's tests and the rest (tests/halves.py says why).
 test: lint typecheck generated
 	tests/cluster/ci.sh build
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m tests.halves $(PYTEST_ARGS)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import halves
 from tests.leftovers import OPTION as LEFTOVERS_OPTION
 from tests.leftovers import OWNER_FILE, RUN_FOLDERS, sweep_unused_run_folders
 from tests.skip_policy import CUDA_REASON, OPTION
@@ -135,3 +136,16 @@ def test_a_run_folder_whose_pytest_lives_is_kept_though_no_process_names_it(tmp_
     (orphaned / OWNER_FILE).write_text(str(dead.pid))
     assert sweep_unused_run_folders(tmp_path) == [orphaned]
     assert owned.exists() and not orphaned.exists()
+
+
+def test_the_two_halves_of_make_test_run_every_test_folder_once() -> None:
+    """`make test` runs the suite as two pytest processes (tests/halves.py): every folder of tests
+    is in exactly one of them, so none is run twice or left out."""
+    commands = halves.commands(["-q"])
+    operator, trainer = commands["operator"], commands["trainer"]
+    folders = {f"tests/{p.name}" for p in (REPO / "tests").iterdir() if list(p.glob("test_*.py"))}
+    in_operator = {a for a in operator if a.startswith("tests/")}
+    ignored = {a.removeprefix("--ignore=") for a in trainer if a.startswith("--ignore=")}
+    assert in_operator == ignored == set(halves.OPERATOR_HALF) <= folders
+    assert "tests/trainer" in folders - in_operator  # the trainer's half runs what is left
+    assert "tests" in trainer and trainer[-1] == operator[-1] == "-q"

@@ -53,6 +53,21 @@ def policy_worker(build: ModelBuild, dev: torch.device, recipe: Recipe, batch: i
     return TorchPolicyWorker(build, optim, LossConfig(), rank=0, world_size=1, device=str(dev), recipe=recipe)
 
 
+def grpo_rows(vocab: int, batch: int, seq: int, seed: int = 0) -> list[TrainRow]:
+    """`batch` rows of seq + 1 random tokens: a prompt of seq / 8 + 1, then the response, as in
+    GRPO rows (seq positions trained per row)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, seq + 1), generator=g)
+    adv = torch.randn(batch, generator=g)
+    prompt = seq // 8 + 1
+    return [
+        TrainRow(
+            ids[i, :prompt].tolist(), ids[i, prompt:].tolist(), [-1.0] * (seq + 1 - prompt), float(adv[i])
+        )
+        for i in range(batch)
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
@@ -89,16 +104,7 @@ def main() -> None:
         workload={"batch": batch, "seq": seq, "tokens_per_step": batch * seq, "iters": iters},
         mfu={"formula": "6 * N_matmul * tokens / step_seconds / peak", "peak_flops": c.PEAK_BF16_FLOPS},
     )
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, cfg.vocab_size, (batch, seq + 1), generator=g)
-    adv = torch.randn(batch, generator=g)
-    prompt = seq // 8 + 1  # a prompt then a response, as in GRPO rows
-    rows = [
-        TrainRow(
-            ids[i, :prompt].tolist(), ids[i, prompt:].tolist(), [-1.0] * (seq + 1 - prompt), float(adv[i])
-        )
-        for i in range(batch)
-    ]
+    rows = grpo_rows(cfg.vocab_size, batch, seq)
     out: dict[str, Any] = {}
     for name in names:
         recipe = VARIANTS[name]

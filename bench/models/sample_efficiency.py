@@ -47,6 +47,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,11 @@ CASES = {
 }
 
 
-def job_of(case: Case, mode: str) -> dict[str, Any]:
-    """The case's job file with its overrides and `mode`'s asyncRL settings."""
+def job_of(case: Case, mode: str, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The case's job file with its overrides, then `extra` (`--set`), and `mode`'s asyncRL settings."""
     job: dict[str, Any] = yaml.safe_load(case.job.read_text())
     trainer = job["spec"]["trainer"]
-    for assignment in case.overrides:
+    for assignment in (*case.overrides, *extra):
         learning_seeds.apply_override(trainer, assignment)
     trainer["asyncRL"] = bench.modes(trainer["grpo"]["numPromptsPerStep"])[mode]
     return job
@@ -179,7 +180,7 @@ def sweep(ns: argparse.Namespace) -> None:
         futures = {
             pool.submit(
                 learning_seeds.run_seed,
-                job_of(CASES[case], mode),
+                job_of(CASES[case], mode, ns.set),
                 ns.models,
                 seed,
                 CASES[case].steps,
@@ -220,6 +221,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
     parser.add_argument("--timeout", type=float, default=None, help="seconds a run may take before it fails")
+    parser.add_argument(
+        "--set", action="append", default=[], help="SECTION.FIELD=VALUE of spec.trainer, for every case"
+    )
     parser.add_argument(
         "--report", type=Path, nargs="+", help="no runs: the tables of the runs in these sweeps' outputs"
     )

@@ -1,4 +1,4 @@
-"""Generate the AsyncGRPOJob CustomResourceDefinition from the pydantic models.
+"""Generate the CustomResourceDefinitions (AsyncGRPOJob, AsyncGRPORuntime) from the pydantic models.
 
 The models are the one schema: this turns their JSON schema into a Kubernetes structural schema
 (refs inlined, nullable unions collapsed, pydantic-only keywords dropped), adds the defaults so
@@ -11,7 +11,7 @@ would lag behind the webhook's (and one copy kept here by hand already refused P
 the webhook admits), and the policy judges only the namespaces the webhook judges.
 
 Run `python -m asyncgrpo_api.crdgen` to rewrite crds/ and the Helm chart's byte copy of it;
-`--check` fails when either is stale.
+`--check` fails when any file is stale.
 """
 
 from __future__ import annotations
@@ -24,9 +24,17 @@ from typing import Any
 import yaml
 
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from asyncgrpo_api.v1alpha1.admin_runtime import (
+    RUNTIME_KIND,
+    RUNTIME_PLURAL,
+    RUNTIME_SHORT_NAMES,
+    RUNTIME_SINGULAR,
+    AsyncGRPORuntimeSpec,
+)
 from asyncgrpo_api.v1alpha1.job import AsyncGRPOJobSpec, AsyncGRPOJobStatus
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
+RUNTIME_CRD_FILE = f"{GROUP}_{RUNTIME_PLURAL}.yaml"
 Schema = dict[str, Any]
 
 _DROPPED_KEYWORDS = frozenset({"title", "propertyNames", "additionalProperties"})
@@ -64,6 +72,14 @@ VOLUME_RULES: list[Schema] = [
     }
 ]
 
+RUNTIME_PRINTER_COLUMNS: list[Schema] = [
+    {"name": "ServiceAccount", "type": "string", "jsonPath": ".spec.serviceAccountName"},
+    {"name": "HostNetwork", "type": "boolean", "jsonPath": ".spec.allow.hostNetwork"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Images", "type": "string", "jsonPath": ".spec.images", "priority": 1},
+    {"name": "Volumes", "type": "string", "jsonPath": ".spec.allow.volumes", "priority": 1},
+]
+
 ROOT_RULES: list[Schema] = [
     {
         "rule": "size(self.metadata.name) + size(string(self.spec.backoffLimit)) <= 52",
@@ -74,50 +90,89 @@ ROOT_RULES: list[Schema] = [
 
 
 def build_crd() -> Schema:
-    """The CustomResourceDefinition object, as a dict ready to dump."""
+    """The AsyncGRPOJob CustomResourceDefinition, as a dict ready to dump."""
     spec_schema = _structural(AsyncGRPOJobSpec.model_json_schema(by_alias=True), with_defaults=True)
     status_schema = _structural(AsyncGRPOJobStatus.model_json_schema(by_alias=True), with_defaults=False)
     for volume in spec_schema["properties"]["storage"]["properties"].values():
         volume["x-kubernetes-validations"] = VOLUME_RULES
-    root: Schema = {
+    root = _root(KIND, "An asynchronous GRPO training job run on a KubeRay RayCluster.", spec_schema)
+    root["properties"]["status"] = status_schema
+    root["x-kubernetes-validations"] = ROOT_RULES
+    version: Schema = {"subresources": {"status": {}}, "additionalPrinterColumns": PRINTER_COLUMNS}
+    return _crd(KIND, PLURAL, SINGULAR, SHORT_NAMES, scope="Namespaced", root=root, version=version)
+
+
+def build_runtime_crd() -> Schema:
+    """The AsyncGRPORuntime CustomResourceDefinition: cluster-scoped, a spec and no status."""
+    spec_schema = _structural(AsyncGRPORuntimeSpec.model_json_schema(by_alias=True), with_defaults=True)
+    description = (
+        "An administrator's runtime for AsyncGRPOJobs: the images, ServiceAccount and securityContext the "
+        "pods get, and what a job may add (host network, volume types, sidecars, init containers)."
+    )
+    root = _root(RUNTIME_KIND, description, spec_schema)
+    version: Schema = {"additionalPrinterColumns": RUNTIME_PRINTER_COLUMNS}
+    return _crd(
+        RUNTIME_KIND,
+        RUNTIME_PLURAL,
+        RUNTIME_SINGULAR,
+        RUNTIME_SHORT_NAMES,
+        scope="Cluster",
+        root=root,
+        version=version,
+    )
+
+
+def _root(kind: str, description: str, spec_schema: Schema) -> Schema:
+    return {
         "type": "object",
-        "description": "An asynchronous GRPO training job run on a KubeRay RayCluster.",
+        "description": description,
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "asyncgrpo.dev/v1alpha1."},
-            "kind": {"type": "string", "description": "AsyncGRPOJob."},
+            "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}."},
+            "kind": {"type": "string", "description": f"{kind}."},
             "metadata": {"type": "object"},
             "spec": spec_schema,
-            "status": status_schema,
         },
-        "x-kubernetes-validations": ROOT_RULES,
     }
+
+
+def _crd(
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: tuple[str, ...],
+    *,
+    scope: str,
+    root: Schema,
+    version: Schema,
+) -> Schema:
+    """The CustomResourceDefinition envelope: names, scope and the one served version."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{PLURAL}.{GROUP}",
+            "name": f"{plural}.{GROUP}",
             "labels": {"app.kubernetes.io/part-of": "asyncgrpo"},
         },
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
-                "categories": ["all", "asyncgrpo"],
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
+                # `kubectl get all` lists namespaced objects only.
+                "categories": ["all", "asyncgrpo"] if scope == "Namespaced" else ["asyncgrpo"],
             },
-            "scope": "Namespaced",
+            "scope": scope,
             "versions": [
                 {
                     "name": VERSION,
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": root},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    **version,
                 }
             ],
         },
@@ -241,11 +296,15 @@ def _ordered(node: Schema) -> Schema:
     return dict(sorted(node.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
-def render_crd() -> str:
-    """The CRD as YAML text, exactly as committed under crds/."""
+def render_crd(crd: Schema | None = None) -> str:
+    """A CRD (the AsyncGRPOJob's by default) as YAML text, exactly as committed under crds/."""
     header = "# GENERATED by `python -m asyncgrpo_api.crdgen` from the asyncgrpo_api models. Do not edit.\n"
     return header + yaml.dump(
-        build_crd(), Dumper=_NoAliasDumper, sort_keys=False, width=120, allow_unicode=True
+        build_crd() if crd is None else crd,
+        Dumper=_NoAliasDumper,
+        sort_keys=False,
+        width=120,
+        allow_unicode=True,
     )
 
 
@@ -260,7 +319,7 @@ CHART_CRDS = Path("charts/asyncgrpo-operator/crds")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write (or with --check, verify) the CRD under crds/ and its copy in the Helm chart."""
+    """Write (or with --check, verify) the CRDs under crds/ and their copies in the Helm chart."""
     parser = argparse.ArgumentParser(prog="python -m asyncgrpo_api.crdgen", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("crds"), help="output folder (default: crds)")
     parser.add_argument(
@@ -268,14 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="fail if a committed file is stale")
     args = parser.parse_args(argv)
-    text = render_crd()
-    targets = [args.out / CRD_FILE, args.chart_crds / CRD_FILE]
+    texts = {CRD_FILE: render_crd(), RUNTIME_CRD_FILE: render_crd(build_runtime_crd())}
+    targets = [
+        (folder / name, text) for name, text in texts.items() for folder in (args.out, args.chart_crds)
+    ]
     if args.check:
-        stale = [t for t in targets if not t.exists() or t.read_text() != text]
+        stale = [t for t, text in targets if not t.exists() or t.read_text() != text]
         for target in stale:
             print(f"{target} is stale: run `python -m asyncgrpo_api.crdgen`", file=sys.stderr)
         return 1 if stale else 0
-    for target in targets:
+    for target, text in targets:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         print(f"wrote {target} ({len(text.encode())} bytes)")

@@ -38,6 +38,10 @@ ROLLOUT_TIMEOUT = _t("asyncRL.rolloutTimeoutSeconds")
 GLOBAL_BATCH = _t("policy.trainGlobalBatchSize")
 POLICY_BACKEND = _t("policy.backend")
 TOKEN_BUDGET = _t("policy.maxTokensPerMicroBatch")
+SHARDING = _t("policy.sharding.strategy")
+ACTIVATION_CHECKPOINTING = _t("policy.activationCheckpointing")
+DYNAMIC_SAMPLING = _t("grpo.dynamicSampling")
+OVERLONG_PENALTY = _t("grpo.overlongPenaltyTokens")
 SEQUENCE_LEVEL = _t("loss.sequenceLevelImportanceRatios")
 TRUNCATION = _t("loss.truncatedImportanceSamplingType")
 TOKEN_LEVEL = _t("loss.tokenLevelLoss")
@@ -204,6 +208,32 @@ INVARIANTS: tuple[Invariant, ...] = (
             "time out and retry",
         ),
     ),
+    # --- DAPO's sampling and reward shaping ---
+    Invariant(
+        "dynamicSamplingOneSample",
+        DYNAMIC_SAMPLING.path,
+        DYNAMIC_SAMPLING & N.lt(2),
+        (
+            "needs numGenerationsPerPrompt >= 2: a group of one sample always has equal rewards (zero "
+            "advantage), so dynamic sampling would drop every group; raise numGenerationsPerPrompt or "
+            "set dynamicSampling false",
+        ),
+    ),
+    Invariant(
+        "overlongPenaltyAboveMaxNewTokens",
+        OVERLONG_PENALTY.path,
+        OVERLONG_PENALTY.is_set() & OVERLONG_PENALTY.gt(MAX_NEW_TOKENS),
+        (
+            "must be at most generation.maxNewTokens (",
+            MAX_NEW_TOKENS,
+            "): the penalty band is the last ",
+            "overlongPenaltyTokens tokens below the length limit; got ",
+            OVERLONG_PENALTY,
+            ". Set it to ",
+            MAX_NEW_TOKENS,
+            " or less, or raise generation.maxNewTokens",
+        ),
+    ),
     # --- loss variants (NeMo-RL refuses the same combinations) ---
     Invariant(
         "sequenceRatiosWithSequenceMask",
@@ -320,6 +350,25 @@ INVARIANTS: tuple[Invariant, ...] = (
         (
             "packs rows for the torch policy backend only; the megatron backend counts micro-batches in "
             "rows (trainMicroBatchSize): unset it or use policy.backend torch",
+        ),
+    ),
+    # --- the torch backend's memory layout ---
+    Invariant(
+        "fsdpOnMegatron",
+        SHARDING.path,
+        MEGATRON & SHARDING.eq("fsdp"),
+        (
+            "fsdp shards the torch policy backend's model; the megatron backend splits its model with "
+            "policy.megatron.tensorParallelSize instead: set strategy none, or use policy.backend torch",
+        ),
+    ),
+    Invariant(
+        "activationCheckpointingOnMegatron",
+        ACTIVATION_CHECKPOINTING.path,
+        MEGATRON & ACTIVATION_CHECKPOINTING,
+        (
+            "recomputes activations in the torch policy backend only; the megatron backend keeps them: "
+            "set it false, or use policy.backend torch",
         ),
     ),
     # --- data and rewards (what only the files show fails the driver with InvalidData) ---

@@ -744,6 +744,13 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 "is ignored with policy.maxTokensPerMicroBatch: micro-batches are packed by tokens, not "
                 "counted in rows; remove it or unset maxTokensPerMicroBatch",
             )
+    if not trainer.grpo.dynamic_sampling:
+        for field in _non_default(trainer.grpo, "dynamic_sampling_max_extra_groups"):
+            yield Finding(
+                f"{TRAINER}.grpo.{field}",
+                "is ignored while grpo.dynamicSampling is false (no group is dropped, so none is "
+                "replaced); set dynamicSampling true or remove this",
+            )
     if trainer.logprob_gate.threshold is None:
         for field in _non_default(trainer.logprob_gate, "steps", "fail_job"):
             yield Finding(
@@ -776,6 +783,7 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 f"is ignored with the {transport} refit this job runs (only the broadcast, weightSync."
                 f"transport nccl or auto between GPU pools, packs buckets); remove it",
             )
+    yield from _warn_inert_sharding(job)
     if trainer.policy.learning_rate_schedule == "constant":
         for field in _non_default(trainer.policy, "min_learning_rate_ratio"):
             yield Finding(
@@ -787,6 +795,34 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
             f"{TRAINER}.env.scoreTruncated",
             "is ignored without env.function (the environments reward a truncated response 0); set "
             "env.function or remove it",
+        )
+
+
+def _warn_inert_sharding(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """policy.sharding settings that this job's layout makes do nothing (the megatron backend with
+    fsdp is an invariant's error)."""
+    sharding, path = job.spec.trainer.policy.sharding, f"{TRAINER}.policy.sharding"
+    offload = sharding.cpu_offload
+    if sharding.strategy != "fsdp":
+        if offload:
+            yield Finding(
+                f"{path}.cpuOffload",
+                "is ignored unless sharding.strategy is fsdp (only FSDP's shards move to host memory); set "
+                "strategy fsdp or remove it",
+            )
+        return
+    if offload and not job.spec.cluster.policy_workers.gpus_per_replica:
+        yield Finding(
+            f"{path}.cpuOffload",
+            "changes nothing on CPU policy workers (cluster.policyWorkers.gpusPerReplica 0): their weights, "
+            "gradients and optimizer state are in host memory already; remove it",
+        )
+    if policy_data_parallel_size(job) == 1 and not offload:
+        yield Finding(
+            f"{path}.strategy",
+            "fsdp over one policy rank shards nothing: that rank holds the whole model, as with strategy "
+            "none. Add policy ranks (cluster.policyWorkers replicas or gpusPerReplica), set cpuOffload "
+            "on GPUs, or use strategy none",
         )
 
 

@@ -16,17 +16,24 @@ spec's bytes without any write; the generation moves only when a client writes t
 
 A job with no record was admitted by an operator that kept none (before this field existed): it
 is given the benefit of the doubt, as the older rules would have.
+
+A job that names an AsyncGRPORuntime is judged by it too, as the runtime is now: an administrator
+can change or delete a runtime after its jobs were admitted, and what it no longer allows is not
+started again. Unlike a tightened rule, this is no benefit of the doubt to give: the runtime is
+the administrator's word on what may run, so its refusal is treated like a spec that was never
+admitted (plan.plan_invalid): a running attempt is kept, no new one is started.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from asyncgrpo_api.rules import Report
+from asyncgrpo_api.rules import Finding, Report
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
-from asyncgrpo_operator.decision import ADMITTED_UNDER_OLDER_RULES, SPEC_CHANGE_NOT_ADMITTED
+from asyncgrpo_operator.decision import ADMITTED_UNDER_OLDER_RULES, RUNTIME_FORBIDS, SPEC_CHANGE_NOT_ADMITTED
 
-__all__ = ["Verdict", "judge"]
+__all__ = ["Verdict", "judge", "under_runtime"]
 
 
 @dataclass(frozen=True)
@@ -70,4 +77,19 @@ def judge(report: Report, status: AsyncGRPOJobStatus | None, generation: int) ->
         refusal=(
             f"the spec no longer parses under this operator's rules (added since it was admitted): {findings}"
         ),
+    )
+
+
+def under_runtime(verdict: Verdict, refusals: Sequence[Finding]) -> Verdict:
+    """The verdict once the job's AsyncGRPORuntime, as it is now, has had its say
+    (asyncgrpo_api.runtime_rules.check): unchanged when the runtime allows the job."""
+    if verdict.job is None or not refusals:
+        return verdict
+    runtime = verdict.job.spec.runtime_ref.name if verdict.job.spec.runtime_ref else ""
+    findings = "; ".join(str(r) for r in refusals)
+    return Verdict(
+        job=None,
+        refusal=f"AsyncGRPORuntime {runtime} refuses the job as it is now (changed or deleted since the job "
+        f"was admitted): {findings}",
+        reason=RUNTIME_FORBIDS,
     )

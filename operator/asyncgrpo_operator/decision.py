@@ -71,6 +71,8 @@ CONFIGMAP_NAME_TAKEN = "ConfigMapNameTaken"
 WAITING_FOR_PREVIOUS_CLUSTER = "WaitingForPreviousCluster"
 ADMITTED_UNDER_OLDER_RULES = "AdmittedUnderOlderRules"
 SPEC_CHANGE_NOT_ADMITTED = "SpecChangeNotAdmitted"
+RUNTIME_FORBIDS = "RuntimeForbids"
+"""The job's AsyncGRPORuntime refuses it now: changed or deleted since the job was admitted."""
 GEN_LOGPROB_ERROR_HIGH = "GenLogprobErrorHigh"
 
 BAD_WAITING_REASONS = frozenset(
@@ -96,6 +98,7 @@ _WARNING_REASONS = frozenset(
         CONFIGMAP_NAME_TAKEN,
         ADMITTED_UNDER_OLDER_RULES,
         SPEC_CHANGE_NOT_ADMITTED,
+        RUNTIME_FORBIDS,
         "PodCreationFailed",
         "FlavorConflict",
         "PriorityClassNotFound",

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from asyncgrpo_api.rules import Finding
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_operator import k8s, manifests
 
 DRY_RUN_TIMEOUT_SECONDS = 2.0
@@ -45,12 +46,15 @@ SHED_WARNING = (
 Result = Literal["accepted", "refused", "skipped", "unchanged", "shed"]
 
 
-def target(job: AsyncGRPOJob, before: AsyncGRPOJob | None, uid: str) -> dict[str, Any] | None:
-    """The RayCluster to dry-run for an allowed request: attempt 0's, owned by the job; None when
-    an update (`before` is the stored job) leaves it as it was, so there is nothing new to ask."""
+def target(
+    job: AsyncGRPOJob, before: AsyncGRPOJob | None, uid: str, runtime: AsyncGRPORuntime | None = None
+) -> dict[str, Any] | None:
+    """The RayCluster to dry-run for an allowed request: attempt 0's, owned by the job, with what
+    its AsyncGRPORuntime fixes; None when an update (`before` is the stored job) leaves it as it
+    was, so there is nothing new to ask."""
     owner = manifests.Owner(name=job.metadata.name, uid=uid or PLACEHOLDER_UID)
-    cluster = manifests.ray_cluster(job, 0, owner)
-    if before is not None and manifests.ray_cluster(before, 0, owner) == cluster:
+    cluster = manifests.ray_cluster(job, 0, owner, runtime)
+    if before is not None and manifests.ray_cluster(before, 0, owner, runtime) == cluster:
         return None
     if before is None:
         # A job being created is not stored yet (a validating webhook sees its UID already): its

@@ -23,6 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from asyncgrpo_api.v1alpha1.admin_runtime import RUNTIME_PLURAL
 from asyncgrpo_operator import naming
 from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.metrics_access import Identity, identity_from_review
@@ -298,6 +299,10 @@ class Api:
 
     async def get_resource_flavor(self, name: str) -> Obj | None:
         return await self.get_or_none(f"{KUEUE_BASE}/resourceflavors/{name}")
+
+    async def get_runtime(self, name: str) -> Obj | None:
+        """An AsyncGRPORuntime (cluster-scoped), or None when it does not exist."""
+        return await self.get_or_none(f"/apis/{GROUP}/{VERSION}/{RUNTIME_PLURAL}/{name}")
 
     async def get_priority_class(self, name: str) -> Obj | None:
         return await self.get_or_none(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")

@@ -21,8 +21,9 @@ Shape of the RayCluster, and why:
   RayCluster integration admits it by unsuspending it (docs/guides/scheduling.md). KAI Scheduler and
   Volcano get what KubeRay's batch-scheduler integration reads (queue and priority labels on the
   RayCluster) and the schedulerName on every pod.
-- A pool's podTemplate override is merged in last (overrides.py); admission already refused what it
-  may not change.
+- A pool's podTemplate override is merged in (overrides.py); admission already refused what it
+  may not change. Last, the job's AsyncGRPORuntime, if it names one, sets the ServiceAccount and
+  securityContexts it fixes (pinned.py).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from typing import Any
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, Resources, WorkerGroup
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
-from asyncgrpo_operator import naming, overrides
+from asyncgrpo_operator import naming, overrides, pinned
 
 Manifest = dict[str, Any]
 
@@ -89,9 +91,14 @@ def owner_reference(owner: Owner) -> Manifest:
     }
 
 
-def objects(job: AsyncGRPOJob, attempt: int = 0, owner: Owner | None = None) -> list[Manifest]:
+def objects(
+    job: AsyncGRPOJob,
+    attempt: int = 0,
+    owner: Owner | None = None,
+    runtime: AsyncGRPORuntime | None = None,
+) -> list[Manifest]:
     """Everything the operator creates for one attempt of a job, in creation order."""
-    return [spec_configmap(job, owner), ray_cluster(job, attempt, owner)]
+    return [spec_configmap(job, owner), ray_cluster(job, attempt, owner, runtime)]
 
 
 # --- the job spec ConfigMap ----------------------------------------------------------------------
@@ -138,8 +145,11 @@ def data_digest(data: dict[str, str]) -> str:
 # --- the RayCluster ------------------------------------------------------------------------------
 
 
-def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> Manifest:
-    """The RayCluster of one attempt: a head (Ray head + driver) and the policy/generation pools."""
+def ray_cluster(
+    job: AsyncGRPOJob, attempt: int, owner: Owner | None = None, runtime: AsyncGRPORuntime | None = None
+) -> Manifest:
+    """The RayCluster of one attempt: a head (Ray head + driver) and the policy/generation pools,
+    with what the job's runtime (None: it names none) fixes."""
     spec = job.spec
     name = naming.raycluster_name(job.metadata.name, attempt)
     metadata = _metadata(job, name, naming.COMPONENT_CLUSTER, owner)
@@ -148,7 +158,12 @@ def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> 
     metadata["annotations"] = {naming.RAY_DISABLE_HEAD_RESTART_ANNOTATION: "true"}
     workers = [
         _worker_group(
-            job, attempt, naming.POLICY_GROUP, naming.COMPONENT_POLICY, spec.cluster.policy_workers
+            job,
+            attempt,
+            naming.POLICY_GROUP,
+            naming.COMPONENT_POLICY,
+            spec.cluster.policy_workers,
+            runtime=runtime,
         ),
         _worker_group(
             job,
@@ -156,6 +171,7 @@ def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> 
             naming.GENERATION_GROUP,
             naming.COMPONENT_GENERATION,
             spec.cluster.generation_workers,
+            runtime=runtime,
         ),
     ]
     return {
@@ -167,7 +183,7 @@ def ray_cluster(job: AsyncGRPOJob, attempt: int, owner: Owner | None = None) -> 
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {
                 "rayStartParams": _head_start_params(),
-                "template": _head_template(job, attempt),
+                "template": _head_template(job, attempt, runtime),
             },
             "workerGroupSpecs": [group for group in workers if group is not None],
         },
@@ -234,7 +250,7 @@ def _wait_for_driver(host: str, seconds: int) -> Manifest:
     return {"preStop": {"exec": {"command": ["/bin/bash", "-c", script]}}}
 
 
-def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
+def _head_template(job: AsyncGRPOJob, attempt: int, runtime: AsyncGRPORuntime | None) -> Manifest:
     spec = job.spec
     head = spec.cluster.head
     ray_head = {
@@ -299,11 +315,17 @@ def _head_template(job: AsyncGRPOJob, attempt: int) -> Manifest:
     # head's containers share one process namespace.
     pod_spec["shareProcessNamespace"] = True
     template = {"metadata": _pod_metadata(job, attempt, naming.COMPONENT_HEAD, head), "spec": pod_spec}
-    return overrides.merge(template, head.pod_template)
+    return pinned.pin(overrides.merge(template, head.pod_template), runtime)
 
 
 def _worker_group(
-    job: AsyncGRPOJob, attempt: int, group: str, component: str, pool: WorkerGroup
+    job: AsyncGRPOJob,
+    attempt: int,
+    group: str,
+    component: str,
+    pool: WorkerGroup,
+    *,
+    runtime: AsyncGRPORuntime | None,
 ) -> Manifest | None:
     if pool.replicas == 0:
         return None
@@ -327,12 +349,15 @@ def _worker_group(
         "minReplicas": pool.replicas,
         "maxReplicas": pool.replicas,
         "rayStartParams": _node_start_params(),
-        "template": overrides.merge(
-            {
-                "metadata": _pod_metadata(job, attempt, component, pool),
-                "spec": _pod_spec(job, pool, [container], [_SHM]),
-            },
-            pool.pod_template,
+        "template": pinned.pin(
+            overrides.merge(
+                {
+                    "metadata": _pod_metadata(job, attempt, component, pool),
+                    "spec": _pod_spec(job, pool, [container], [_SHM]),
+                },
+                pool.pod_template,
+            ),
+            runtime,
         ),
     }
 

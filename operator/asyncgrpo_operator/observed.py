@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.job import MAX_PROGRESS_INT
 from asyncgrpo_operator import naming
 from asyncgrpo_operator.workload import Flavor, Priority
@@ -461,6 +462,9 @@ class Observation:
     """The Workload's priority, resolved from the job's priority class (None: none, or unknown)."""
     priority_error: str | None = None
     """Why the job's priority class could not be resolved (it does not exist)."""
+    runtime: AsyncGRPORuntime | None = None
+    """The AsyncGRPORuntime the job names, as read this pass (None: it names none); what it fixes
+    goes into the RayCluster."""
     from_cache: bool = False
     """The children were read from watch caches, which may lag behind each other: what is missing
     may only be not seen yet, so a conclusion from a missing child asks for a fresh read first."""

@@ -30,8 +30,9 @@ The rules, in the order they are applied:
 6. A job whose spec the rules refuse is Failed (InvalidSpec), unless it was already started: an
    upgrade never kills a running job. A started job whose spec only fails rules tightened since it
    was admitted keeps running under the spec it has (SpecValid False says why). One whose spec no
-   longer parses, or changed without passing admission (admitted.py), keeps its running attempt
-   but gets no new one (no retry, no resume): when that attempt ends, it is the job's outcome.
+   longer parses, changed without passing admission, or is refused by its AsyncGRPORuntime as the
+   runtime is now (admitted.py), keeps its running attempt but gets no new one (no retry, no
+   resume): when that attempt ends, it is the job's outcome.
 7. A job Kueue manages (kueue.x-k8s.io/queue-name) is Kueue's workload (workload.py): it owns a
    Workload; until Kueue admits it the job is suspended (spec.suspend is Kueue's gate) and Queued
    with Kueue's reason; admission unsuspends it and starts the attempt on the assigned flavors,
@@ -275,7 +276,7 @@ class _Ctx:
 
     def cluster_manifest(self, attempt: int) -> Manifest:
         """The attempt's RayCluster; for a job Kueue admitted, with the flavors it assigned."""
-        rendered = manifests.ray_cluster(self.job, attempt, self.owner)
+        rendered = manifests.ray_cluster(self.job, attempt, self.owner, self.observed.runtime)
         admission = self.observed.workload
         if self.job.kueue_queue_name is not None and admission is not None and admission.admitted:
             rendered = workload.inject_flavors(rendered, admission.assignments, self.observed.flavors)
@@ -424,7 +425,7 @@ def _kueue(ctx: _Ctx, draft: Draft) -> None:
     current = observed.workload
     if owner is not None:
         desired = workload.manifest(
-            job, owner, manifests.ray_cluster(job, draft.attempt, owner), observed.priority
+            job, owner, manifests.ray_cluster(job, draft.attempt, owner, observed.runtime), observed.priority
         )
         name = desired["metadata"]["name"]
         if current is None:

@@ -33,8 +33,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from asyncgrpo_api.rules import validate_manifest
-from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
+from asyncgrpo_api import runtime_rules
+from asyncgrpo_api.rules import Finding, validate_manifest
+from asyncgrpo_api.v1alpha1 import TERMINAL_PHASES, AsyncGRPOJob, AsyncGRPOJobStatus
+from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import admitted, cache, decision, k8s, naming, plan, progress
 from asyncgrpo_operator import workload as workload_mod
@@ -142,8 +144,10 @@ class Reconciler:
         status = _parse_status(body.get("status"))
         owner = Owner(name=name, uid=str(body["metadata"]["uid"]))
         verdict = admitted.judge(validate_manifest(_manifest(body)), status, generation)
+        runtime, refusals = await self._runtime(verdict.job, status)
+        verdict = admitted.under_runtime(verdict, refusals)
         job, spec_errors = verdict.job, verdict.spec_errors
-        observed = await self._observe(key, body, job, status, now)
+        observed = replace(await self._observe(key, body, job, status, now), runtime=runtime)
         if job is None:
             cleanup = _cleanup_policy(body)
 
@@ -242,6 +246,17 @@ class Reconciler:
             priority_error=kueue_view.priority_error,
             from_cache=True,
         )
+
+    async def _runtime(
+        self, job: AsyncGRPOJob | None, status: AsyncGRPOJobStatus | None
+    ) -> tuple[AsyncGRPORuntime | None, list[Finding]]:
+        """The AsyncGRPORuntime the job names, read from the API server (one GET per pass of such an
+        unfinished job: a runtime is rarely written, and no pass may run by one the administrator
+        has changed since), and what it refuses in the job now."""
+        finished = status is not None and status.phase in TERMINAL_PHASES
+        if job is None or job.spec.runtime_ref is None or finished:
+            return None, []
+        return runtime_rules.check(job, await self.api.get_runtime(job.spec.runtime_ref.name))
 
     async def _observe_kueue(self, namespace: str, uid: str, job: AsyncGRPOJob) -> _KueueView:
         """For a job Kueue manages: its Workload (read, not watched), the ResourceFlavors its

@@ -3,7 +3,10 @@
 It validates the job with the same rules as the admission webhook and renders it with the same
 pure code the operator uses (manifests.py), so users can review the RayCluster, the pods'
 placement, volumes, environment and ports before applying. Only the ownerReferences are missing:
-they need the job's UID, which exists once the job is created.
+they need the job's UID, which exists once the job is created. A job that names an AsyncGRPORuntime
+is rendered as the operator renders it with `--runtime` and the runtime's manifest (the runtime
+lives in the cluster: `kubectl get asyncgrporuntime <name> -o yaml`), and checked against it as
+the webhook checks it.
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
+from asyncgrpo_api import runtime_rules
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_operator import manifests, workload
 from asyncgrpo_operator.manifests import Owner
 
@@ -33,14 +38,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-n", "--namespace", help="namespace to render into (default: the job's)")
     parser.add_argument("--attempt", type=int, default=0, help="attempt index (0 is the first run)")
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    parser.add_argument(
+        "--runtime",
+        type=Path,
+        help="the AsyncGRPORuntime manifest the jobs name: check them against it, render what it fixes",
+    )
     args = parser.parse_args(argv)
-    return render_files(args.files, namespace=args.namespace, attempt=args.attempt, output=args.output)
+    runtime = yaml.safe_load(args.runtime.read_text()) if args.runtime else None
+    return render_files(
+        args.files, namespace=args.namespace, attempt=args.attempt, output=args.output, runtime=runtime
+    )
 
 
 def render_files(
-    files: list[str], *, namespace: str | None, attempt: int, output: str, out: TextIO | None = None
+    files: list[str],
+    *,
+    namespace: str | None,
+    attempt: int,
+    output: str,
+    out: TextIO | None = None,
+    runtime: Mapping[str, Any] | None = None,
 ) -> int:
-    """Render every job document in `files`; print findings to stderr and return 1 on errors."""
+    """Render every job document in `files`; print findings to stderr and return 1 on errors.
+    `runtime` is the AsyncGRPORuntime a job that names one is checked against and rendered with
+    (None: such a job is refused, as the webhook refuses a runtime that does not exist)."""
     out = out or sys.stdout
     rendered: list[dict[str, Any]] = []
     failed = False
@@ -50,12 +71,13 @@ def render_files(
         report = validate_manifest(document)
         for warning in report.warnings:
             print(f"{source}: warning: {warning}", file=sys.stderr)
-        if report.job is None:
+        admin, refusals = runtime_rules.check(report.job, runtime) if report.job else (None, [])
+        if report.job is None or refusals:
             failed = True
-            for error in report.errors:
+            for error in [*report.errors, *refusals]:
                 print(f"{source}: error: {error}", file=sys.stderr)
             continue
-        rendered += objects(report.job, attempt=attempt)
+        rendered += objects(report.job, attempt=attempt, runtime=admin)
     if failed:
         return 1
     if output == "json":
@@ -71,12 +93,14 @@ def render_files(
     return 0
 
 
-def objects(job: AsyncGRPOJob, *, attempt: int, owner: Owner | None = None) -> list[dict[str, Any]]:
+def objects(
+    job: AsyncGRPOJob, *, attempt: int, owner: Owner | None = None, runtime: AsyncGRPORuntime | None = None
+) -> list[dict[str, Any]]:
     """What the operator creates for a job: the spec ConfigMap and the attempt's RayCluster, and,
     for a job Kueue queues, its Workload (whose pod sets are the RayCluster's groups)."""
-    rendered = manifests.objects(job, attempt=attempt, owner=owner)
+    rendered = manifests.objects(job, attempt=attempt, owner=owner, runtime=runtime)
     if job.kueue_queue_name is not None:
-        cluster = manifests.ray_cluster(job, attempt, owner)
+        cluster = manifests.ray_cluster(job, attempt, owner, runtime)
         rendered.append(workload.manifest(job, owner, cluster, None))
     return rendered
 

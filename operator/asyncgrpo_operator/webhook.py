@@ -20,8 +20,11 @@ Design choices, each to keep the webhook from ever wedging the cluster:
   it is a service reference with a CA bundle, which kopf's managed mode cannot produce, and
   `helm uninstall` removes it together with the operator, so no orphaned webhook blocks the API.
 
-After the rules, a job that passes them is checked once more by the API server itself: the
-RayCluster it would get is dry-run (dryrun.py), and a refusal of the object refuses the job.
+After the rules, a job that names an AsyncGRPORuntime is checked against it, read from the API
+server (asyncgrpo_api.runtime_rules): a runtime that does not exist, or cannot be read, refuses the
+job, as does every field the runtime does not allow. Then a job that passes is checked once more by
+the API server itself: the RayCluster it would get, with what its runtime fixes, is dry-run
+(dryrun.py), and a refusal of the object refuses the job.
 
 The operator's `main.py` calls `configure_admission(settings)` from its `@kopf.on.startup` handler;
 importing this module registers the handler with kopf's default registry.
@@ -29,6 +32,7 @@ importing this module registers the handler with kopf's default registry.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -39,10 +43,12 @@ from typing import Any
 
 import kopf
 
+from asyncgrpo_api import runtime_rules
 from asyncgrpo_api.rules import Finding, locked_changes, validate_manifest
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, AsyncGRPOJob
+from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
-from asyncgrpo_operator import dryrun, runtime
+from asyncgrpo_operator import dryrun, k8s, runtime
 from asyncgrpo_operator.workload import PRIORITY_LABEL as KUEUE_PRIORITY_LABEL
 
 logger = logging.getLogger(__name__)
@@ -64,6 +70,9 @@ DENIAL_CODE = 422
 (kopf's AdmissionError defaults to 500, which kubectl would print as an internal error.)"""
 
 MAX_FINDINGS_SHOWN = 50
+RUNTIME_READ_TIMEOUT_SECONDS = 2.0
+"""Budget of the AsyncGRPORuntime read inside the API server's admission timeout (chart default
+5 s), beside the dry-run's (dryrun.DRY_RUN_TIMEOUT_SECONDS)."""
 
 
 # --- the decision (pure) -------------------------------------------------------------------------
@@ -165,6 +174,39 @@ def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:
     return "\n".join(lines)
 
 
+def runtime_review(
+    operation: str, new: Mapping[str, Any], old: Mapping[str, Any] | None, found: Mapping[str, Any] | None
+) -> tuple[Decision | None, AsyncGRPORuntime | None]:
+    """Judge a job the rules allow against the AsyncGRPORuntime it names (`found`, as read from
+    the API server; None when it does not exist): (the denial, or None; the runtime to render with).
+
+    An update is refused only for what it adds: a job admitted before its runtime was tightened
+    must still be suspendable (Kueue preempts by setting spec.suspend), like `_new_problems`.
+    """
+    job = _parse(new)
+    if job is None or job.spec.runtime_ref is None:
+        return None, None
+    admin, refusals = runtime_rules.check(job, found)
+    before = _parse(old) if operation == "UPDATE" and old is not None else None
+    if before is not None and refusals:
+        already = set(runtime_rules.check(before, found)[1])
+        refusals = [finding for finding in refusals if finding not in already]
+    if not refusals:
+        return None, admin
+    return Decision(allowed=False, message=denial_message(new, refusals), errors=tuple(refusals)), admin
+
+
+def unreadable_runtime(new: Mapping[str, Any], name: str, error: str) -> Decision:
+    """The denial when the runtime cannot be read: a runtime is the administrator's limit, so a
+    job is not admitted unchecked against it (the webhook refuses, as its failurePolicy would)."""
+    finding = Finding(
+        runtime_rules.RUNTIME_FIELD,
+        f"AsyncGRPORuntime {name} could not be read ({error}); try again, or ask the cluster "
+        "administrator (the operator needs get on asyncgrporuntimes)",
+    )
+    return Decision(allowed=False, message=denial_message(new, [finding]), errors=(finding,))
+
+
 def _new_problems(errors: list[Finding], old: Mapping[str, Any]) -> list[Finding]:
     """Errors the update introduces: those the stored object already had are not held against it.
 
@@ -248,8 +290,11 @@ async def validate_job(*, body: kopf.Body, warnings: list[str], memo: Any = None
     old_obj = dict(old) if old is not None else None
     decision = review(operation, new=new_obj, old=old_obj)
     rt = runtime.find(memo)
+    admin: AsyncGRPORuntime | None = None
+    if decision.allowed and not _not_judged(operation, new_obj, old_obj):
+        decision, admin = await _within_runtime(rt, operation, new_obj, old_obj, decision)
     if decision.allowed and rt is not None and rt.admission_dry_run:
-        decision = await _with_dry_run(rt, operation, new_obj, old_obj, decision)
+        decision = await _with_dry_run(rt, operation, new_obj, old_obj, decision, admin=admin)
     if rt is not None:
         verdict = "allowed" if decision.allowed else "denied"
         rt.metrics.admissions.labels(operation, verdict).inc()
@@ -259,19 +304,46 @@ async def validate_job(*, body: kopf.Body, warnings: list[str], memo: Any = None
         raise kopf.AdmissionError(decision.message, code=DENIAL_CODE)
 
 
+async def _within_runtime(
+    rt: runtime.Runtime | None,
+    operation: str,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    decision: Decision,
+) -> tuple[Decision, AsyncGRPORuntime | None]:
+    """The decision after the job's AsyncGRPORuntime, and the runtime (None: the job names none)."""
+    ref = _mapping(_mapping(new.get("spec")).get("runtimeRef")).get("name")
+    if not isinstance(ref, str):
+        return decision, None
+    if rt is None:
+        return unreadable_runtime(new, ref, "the operator is still starting"), None
+    try:
+        found = await asyncio.wait_for(rt.api.get_runtime(ref), timeout=RUNTIME_READ_TIMEOUT_SECONDS)
+    except k8s.ApiError as err:
+        return unreadable_runtime(new, ref, f"HTTP {err.status}: {err.message}"), None
+    except TimeoutError:
+        return unreadable_runtime(new, ref, f"no answer within {RUNTIME_READ_TIMEOUT_SECONDS:g} s"), None
+    denial, admin = runtime_review(operation, new, old, found)
+    if denial is not None:
+        return Decision(False, denial.message, decision.warnings, denial.errors), None
+    return decision, admin
+
+
 async def _with_dry_run(
     rt: runtime.Runtime,
     operation: str,
     new: Mapping[str, Any],
     old: Mapping[str, Any] | None,
     decision: Decision,
+    *,
+    admin: AsyncGRPORuntime | None = None,
 ) -> Decision:
     if _not_judged(operation, new, old):
         return decision
     job = _parse(new)
     before = _parse(old) if operation == "UPDATE" and old is not None else None
     uid = str(_mapping(new.get("metadata")).get("uid") or "")
-    cluster = dryrun.target(job, before, uid) if job is not None else None
+    cluster = dryrun.target(job, before, uid, admin) if job is not None else None
     if cluster is None:
         rt.metrics.dry_runs.labels("unchanged").inc()
         return decision

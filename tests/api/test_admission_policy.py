@@ -138,6 +138,14 @@ TABLE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"asyncRL": {"rolloutTimeoutSeconds": 60, "stallTimeoutSeconds": 61}},
         {"asyncRL": {"rolloutTimeoutSeconds": 60, "stallTimeoutSeconds": 60}},
     ),
+    "dynamicSamplingOneSample": (
+        {"grpo": {"dynamicSampling": True, "numGenerationsPerPrompt": 2}},
+        {"grpo": {"dynamicSampling": True, "numGenerationsPerPrompt": 1}},
+    ),
+    "overlongPenaltyAboveMaxNewTokens": (
+        {"grpo": {"overlongPenaltyTokens": 16}, "generation": {"maxNewTokens": 16}},
+        {"grpo": {"overlongPenaltyTokens": 17}, "generation": {"maxNewTokens": 16}},
+    ),
     "sequenceRatiosWithSequenceMask": (
         {"loss": {"sequenceLevelImportanceRatios": True, "tokenLevelLoss": False}},
         {
@@ -204,6 +212,14 @@ TABLE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"policy": {"maxTokensPerMicroBatch": 256}},
         {"policy": {"backend": "megatron", "maxTokensPerMicroBatch": 256}},
     ),
+    "fsdpOnMegatron": (
+        {"policy": {"sharding": {"strategy": "fsdp"}}},
+        {"policy": {"backend": "megatron", "sharding": {"strategy": "fsdp"}}},
+    ),
+    "activationCheckpointingOnMegatron": (
+        {"policy": {"activationCheckpointing": True}},
+        {"policy": {"backend": "megatron", "activationCheckpointing": True}},
+    ),
     "promptsWithoutData": (
         {"env": {"name": "gsm8k"}, "data": {"trainPath": "/data/train.jsonl"}},
         {"env": {"name": "gsm8k"}},
@@ -245,6 +261,8 @@ TRAINERS = st.fixed_dictionaries(
             {
                 "numPromptsPerStep": st.sampled_from((1, 2, 4, 8)),
                 "numGenerationsPerPrompt": st.sampled_from((1, 2, 4)),
+                "dynamicSampling": st.booleans(),
+                "overlongPenaltyTokens": unset_or(1, 16, 64, 65),
             }
         ),
         "asyncRL": st.fixed_dictionaries(

@@ -312,8 +312,18 @@ MEGATRON_ON_GPUS = {
         ),
         ({"generation": {"topP": 0.9}}, "spec.trainer.generation.topP", "megatron backend does not"),
         ({"generation": {"topK": 4}}, "spec.trainer.generation.topK", "megatron backend does not"),
+        (
+            {"policy": {"sharding": {"strategy": "fsdp"}}},
+            "spec.trainer.policy.sharding.strategy",
+            "fsdp shards the torch policy backend's model",
+        ),
+        (
+            {"policy": {"activationCheckpointing": True}},
+            "spec.trainer.policy.activationCheckpointing",
+            "torch policy backend only",
+        ),
     ],
-    ids=["mini-batches", "top-p", "top-k"],
+    ids=["mini-batches", "top-p", "top-k", "fsdp", "activation-checkpointing"],
 )
 def test_the_megatron_backend_refuses_what_it_would_ignore(
     base_job: dict[str, Any], trainer: dict[str, Any], path: str, text: str
@@ -613,6 +623,72 @@ def test_each_grpo_variant_is_accepted_without_warnings(loss: dict[str, Any]) ->
     assert not [w for w in report.warnings if w.path.startswith(LOSS)], report.warnings
 
 
+GRPO = "spec.trainer.grpo"
+
+
+@pytest.mark.parametrize(
+    ("trainer", "path", "text"),
+    [
+        (
+            {"grpo": {"overlongPenaltyTokens": 17}, "generation": {"maxNewTokens": 16}},
+            f"{GRPO}.overlongPenaltyTokens",
+            "must be at most generation.maxNewTokens (16): the penalty band is the last "
+            "overlongPenaltyTokens tokens below the length limit; got 17. Set it to 16 or less, or raise "
+            "generation.maxNewTokens",
+        ),
+        (
+            {"grpo": {"overlongPenaltyTokens": 0}},
+            f"{GRPO}.overlongPenaltyTokens",
+            "input should be greater than or equal to 1; got 0",
+        ),
+        (
+            {"grpo": {"dynamicSampling": True, "dynamicSamplingMaxExtraGroups": -1}},
+            f"{GRPO}.dynamicSamplingMaxExtraGroups",
+            "input should be greater than or equal to 1; got -1",
+        ),
+        (
+            {"grpo": {"dynamicSampling": True, "numGenerationsPerPrompt": 1}},
+            f"{GRPO}.dynamicSampling",
+            "needs numGenerationsPerPrompt >= 2: a group of one sample always has equal rewards (zero "
+            "advantage), so dynamic sampling would drop every group; raise numGenerationsPerPrompt or set "
+            "dynamicSampling false",
+        ),
+    ],
+    ids=["band-longer-than-max-new-tokens", "empty-band", "negative-cap", "one-sample-groups"],
+)
+def test_dapo_settings_that_have_no_meaning_are_refused_naming_the_field_and_the_fix(
+    trainer: dict[str, Any], path: str, text: str
+) -> None:
+    errors = validate_manifest(job_with(**trainer)).errors
+    assert [str(e) for e in errors] == [f"{path}: {text}"]
+
+
+def test_dapo_settings_are_accepted_up_to_a_band_as_long_as_the_response_budget() -> None:
+    report = validate_manifest(
+        job_with(
+            grpo={"dynamicSampling": True, "dynamicSamplingMaxExtraGroups": 1, "overlongPenaltyTokens": 16},
+            generation={"maxNewTokens": 16},
+        )
+    )
+    assert report.ok, [str(e) for e in report.errors]
+    assert not [w for w in report.warnings if w.path.startswith(GRPO)], report.warnings
+    assert report.job is not None and report.job.spec.trainer.dynamic_sampling_max_extra_groups == 1
+
+
+def test_the_replacement_cap_defaults_to_one_step_of_groups() -> None:
+    report = validate_manifest(job_with(grpo={"dynamicSampling": True}))
+    assert report.job is not None and report.job.spec.trainer.dynamic_sampling_max_extra_groups == 8  # P
+
+
+def test_a_replacement_cap_without_dynamic_sampling_is_accepted_with_a_warning() -> None:
+    report = validate_manifest(job_with(grpo={"dynamicSamplingMaxExtraGroups": 4}))
+    assert report.ok
+    assert [str(w) for w in report.warnings if w.path.startswith(GRPO)] == [
+        f"{GRPO}.dynamicSamplingMaxExtraGroups: is ignored while grpo.dynamicSampling is false (no group "
+        "is dropped, so none is replaced); set dynamicSampling true or remove this"
+    ]
+
+
 def test_a_gsm8k_job_with_a_data_file_keys_and_a_reward_function_is_accepted() -> None:
     report = validate_manifest(
         job_with(
@@ -795,6 +871,52 @@ def test_a_field_the_configuration_ignores_is_named_in_a_warning_and_only_then(
         report = validate_manifest(_configured(config, path, value))
         assert report.ok, (config, [str(e) for e in report.errors])
         assert not [w for w in report.warnings if w.path == full], (config, report.warnings)
+
+
+SHARDING = "spec.trainer.policy.sharding"
+TWO_GPUS = {"policyWorkers": {"gpusPerReplica": 2}, "generationWorkers": {"gpusPerReplica": 1}}
+
+
+@pytest.mark.parametrize(
+    ("sharding", "cluster", "warned"),
+    [
+        ({"strategy": "fsdp"}, {"policyWorkers": {"replicas": 2}}, []),
+        ({"strategy": "fsdp"}, TWO_GPUS, []),
+        ({"strategy": "fsdp", "cpuOffload": True}, TWO_GPUS, []),
+        ({"strategy": "fsdp", "cpuOffload": True}, GPU_POOLS, []),  # one GPU, its AdamW state on the host
+        ({"strategy": "fsdp"}, {}, [("strategy", "fsdp over one policy rank shards nothing")]),
+        ({"strategy": "fsdp"}, GPU_POOLS, [("strategy", "fsdp over one policy rank shards nothing")]),
+        ({"cpuOffload": True}, TWO_GPUS, [("cpuOffload", "is ignored unless sharding.strategy is fsdp")]),
+        (
+            {"strategy": "fsdp", "cpuOffload": True},
+            {"policyWorkers": {"replicas": 2}},
+            [("cpuOffload", "changes nothing on CPU policy workers")],
+        ),
+    ],
+    ids=[
+        "two-cpu-ranks",
+        "two-gpus",
+        "two-gpus-offloaded",
+        "one-gpu-offloaded",
+        "one-cpu-rank",
+        "one-gpu",
+        "offload-unsharded",
+        "offload-on-cpu",
+    ],
+)
+def test_sharding_is_accepted_with_a_warning_where_it_does_nothing(
+    sharding: dict[str, Any], cluster: dict[str, Any], warned: list[tuple[str, str]]
+) -> None:
+    report = validate_manifest(_configured({"cluster": cluster}, "policy.sharding", sharding))
+    assert report.ok, [str(e) for e in report.errors]
+    found = [
+        (w.path.removeprefix(f"{SHARDING}."), w.message)
+        for w in report.warnings
+        if w.path.startswith(SHARDING)
+    ]
+    assert [field for field, _ in found] == [field for field, _ in warned], found
+    for (_, message), (_, text) in zip(found, warned, strict=True):
+        assert text in message and len(message) <= 256, message
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,17 @@ import yaml
 from pydantic import BaseModel
 
 from asyncgrpo_api.apidoc import render_api_doc
-from asyncgrpo_api.crdgen import CRD_FILE, PRINTER_COLUMNS, build_crd, render_crd
+from asyncgrpo_api.crdgen import (
+    CRD_FILE,
+    PRINTER_COLUMNS,
+    RUNTIME_CRD_FILE,
+    build_crd,
+    build_runtime_crd,
+    render_crd,
+)
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobSpec, AsyncGRPOJobStatus
+from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntimeSpec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
@@ -56,7 +64,7 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]
 
 
-@pytest.mark.parametrize("root", [AsyncGRPOJobSpec, AsyncGRPOJobStatus])
+@pytest.mark.parametrize("root", [AsyncGRPOJobSpec, AsyncGRPOJobStatus, AsyncGRPORuntimeSpec])
 def test_every_field_has_a_description(root: type[BaseModel]) -> None:
     missing = [
         f"{model.__name__}.{name}"
@@ -67,7 +75,8 @@ def test_every_field_has_a_description(root: type[BaseModel]) -> None:
     assert missing == []
 
 
-def test_every_spec_number_string_and_list_is_bounded() -> None:
+@pytest.mark.parametrize("crd", [build_crd(), build_runtime_crd()], ids=["job", "runtime"])
+def test_every_spec_number_string_and_list_is_bounded(crd: dict[str, Any]) -> None:
     unbounded = []
 
     def walk(node: dict[str, Any], path: str) -> None:
@@ -85,14 +94,23 @@ def test_every_spec_number_string_and_list_is_bounded() -> None:
         if isinstance(node.get("items"), dict):
             walk(node["items"], f"{path}[]")
 
-    crd = build_crd()
     walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")
     assert unbounded == []
 
 
-def test_the_committed_crd_is_what_the_models_generate() -> None:
+def test_the_committed_crds_are_what_the_models_generate() -> None:
     committed = (REPO / "crds" / CRD_FILE).read_text()
     assert committed == render_crd(), "crds/ is stale: run `python -m asyncgrpo_api.crdgen`"
+    committed = (REPO / "crds" / RUNTIME_CRD_FILE).read_text()
+    assert committed == render_crd(build_runtime_crd()), (
+        "crds/ is stale: run `python -m asyncgrpo_api.crdgen`"
+    )
+
+
+def test_runtimes_are_cluster_scoped_and_jobs_namespaced() -> None:
+    assert build_runtime_crd()["spec"]["scope"] == "Cluster"
+    assert build_runtime_crd()["spec"]["names"]["categories"] == ["asyncgrpo"], "not in `kubectl get all`"
+    assert build_crd()["spec"]["scope"] == "Namespaced"
 
 
 def test_crd_generation_is_deterministic_across_processes() -> None:

@@ -12,6 +12,7 @@ import yaml
 from cryptography import x509
 
 from asyncgrpo_operator.webhook import DEFAULT_CERT_DIR, WEBHOOK_NAME, WEBHOOK_PATH
+from tests.api.test_admission_policy import cel
 from tests.chart.helm import CHART, REPO, HelmError, by_kind, helm, kube_version, one, template
 
 Objects = list[dict[str, Any]]
@@ -28,6 +29,15 @@ def env(objects: Objects) -> dict[str, str]:
 
 
 AGGREGATED = "agrpo-asyncgrpo-operator-edit", "agrpo-asyncgrpo-operator-view"
+INVARIANTS_POLICY = "agrpo-asyncgrpo-operator"
+RUNTIME_POLICY = "agrpo-asyncgrpo-operator-runtime"
+
+
+def named(objects: Objects, kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in by_kind(objects, kind) if o["metadata"]["name"] == name]
+    return found
+
+
 METRICS_READER = "agrpo-asyncgrpo-operator-metrics-reader"
 
 
@@ -73,7 +83,8 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
     kinds = sorted(o["kind"] for o in default_objects)
     assert kinds == sorted(
         [
-            "CustomResourceDefinition",
+            "CustomResourceDefinition",  # AsyncGRPOJob
+            "CustomResourceDefinition",  # AsyncGRPORuntime
             "ServiceAccount",
             "ClusterRole",  # the operator's
             "ClusterRole",  # users': aggregated into edit and admin
@@ -89,6 +100,8 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
             "Secret",  # generated webhook certificate
             "ValidatingWebhookConfiguration",
             "ValidatingAdmissionPolicy",  # the invariants CEL can express, while no webhook answers
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # a namespace's runtime (label asyncgrpo.dev/runtime)
             "ValidatingAdmissionPolicyBinding",
         ]
     )
@@ -163,6 +176,7 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "kueue.x-k8s.io", "workloads/status") == {"patch"}
     assert granted(rules, "kueue.x-k8s.io", "resourceflavors") == {"get"}
     assert granted(rules, "scheduling.k8s.io", "priorityclasses") == {"get"}
+    assert granted(rules, "asyncgrpo.dev", "asyncgrporuntimes") == {"get"}, "a job's runtime, read afresh"
     assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
     assert granted(rules, "", "pods") == {"list", "watch"}
     assert granted(rules, "", "events") == {"create"}
@@ -200,9 +214,11 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
         "resourceflavors",
         "workloadpriorityclasses",
         "priorityclasses",
+        "asyncgrporuntimes",  # cluster-scoped, like the rows above
         "tokenreviews",
         "subjectaccessreviews",
     }
+    assert granted(cluster_rules, "asyncgrpo.dev", "asyncgrporuntimes") == {"get"}
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for rules in roles.values():
@@ -225,6 +241,8 @@ def test_users_get_jobs_through_the_default_edit_admin_and_view_roles(default_ob
     assert granted(edit["rules"], "asyncgrpo.dev", "asyncgrpojobs") >= {"create", "update", "delete", "get"}
     assert granted(edit["rules"], "asyncgrpo.dev", "asyncgrpojobs/status") == {"get", "list", "watch"}
     assert granted(view["rules"], "asyncgrpo.dev", "asyncgrpojobs") == {"get", "list", "watch"}
+    assert granted(view["rules"], "asyncgrpo.dev", "asyncgrporuntimes") == {"get", "list", "watch"}
+    assert not granted(edit["rules"], "asyncgrpo.dev", "asyncgrporuntimes"), "runtimes are administrators'"
     bound = {b["roleRef"]["name"] for b in by_kind(default_objects, "ClusterRoleBinding")}
     assert not bound & set(AGGREGATED), "the users' roles are never bound to the operator"
 
@@ -600,7 +618,7 @@ def test_insecure_metrics_are_plain_http_with_no_review_rights_and_no_reader_rol
 def test_the_admission_policy_judges_what_the_webhook_judges_and_fails_closed(
     default_objects: Objects, helm_bin: Path
 ) -> None:
-    policy = one(default_objects, "ValidatingAdmissionPolicy")
+    policy = named(default_objects, "ValidatingAdmissionPolicy", INVARIANTS_POLICY)
     webhook = webhook_entry(default_objects)
     constraints = policy["spec"]["matchConstraints"]
     assert constraints["resourceRules"] == webhook["rules"]
@@ -608,17 +626,48 @@ def test_the_admission_policy_judges_what_the_webhook_judges_and_fails_closed(
     assert policy["spec"]["failurePolicy"] == "Fail", "every expression is proven not to fail"
     generated = yaml.safe_load((CHART / "files" / "admission-policy.yaml").read_text())
     assert {k: v for k, v in policy["spec"].items() if k != "matchConstraints"} == generated
-    binding = one(default_objects, "ValidatingAdmissionPolicyBinding")
+    binding = named(default_objects, "ValidatingAdmissionPolicyBinding", INVARIANTS_POLICY)
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
     scoped = {
         "webhook.namespaceSelector": {"matchLabels": {"asyncgrpo.dev/jobs": "enabled"}},
         "webhook.objectSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]},
     }
-    constraints = one(template(helm_bin, scoped), "ValidatingAdmissionPolicy")["spec"]["matchConstraints"]
+    constraints = named(template(helm_bin, scoped), "ValidatingAdmissionPolicy", INVARIANTS_POLICY)["spec"][
+        "matchConstraints"
+    ]
     assert constraints["namespaceSelector"] == scoped["webhook.namespaceSelector"]
     assert constraints["objectSelector"] == scoped["webhook.objectSelector"]
     off = template(helm_bin, {"admissionPolicy.enabled": False})
     assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(
         off, "ValidatingAdmissionPolicyBinding"
+    )
+
+
+def test_a_namespace_labelled_with_a_runtime_admits_only_new_jobs_that_name_it(
+    default_objects: Objects,
+) -> None:
+    """The policy behind docs/security.md#requiring-a-runtime, its CEL evaluated as the API server
+    would (cel-python; tests/e2e/test_runtime_admission.py has the real API server refuse)."""
+    policy = named(default_objects, "ValidatingAdmissionPolicy", RUNTIME_POLICY)["spec"]
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["CREATE"], "a job created before the label must stay suspendable"
+    assert policy["matchConstraints"]["namespaceSelector"] == {
+        "matchExpressions": [{"key": "asyncgrpo.dev/runtime", "operator": "Exists"}]
+    }
+    binding = named(default_objects, "ValidatingAdmissionPolicyBinding", RUNTIME_POLICY)
+    assert binding["spec"] == {"policyName": RUNTIME_POLICY, "validationActions": ["Deny"]}
+    (validation,) = policy["validations"]
+    namespace = {"metadata": {"name": "team-a", "labels": {"asyncgrpo.dev/runtime": "restricted"}}}
+
+    def admitted(spec: dict[str, Any]) -> bool:
+        return bool(cel(validation["expression"], object={"spec": spec}, namespaceObject=namespace))
+
+    assert admitted({"image": "x", "runtimeRef": {"name": "restricted"}})
+    assert not admitted({"image": "x", "runtimeRef": {"name": "open"}})
+    assert not admitted({"image": "x"})
+    message = str(cel(validation["messageExpression"], object={"spec": {}}, namespaceObject=namespace))
+    assert message == (
+        "spec.runtimeRef.name: namespace team-a runs only jobs under AsyncGRPORuntime restricted (its label "
+        "asyncgrpo.dev/runtime); set spec.runtimeRef.name: restricted"
     )

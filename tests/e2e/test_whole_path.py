@@ -275,6 +275,11 @@ def test_a_preempted_job_checkpoints_on_sigterm_and_resumes_without_a_lost_or_re
             "step 3 in the job's status",
             timeout=SCENARIO_TIMEOUT,
         )
+        # Held still until KubeRay deletes its pod, so that the preemption, at any load, comes
+        # before the job's last step: in a clean-clone run at load 17-50 the driver was gone by
+        # the time Kueue had preempted it, and the SIGTERM found no process.
+        assert first.running(), first.log_tail()
+        os.kill(first.process.pid, signal.SIGSTOP)
         apply(chart, queued_tiny_job("urgent", high, steps))
 
         def head_deleted() -> bool:
@@ -285,9 +290,9 @@ def test_a_preempted_job_checkpoints_on_sigterm_and_resumes_without_a_lost_or_re
             return bool(found["metadata"].get("deletionTimestamp"))
 
         wait_with_watch(watch, head_deleted, "KubeRay deleting the preempted head pod", timeout=120)
-        os.kill(
-            first.process.pid, signal.SIGTERM
-        )  # the driver container only: the Ray containers wait (preStop)
+        # The driver container only: the Ray containers wait (preStop).
+        os.kill(first.process.pid, signal.SIGTERM)
+        os.kill(first.process.pid, signal.SIGCONT)  # the SIGTERM is delivered as it wakes
         code = first.wait(timeout=SCENARIO_TIMEOUT)
         show(first)
         assert code == 128 + signal.SIGTERM, first.log_tail()

@@ -4,7 +4,7 @@ and namespaces that stay closed to users without rights on asyncgrpojobs.
 The RBAC test is the convincing one: the operator runs as the chart's ServiceAccount behind a
 recording proxy (conftest.py), goes through a job's whole life (create, suspend, resume, a retry,
 success, TTL deletion, a spec ConfigMap of someone else's in the way, a spec edit its own ConfigMap
-follows), and the set of (group, resource, verb)
+follows, a job under an AsyncGRPORuntime), and the set of (group, resource, verb)
 it used must equal the chart's rules exactly: a missing rule would have shown up as a 403, an extra
 one is privilege nobody uses.
 """
@@ -32,7 +32,7 @@ from tests.cluster.samples import pods, wait_until
 from tests.e2e.test_operator import ProgressServer, end_driver, head_pod, job_manifest
 from tests.reliability.apiproxy import Permission, implied_permissions, permission
 from tests.reliability.conftest import ProxiedInstallation
-from tests.webhook.cluster_harness import JOBS_PATH, METRICS_READER
+from tests.webhook.cluster_harness import JOBS_PATH, METRICS_READER, RUNTIMES_PATH
 
 KUEUE_INSTALLED_ONLY = {
     Permission("kueue.x-k8s.io", "workloads", "create"),
@@ -146,6 +146,13 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     api.create(JOBS_PATH.format(ns=ns), queued)
     _wait_status(api, ns, "rbac-queued", lambda s: s.get("phase") == "Queued", "Queued")
     api.delete(f"{JOBS_PATH.format(ns=ns)}/rbac-queued")
+    # A job under an AsyncGRPORuntime: the webhook reads the runtime, and so does every pass.
+    runtime = {"apiVersion": "asyncgrpo.dev/v1alpha1", "kind": "AsyncGRPORuntime"}
+    api.create(RUNTIMES_PATH, {**runtime, "metadata": {"name": "rbac-runtime"}, "spec": {"images": ["*"]}})
+    api.create(JOBS_PATH.format(ns=ns), job_manifest("rbac-confined", runtimeRef={"name": "rbac-runtime"}))
+    _wait_status(api, ns, "rbac-confined", lambda s: s.get("rayClusterName"), "its RayCluster")
+    api.delete(f"{JOBS_PATH.format(ns=ns)}/rbac-confined")
+    api.delete(f"{RUNTIMES_PATH}/rbac-runtime")
     # Prometheus scrapes /metrics (metrics.secure): the operator reviews its token, then whether
     # it may get /metrics; a token without the right is refused after the same two reviews.
     assert chart.read_metrics(chart.token(METRICS_READER))[0] == 200

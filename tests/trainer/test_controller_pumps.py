@@ -58,9 +58,10 @@ class FakeGeneration:
             self.delay,
         )
 
-    async def load_weights(self, ref: Any, version: int) -> None:
+    async def load_weights(self, ref: Any, version: int) -> list[float]:
         self.loads.append(version)
         self.version = version
+        return [0.0]  # generation paused for it, per engine
 
     async def reset_cache(self) -> None:
         self.resets += 1
@@ -119,6 +120,7 @@ def _controller(
     validation: list[Example] | None = None,
     val_period: int = 0,
     validation_tokens: int = 2,
+    dynamic_sampling: int | None = None,
 ) -> tuple[controller.SingleController, FakePolicy]:
     knobs = {
         "sync": (0, False, True, prompts, prompts),
@@ -162,6 +164,7 @@ def _controller(
         checkpoint_keep=1,
         seed=0,
         logprob_gate=gate or logprob_gate.GateSettings(threshold=None),
+        dynamic_sampling_max_extra_groups=dynamic_sampling,
         watchdog_interval_seconds=0.02,
     )
     args = controller.ControllerArgs(

@@ -2,8 +2,9 @@
 
 decode and train_step run in-process (main() with a patched argv), so no extra torch import is
 paid; refit runs as its own process, because it forks its two gloo ranks and a fork of a process
-that has already run torch work (autograd and OpenMP threads) can deadlock in the child. Checks
-that every measurement landed in the JSON without an error.
+that has already run torch work (autograd and OpenMP threads) can deadlock in the child; so does
+fsdp_step, whose one-rank FSDP variants form a process group of their own. Checks that every
+measurement landed in the JSON without an error.
 """
 
 from __future__ import annotations
@@ -62,3 +63,35 @@ def test_refit_tiny(tmp_path: Path) -> None:
     assert not _errors(data), _errors(data)
     assert data["refit.sender_float32.receiver_equals_sender"] is True
     assert data["refit.sender_bfloat16.receiver_equals_sender"] is True
+
+
+def test_fsdp_step_tiny(tmp_path: Path) -> None:
+    """The one-GPU variants in the script's own process, then two gloo ranks per layout."""
+    out = tmp_path / "fsdp.json"
+    root = BENCH.parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root / "trainer"), os.environ.get("PYTHONPATH", "")]),
+    }
+    layouts = "dp,fsdp_activation_checkpointing"
+    cmd = [
+        sys.executable,
+        str(BENCH / "fsdp_step.py"),
+        "--tiny",
+        "--gpus",
+        "2",
+        "--parity",
+        "--layouts",
+        layouts,
+    ]
+    subprocess.run([*cmd, "--out", str(out)], check=True, timeout=300, env=env, capture_output=True)
+    data = json.loads(out.read_text())
+    assert not _errors(data), _errors(data)
+    assert {k for k in data if k.startswith("one_gpu.")} == {
+        "one_gpu.plain",
+        "one_gpu.activation_checkpointing",
+        "one_gpu.cpu_offload",
+        "one_gpu.cpu_offload_activation_checkpointing",
+    }
+    sharded = data["ranks2.fsdp_activation_checkpointing"]
+    assert isinstance(sharded, dict) and sharded["max_abs_weight_diff_vs_dp"] <= 1e-5

@@ -92,6 +92,34 @@ def test_the_driver_turns_off_rays_usage_stats_unless_the_user_set_them(
     assert seen == ["0", "1"]
 
 
+def test_a_ray_node_that_does_not_start_in_time_is_started_again_and_other_failures_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray gives the node it starts 30 s; on a busy machine a second start comes up where the first
+    did not. Any other failure of ray.init (a refused address, bad options) is the user's to see."""
+    outcomes: list[Exception | None] = [Exception("The current node timed out during startup."), None]
+    calls: list[dict[str, object]] = []
+
+    def init(**options: object) -> None:
+        calls.append(options)
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    monkeypatch.setattr(driver.ray, "init", init)
+    monkeypatch.setattr(driver.ray, "shutdown", lambda: None)
+    driver.init_ray(num_cpus=1)
+    assert calls == [{"num_cpus": 1}, {"num_cpus": 1}]
+    outcomes[:] = [Exception("The current node timed out during startup.")] * driver.RAY_START_ATTEMPTS
+    with pytest.raises(Exception, match="timed out during startup"):
+        driver.init_ray(num_cpus=1)
+    outcomes[:] = [ValueError("When connecting to an existing cluster, num_cpus must not be provided")]
+    calls.clear()
+    with pytest.raises(ValueError, match="existing cluster"):
+        driver.init_ray(num_cpus=1)
+    assert len(calls) == 1
+
+
 @pytest.mark.trainer
 def test_a_run_relays_a_bar_and_a_summary_for_a_person_and_one_json_line_per_step(
     ray_address: str, tmp_path: Path

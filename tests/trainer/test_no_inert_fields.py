@@ -45,6 +45,7 @@ OPERATOR_ONLY = {
     "cluster.rayVersion": "manifests: RayCluster spec.rayVersion",
     "cluster.head": "manifests: the head group's resources and placement",
     "scheduler": "manifests: Kueue/KAI labels and priorityClassName",
+    "runtimeRef": "webhook, reconciler: the AsyncGRPORuntime whose values pinned.py sets into the pods",
     # Lifecycle (asyncgrpo_operator.plan): the operator's decisions about the job.
     "suspend": "plan: suspends the RayCluster in place and keeps the job",
     "backoffLimit": "plan: retries of infrastructure failures",
@@ -91,8 +92,13 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "trainer.data.chatTemplate": PRETRAINED,
     "trainer.data.systemPrompt": PRETRAINED,
     "trainer.policy.minLearningRateRatio": {"trainer": {"policy": {"learningRateSchedule": "cosine"}}},
+    "trainer.policy.sharding.cpuOffload": {
+        "cluster": {"policyWorkers": {"replicas": 1, "gpusPerReplica": 1}},
+        "trainer": {"policy": {"sharding": {"strategy": "fsdp"}}},
+    },
     "trainer.generation.tensorParallelSize": VLLM_ON_GPUS,
     "trainer.generation.gpuMemoryUtilization": VLLM_ON_GPUS,
+    "trainer.grpo.dynamicSamplingMaxExtraGroups": {"trainer": {"grpo": {"dynamicSampling": True}}},
     # maxBufferedRollouts must be exactly P x (S+1) unless overSampling.
     "trainer.asyncRL.maxBufferedRollouts": {"trainer": {"asyncRL": {"overSampling": True}}},
     "trainer.weightSync.bucketSizeMB": {

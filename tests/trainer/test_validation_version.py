@@ -34,8 +34,8 @@ class InProcessEngine:
     async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
         return await self.worker.generate(prompt_ids, n, params, seed)
 
-    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        await self.worker.load_weights(state, version)
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> list[float]:
+        return [await self.worker.load_weights(state, version)]
 
     async def reset_cache(self) -> None:
         await self.worker.reset_cache()
@@ -121,9 +121,10 @@ def test_each_validation_answers_with_the_weights_of_its_step_while_refits_arriv
 class LaggingEngine(FakeGeneration):
     """An engine that says it holds weights one version behind the one it was given."""
 
-    async def load_weights(self, ref: Any, version: int) -> None:
-        await super().load_weights(ref, version)
+    async def load_weights(self, ref: Any, version: int) -> list[float]:
+        paused = await super().load_weights(ref, version)
         self.version = version - 1
+        return paused
 
 
 def test_an_answer_from_other_weights_than_the_validations_fails_the_run(tmp_path: Path) -> None:

@@ -59,6 +59,10 @@ def test_asyncgrpo_run_of_a_cpu_job_with_nccl_refits_over_gloo(tmp_path: Path) -
     steps = [e for e in lines if e["event"] == "step"]
     assert [e["step"] for e in steps] == [1, 2, 3]
     assert {e["refit_transport"] for e in steps} == {"gloo"}
+    # Each refit's transfer and its pause of generation, reported apart: the torch engine receives
+    # the broadcast in the background and stops generating only to swap the weights in.
+    for e in steps:
+        assert 0 < e["generation_pause_seconds"] < e["refit_seconds"] <= e["refit"], e
 
 
 @pytest.mark.trainer

@@ -43,6 +43,7 @@ METRICS_READER = "prometheus"
 """The ServiceAccount (in the release namespace) the installation binds to the chart's
 metrics-reader ClusterRole through `metrics.readers`, as a user binds their Prometheus."""
 JOBS_PATH = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
+RUNTIMES_PATH = "/apis/asyncgrpo.dev/v1alpha1/asyncgrporuntimes"
 
 # Used when operator/asyncgrpo_operator/main.py does not (yet) configure the webhook itself: the
 # webhook handler plus the same startup call main.py is expected to make.

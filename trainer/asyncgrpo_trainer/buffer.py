@@ -28,6 +28,7 @@ class GroupRecord:
     response_ids: list[list[int]]
     generation_logprobs: list[list[float]]
     rewards: list[float]
+    """Per sample: the environment's reward plus the overlong penalty, if any; advantages use these."""
     correct: list[bool]
     """Per sample: exactly the reference answer (`envs.base.Score.correct`); train accuracy."""
     finished: list[bool]

@@ -10,7 +10,10 @@ in-flight permit (maxInflightPrompts) and the refit gate is open. Each group is 
 reserves a buffer slot, runs the rollout manager (deadline + retries) and commits the whole group.
 A group whose scoring failed twice is dropped (`_drop`): never trained on, counted in
 rewardFailures (against the step it was dispatched for), and replaced by the loader's next prompt
-for the same step. Drops beyond the failure budget (`FailureBudget`) fail the run.
+for the same step. Drops beyond the failure budget (`FailureBudget`) fail the run. With DAPO's
+dynamic sampling a scored group whose rewards are all equal is dropped and replaced the same way,
+up to the step's cap (`algorithms.dynamic_sampling`); this is the one place every mode's groups pass
+before they enter the buffer.
 
 Train pump: one loop iteration is one RL step and one optimizer step. It evicts groups that can
 no longer be trained on, selects whole groups (at least minGroupsForStreamingTrain per chunk) and
@@ -50,6 +53,7 @@ from asyncgrpo_api.v1alpha1.trainer import (
 )
 from asyncgrpo_trainer import checkpoint, runlog
 from asyncgrpo_trainer.algorithms import advantages
+from asyncgrpo_trainer.algorithms.dynamic_sampling import DynamicSampling, informative
 from asyncgrpo_trainer.backends import generation, policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
@@ -61,7 +65,7 @@ from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardFailedError, RewardPool
 from asyncgrpo_trainer.rollout import RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
-from asyncgrpo_trainer.weights import WeightSynchronizer
+from asyncgrpo_trainer.weights import RefitTiming, WeightSynchronizer
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,8 @@ STEP_GAUGES = (
     "response_length_mean",
     "response_length_max",
     "truncated_fraction",
+    "refit_seconds",
+    "generation_pause_seconds",
 )
 """Figures of the newest step that /progress carries for /metrics (`progress.Progress`)."""
 
@@ -138,6 +144,8 @@ class Settings:
     seed: int
     logprob_gate: GateSettings = field(default_factory=lambda: GateSettings(threshold=None))
     """spec.trainer.logprobGate (`logprob_gate`)."""
+    dynamic_sampling_max_extra_groups: int | None = None
+    """Replacements per step of DAPO's dynamic sampling; None when grpo.dynamicSampling is off."""
     log_level: str = "INFO"
     attempt: int | None = None
     """The job's attempt (the operator's ASYNCGRPO_ATTEMPT), recorded in the step records' file."""
@@ -229,6 +237,7 @@ class SingleController:
         self.failure_budget = FailureBudget(self.s.prompts_per_step)
         self.step_reward_failures: collections.Counter[int] = collections.Counter()
         """Dropped groups by the trainer version of the step they were dispatched for."""
+        self.dynamic_sampling = DynamicSampling(self.s.dynamic_sampling_max_extra_groups)
         self.last_checkpoint_step: int | None = None
         self.exported: str | None = None  # the final Hugging Face directory, once written
         self.records: list[dict[str, Any]] = []
@@ -434,11 +443,15 @@ class SingleController:
                     self.buffer.restart(gid, start_version=self.gen_version)
 
             record = await self.a.rollout.run_group(slot.example, gid, restamp)
+            self.failure_budget.scored(dropped=False)
+            self.counters["tokens_generated"] += record.num_tokens
+            if not self.dynamic_sampling.keep(self._step_of(slot), record.rewards):
+                self.counters["groups_dropped_uninformative"] += 1
+                self._replace(slot)
+                return
             self.buffer.commit(gid, record, end_version=self.gen_version)
             committed = True
-            self.failure_budget.scored(dropped=False)
             self.counters["groups_committed"] += 1
-            self.counters["tokens_generated"] += record.num_tokens
             if record.last_version != record.first_version:
                 self.counters["groups_straddling_refit"] += 1
             self.changed.fire()
@@ -463,16 +476,25 @@ class SingleController:
         next prompt (with the same target step), so that every step still trains on P groups.
         Drops beyond the failure budget fail the run: a scorer that fails that often is broken, and
         training around it would quietly skew the data towards the prompts it can score."""
-        step = self.version if slot.target_step is None else slot.target_step
+        step = self._step_of(slot)
         self.counters["reward_failures"] += 1
         self.step_reward_failures[step] += 1
         log.warning("group %d (step %d) dropped: %s", slot.group_id, step + 1, exc)
-        self.pending.appendleft((self.a.loader.next_example(), slot.target_step))
-        self.changed.fire()
+        self._replace(slot)
         if not self.failure_budget.scored(dropped=True) and not self.failure.done():
             self.failure.set_exception(
                 RewardFailuresError(f"{self.failure_budget.describe()}; the last, for step {step + 1}: {exc}")
             )
+
+    def _step_of(self, slot: Slot) -> int:
+        """The trainer version of the step a group is for: the one it was dispatched for, or the
+        step being assembled when the sampler stamps none."""
+        return self.version if slot.target_step is None else slot.target_step
+
+    def _replace(self, slot: Slot) -> None:
+        """Queue the loader's next prompt, first and for the same step, in place of a dropped group."""
+        self.pending.appendleft((self.a.loader.next_example(), slot.target_step))
+        self.changed.fire()
 
     # --- train side -----------------------------------------------------------------------------
 
@@ -521,7 +543,7 @@ class SingleController:
         truncated: list[bool] = []
         spreads: list[float] = []
         staleness: list[int] = []
-        taken = tokens = chunks = 0
+        taken = tokens = chunks = uninformative = 0
         while taken < self.s.prompts_per_step:
             groups = await self._select_chunk(self.s.prompts_per_step - taken, step)
             rows = self._rows(groups)
@@ -543,6 +565,7 @@ class SingleController:
                     rewards.extend(g.record.rewards)
                     correct.extend(g.record.correct)
                     spreads.append(max(g.record.rewards) - min(g.record.rewards))
+                    uninformative += not informative(g.record.rewards)
                     lengths.extend(len(r) for r in g.record.response_ids)
                     truncated.extend(not f for f in g.record.finished)
             staleness.extend(self.version - g.start_version for g in groups)
@@ -552,8 +575,10 @@ class SingleController:
         trained_at = self.version
         self.version += 1  # no await between the bump and closing the gate in _refit
         reward_failures = self.step_reward_failures.pop(trained_at, 0)
+        sampled = self.dynamic_sampling.report(trained_at)
+        self.counters["dynamic_sampling_cap_hits"] += sampled.cap_hit
         t0 = time.perf_counter()
-        await self._refit()
+        await self._refit(step)
         step["refit"] += time.perf_counter() - t0
         wall = time.perf_counter() - t_step
         evicted = step.pop("evicted", 0.0)
@@ -570,7 +595,7 @@ class SingleController:
             # Why a step trains or not: a group whose samples all scored the same has zero
             # advantage and adds no gradient; a step where every group does trains nothing.
             "reward_spread": sum(spreads) / len(spreads),
-            "zero_advantage_groups": sum(s == 0 for s in spreads) / len(spreads),
+            "zero_advantage_groups": uninformative / len(spreads),
             "response_length_mean": sum(lengths) / len(lengths),
             "response_length_max": max(lengths),
             # Cut at maxNewTokens without a stop: the environments score these 0.
@@ -585,6 +610,12 @@ class SingleController:
             "step_seconds": wall,
             "evicted_groups": evicted,
             "reward_failures": reward_failures,
+            # Dynamic sampling: groups dropped for equal rewards (each replaced), every group
+            # generated for the step (P trained plus the dropped ones), and whether the step ran
+            # out of replacements and kept uninformative groups (zero_advantage_groups: what share).
+            "groups_dropped_uninformative": sampled.dropped,
+            "groups_generated": self.s.prompts_per_step + sampled.dropped + reward_failures,
+            "dynamic_sampling_cap_hit": sampled.cap_hit,
             "refit_transport": self.a.weights.transport,
             **{k: round(v, 6) for k, v in step.items()},
             **metrics,
@@ -605,7 +636,7 @@ class SingleController:
             for i in range(len(rec.response_ids))
         ]
 
-    async def _refit(self) -> None:
+    async def _refit(self, step: dict[str, float]) -> None:
         self.permitted.clear()
         aborted = 0
         for gid, task in list(self.inflight.items()):
@@ -622,15 +653,20 @@ class SingleController:
             t0 = time.perf_counter()
             await self.validation_pin.wait()
             self.totals.add("validation_pin_wait", time.perf_counter() - t0)
-        await self._refit_weights(self.version, reset=self.s.reset_cache_after_refit)
+        timing = await self._refit_weights(self.version, reset=self.s.reset_cache_after_refit)
+        # The weight transfer alone (`refit` also holds the aborts, a drain, a validation's pin
+        # and the cache reset), and how long generation stopped for it.
+        step["refit_seconds"] += timing.seconds
+        step["generation_pause_seconds"] += timing.generation_pause_seconds
         self.permitted.set()
         self.changed.fire()
 
-    async def _refit_weights(self, version: int, *, reset: bool) -> None:
-        await self.a.weights.sync(version)
+    async def _refit_weights(self, version: int, *, reset: bool) -> RefitTiming:
+        timing = await self.a.weights.sync(version)
         if reset:
             await self.a.generation.reset_cache()
         self.gen_version = version
+        return timing
 
     async def _after_step(self) -> None:
         step = self.version
@@ -752,7 +788,10 @@ class SingleController:
         since = time.monotonic()
         while True:
             await asyncio.sleep(self.s.watchdog_interval_seconds)
-            now = (self.counters["groups_committed"], self.version)
+            now = (
+                self.counters["groups_committed"] + self.counters["groups_dropped_uninformative"],
+                self.version,
+            )
             if now != last:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since > self.s.stall_timeout_seconds:

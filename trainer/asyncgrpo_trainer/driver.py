@@ -145,6 +145,8 @@ def _start_torch_policy(
         specmap.optim_config(t),
         specmap.loss_config(t),
         job.spec.cluster.policy_workers.gpus_per_replica,
+        sharding=specmap.sharding(t),
+        activation_checkpointing=t.policy.activation_checkpointing,
     )
 
 
@@ -283,6 +285,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             timeout_seconds=t.async_rl.rollout_timeout_seconds,
             max_attempts=t.async_rl.max_rollout_attempts,
             seed=t.grpo.seed,
+            overlong=specmap.overlong_penalty(t),
         )
         args = controller.ControllerArgs(
             settings=dataclasses.replace(specmap.settings(job), attempt=runlog.attempt_from_env()),
@@ -317,12 +320,30 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
 USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
 
 
+RAY_START_ATTEMPTS = 3
+RAY_START_TIMED_OUT = "timed out during startup"
+"""Ray's words when the node it starts here is not up within its fixed 30 s (Ray 2.60's node.py)."""
+
+
 def init_ray(**options: Any) -> None:
     """ray.init with Ray's usage-stats reporting off unless the user set RAY_USAGE_STATS_ENABLED:
     the product runs in offline clusters, where a phone-home is at best a timeout. (Set in the
-    environment, so the Ray processes started here inherit it.)"""
+    environment, so the Ray processes started here inherit it.)
+
+    A Ray node started here that is not up within Ray's fixed 30 s is started again, up to
+    RAY_START_ATTEMPTS times: on a busy 2-core machine (load 17-50 in a clean-clone CI run) the
+    raylet's agents took longer, and the whole job failed before its first step."""
     os.environ.setdefault(USAGE_STATS_ENV, "0")
-    ray.init(**options)
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(**options)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for a node that did not come up
+            if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                raise
+            log.warning("Ray's node did not start within Ray's 30 s (attempt %d of %d); starting it again",
+                        attempt, RAY_START_ATTEMPTS)  # fmt: skip
+            ray.shutdown()
 
 
 def resume_state(path: str) -> tuple[controller.ResumeState, Path] | None:

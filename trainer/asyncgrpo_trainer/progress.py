@@ -68,6 +68,11 @@ class Progress:
     response_length_max: float | None = None
     truncated_fraction: float | None = None
     """The newest step's figures (the step record's keys of the same names), as gauges on /metrics."""
+    refit_seconds: float | None = None
+    """The newest step's weight transfer into the generation engines, as the controller waited for
+    it (a gauge too, as are the next)."""
+    generation_pause_seconds: float | None = None
+    """How long the newest step's refit stopped generation (the longest of the engines)."""
     state: str = "starting"
     error: str | None = None
     mode: str = ""
@@ -104,6 +109,8 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_response_length_mean": p.response_length_mean,
         "asyncgrpo_response_length_max": p.response_length_max,
         "asyncgrpo_truncated_fraction": p.truncated_fraction,
+        "asyncgrpo_refit_seconds": p.refit_seconds,
+        "asyncgrpo_generation_pause_seconds": p.generation_pause_seconds,
     }
     lines: list[str] = []
     for name, value in gauges.items():

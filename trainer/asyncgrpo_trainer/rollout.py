@@ -1,7 +1,8 @@
 """The rollout manager: one prompt group from prompt to scored samples, with deadlines and retries.
 
 `run_group` generates N samples of a prompt on a generation engine, decodes them, scores them with
-the reward pool, and returns a GroupRecord. Each generation attempt has a deadline
+the reward pool (plus DAPO's overlong penalty when the spec sets one, `algorithms.overlong`), and
+returns a GroupRecord. Each generation attempt has a deadline
 (asyncRL.rolloutTimeoutSeconds); a failed or timed-out attempt is retried from the current weights
 up to asyncRL.maxRolloutAttempts times, and after that `RolloutFailedError` is raised so the run fails
 loudly. Scoring has its own deadline and one retry in the reward pool; when both calls fail,
@@ -18,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from asyncgrpo_trainer.algorithms.overlong import OverlongPenalty
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import GroupRecord
 from asyncgrpo_trainer.envs.base import Example
@@ -54,10 +56,12 @@ class RolloutManager:
         timeout_seconds: float | None,
         max_attempts: int,
         seed: int,
+        overlong: OverlongPenalty | None = None,
     ) -> None:
         self.generation, self.rewards, self.tokenizer = generation, rewards, tokenizer
         self.params, self.n = params, num_generations
         self.timeout, self.max_attempts, self.seed = timeout_seconds, max_attempts, seed
+        self.overlong = overlong
         self.stats = RolloutStats()
 
     async def _generate(
@@ -73,11 +77,14 @@ class RolloutManager:
         """Generate and score one group; `on_attempt(i)` runs before attempt i (re-stamps the slot)."""
         prompt_ids, out, texts = await self._generate_with_retries(example, group_id, on_attempt)
         scores = await self.rewards.score(example, texts, out.finished)  # RewardFailedError: dropped
+        rewards = [s.reward for s in scores]
+        if self.overlong is not None:
+            rewards = [r + self.overlong(len(ids)) for r, ids in zip(rewards, out.response_ids, strict=True)]
         return GroupRecord(
             prompt_ids=prompt_ids,
             response_ids=out.response_ids,
             generation_logprobs=out.logprobs,
-            rewards=[s.reward for s in scores],
+            rewards=rewards,
             correct=[s.correct for s in scores],
             finished=out.finished,
             first_version=out.first_version,

@@ -11,6 +11,7 @@ from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
 from asyncgrpo_trainer import controller, logprob_gate, sampler
 from asyncgrpo_trainer.algorithms import losses
+from asyncgrpo_trainer.algorithms.overlong import OverlongPenalty
 from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
@@ -48,6 +49,9 @@ def settings(job: AsyncGRPOJob) -> controller.Settings:
             threshold=t.logprob_gate.threshold, steps=t.logprob_gate.steps, fail=t.logprob_gate.fail_job
         ),
         log_level=t.log_level,
+        dynamic_sampling_max_extra_groups=t.dynamic_sampling_max_extra_groups
+        if t.grpo.dynamic_sampling
+        else None,
     )
 
 
@@ -58,6 +62,12 @@ def sampler_of(t: TrainerSpec) -> sampler.Sampler:
         over_sampling=t.async_rl.over_sampling,
         force_in_order=t.force_in_order,
     )
+
+
+def overlong_penalty(t: TrainerSpec) -> OverlongPenalty | None:
+    """DAPO's soft overlong punishment over the last grpo.overlongPenaltyTokens of maxNewTokens."""
+    band = t.grpo.overlong_penalty_tokens
+    return None if band is None else OverlongPenalty(t.generation.max_new_tokens, band)
 
 
 def loss_config(t: TrainerSpec) -> losses.LossConfig:
@@ -99,6 +109,12 @@ def optim_config(t: TrainerSpec) -> policy.OptimConfig:
         total_steps=t.grpo.max_num_steps * (t.samples_per_step // t.train_global_batch_size),
         max_tokens_per_micro_batch=p.max_tokens_per_micro_batch,
     )
+
+
+def sharding(t: TrainerSpec) -> policy.Sharding | None:
+    """policy.sharding of the torch backend: None when every rank holds the whole model."""
+    s = t.policy.sharding
+    return policy.Sharding(cpu_offload=s.cpu_offload) if s.strategy == "fsdp" else None
 
 
 def sampling_params(t: TrainerSpec, *, greedy: bool = False) -> sampling.SamplingParams:

@@ -26,6 +26,8 @@ import abc
 import asyncio
 import itertools
 import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
 
 from asyncgrpo_api.rules import RefitTransport
 from asyncgrpo_api.v1alpha1.trainer import WeightSyncSpec
@@ -33,6 +35,22 @@ from asyncgrpo_trainer.backends.nccl_sync import RefitSpec
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
 
 MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class RefitTiming:
+    """One refit, timed two ways: its wall time as the controller waits for it, and the longest
+    any engine stopped generating for it (copying into its weights, under its weights lock or
+    between two vLLM engine steps). The transfer itself may overlap generation; the pause may not."""
+
+    seconds: float
+    generation_pause_seconds: float
+
+
+async def _timed(pauses: Awaitable[list[float]], timeout: float) -> RefitTiming:
+    t0 = time.perf_counter()
+    paused = await asyncio.wait_for(pauses, timeout)
+    return RefitTiming(time.perf_counter() - t0, max(paused, default=0.0))
 
 
 class WeightSynchronizer(abc.ABC):
@@ -44,8 +62,8 @@ class WeightSynchronizer(abc.ABC):
         """What carries the weights, for the step records: object-store, nccl or gloo."""
 
     @abc.abstractmethod
-    async def sync(self, version: int) -> float:
-        """Push the current policy weights as `version`; returns the seconds it took."""
+    async def sync(self, version: int) -> RefitTiming:
+        """Push the current policy weights as `version`; how long that took and paused generation."""
 
 
 class ObjectStoreSynchronizer(WeightSynchronizer):
@@ -58,10 +76,8 @@ class ObjectStoreSynchronizer(WeightSynchronizer):
     def transport(self) -> str:
         return "object-store"
 
-    async def sync(self, version: int) -> float:
-        t0 = time.perf_counter()
-        await asyncio.wait_for(self.generation.load_weights(self.policy.weights_ref(), version), self.timeout)
-        return time.perf_counter() - t0
+    async def sync(self, version: int) -> RefitTiming:
+        return await _timed(self.generation.load_weights(self.policy.weights_ref(), version), self.timeout)
 
 
 class BroadcastSynchronizer(WeightSynchronizer):
@@ -85,18 +101,18 @@ class BroadcastSynchronizer(WeightSynchronizer):
     def transport(self) -> str:
         return self._backend or "broadcast (not joined yet)"
 
-    async def sync(self, version: int) -> float:
-        t0 = time.perf_counter()
-        await asyncio.wait_for(self._sync(version), self.timeout)
-        return time.perf_counter() - t0
+    async def sync(self, version: int) -> RefitTiming:
+        return await _timed(self._sync(version), self.timeout)
 
-    async def _sync(self, version: int) -> None:
+    async def _sync(self, version: int) -> list[float]:
         if self._backend is None:
             self._backend = await self._join()
-        await asyncio.gather(
-            *(a.refit_send.remote() for a in self.policy.refit_senders()),
+        senders = self.policy.refit_senders()
+        done = await asyncio.gather(
+            *(a.refit_send.remote() for a in senders),
             *(a.refit_receive.remote(version) for a in self.generation.actors),
         )
+        return list(done[len(senders) :])
 
     async def _join(self) -> str:
         sender, engines = self.policy.actors[0], self.generation.actors
@@ -137,16 +153,16 @@ class CudaIpcSynchronizer(WeightSynchronizer):
     def transport(self) -> str:
         return "cuda-ipc"
 
-    async def sync(self, version: int) -> float:
-        t0 = time.perf_counter()
-        await asyncio.wait_for(self._sync(version), self.timeout)
-        return time.perf_counter() - t0
+    async def sync(self, version: int) -> RefitTiming:
+        return await _timed(self._sync(version), self.timeout)
 
-    async def _sync(self, version: int) -> None:
+    async def _sync(self, version: int) -> list[float]:
         pairs = list(zip(self.policy.actors, self.generation.actors, strict=True))
         handles = await asyncio.gather(*(rank.refit_share.remote() for rank, _ in pairs))
-        await asyncio.gather(
-            *(engine.load_ipc.remote(h, version) for (_, engine), h in zip(pairs, handles, strict=True))
+        return list(
+            await asyncio.gather(
+                *(engine.load_ipc.remote(h, version) for (_, engine), h in zip(pairs, handles, strict=True))
+            )
         )
 
 

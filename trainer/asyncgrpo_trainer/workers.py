@@ -90,7 +90,7 @@ class RefitSender:
     device: torch.device
     build: ModelBuild
     _refit: RefitGroup | None = None
-    _ipc_buffers: dict[str, torch.Tensor] | None = None
+    _ipc_buffers: ipc.SharedWeights | None = None
 
     def refit_tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -118,27 +118,22 @@ class RefitSender:
             self._refit.broadcast.sync(tensors)
 
     def refit_share(self) -> bytes:
-        """CUDA IPC handles of this rank's weights in the engines' dtype, for the engine on the
-        same GPU (`weights.CudaIpcSynchronizer`). The cast goes into buffers kept across refits
-        (one copy of the model in its dtype on this GPU), so the handles stay valid while the
-        engine copies, whatever the next training step does to the master weights."""
+        """The CUDA IPC handle of this rank's weights in the engines' dtype, for the engine on the
+        same GPU (`weights.CudaIpcSynchronizer`). The cast goes into one flat buffer kept across
+        refits (`ipc.SharedWeights`: one copy of the model in its dtype on this GPU, opened by the
+        engine once), so the handle stays valid while the engine copies, whatever the next
+        training step does to the master weights."""
         tensors = self.refit_tensors()
         if self._ipc_buffers is None:
-            self._ipc_buffers = {
-                k: torch.empty_like(v, dtype=self.build.torch_dtype) for k, v in tensors.items()
-            }
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                self._ipc_buffers[name].copy_(tensor)
-        torch.cuda.current_stream(self.device).synchronize()  # the engine reads after this returns
-        return ipc.share(self._ipc_buffers)
+            self._ipc_buffers = ipc.SharedWeights(tensors, self.build.torch_dtype)
+        return self._ipc_buffers.fill(tensors)
 
 
 class PolicyActor(DeferredRank, RefitSender, policy.TorchPolicyWorker):
     """The torch policy worker as a Ray actor."""
 
     def refit_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.model.named_parameters())
+        return self.refit_parameters()
 
 
 class PolicyGroup:
@@ -147,11 +142,16 @@ class PolicyGroup:
     A chunk's rows go to the ranks as consecutive slices of equal row counts, or, when the policy
     packs micro-batches by tokens (`balance_tokens`, policy.maxTokensPerMicroBatch), with equal
     token counts (`packing.balanced_shards`), so no rank waits at the all-reduce for one that drew
-    the long rows."""
+    the long rows.
 
-    def __init__(self, actors: list[Any], *, balance_tokens: bool = False) -> None:
+    `sharded` (policy.sharding fsdp): every call that computes with the model or gathers its
+    weights is a collective over the ranks, so each goes to every rank, in the same order, even
+    one that has no rows in it; rank 0 returns the gathered weights and writes the checkpoint."""
+
+    def __init__(self, actors: list[Any], *, balance_tokens: bool = False, sharded: bool = False) -> None:
         self.actors = actors
         self.balance_tokens = balance_tokens
+        self.sharded = sharded
 
     @property
     def world_size(self) -> int:
@@ -167,7 +167,7 @@ class PolicyGroup:
         calls = [
             (shard, a.reference_logprobs.remote([rows[i] for i in shard]))
             for a, shard in zip(self.actors, self._shards([len(p) + len(r) for p, r in rows]), strict=True)
-            if shard
+            if shard or self.sharded
         ]
         parts = await asyncio.gather(*(ref for _, ref in calls))
         out: list[list[float]] = [[] for _ in rows]
@@ -186,15 +186,21 @@ class PolicyGroup:
         results = await asyncio.gather(*(a.finish_step.remote() for a in self.actors))
         return dict(results[0])
 
+    def _holders(self) -> list[Any]:
+        """The ranks whose calls assemble the whole weights: rank 0, which holds them, or every
+        rank when they are sharded (rank 0 gets them)."""
+        return self.actors if self.sharded else self.actors[:1]
+
     def weights_ref(self) -> Any:
         """Object ref of rank 0's weights (CPU tensors), resolved by each engine directly."""
-        return self.actors[0].weights.remote()
+        refs = [a.weights.remote() for a in self._holders()]
+        return refs[0]
 
     async def save(self, directory: str) -> None:
         """Rank 0 writes the policy's checkpoint file into `directory` (`checkpoint.begin`'s), so
         the state does not pass through the controller when the worker pods mount the checkpoint
         volume; without a shared volume the file comes back and is written here."""
-        await self._save(directory, self.actors[:1])
+        await self._save(directory, self._holders())
 
     async def _save(self, directory: str, writers: list[Any]) -> None:
         returned = await asyncio.gather(*(a.save.remote(directory) for a in writers))
@@ -208,7 +214,7 @@ class PolicyGroup:
 
     def refit_senders(self) -> list[Any]:
         """The actors that call `refit_send` in a broadcast refit (rank 0 broadcasts)."""
-        return [self.actors[0]]
+        return self._holders()
 
     async def busy_seconds(self) -> float:
         values = await asyncio.gather(*(a.busy.remote() for a in self.actors))
@@ -237,8 +243,9 @@ class GenerationGroup:
         finally:
             self._outstanding[idx] -= 1
 
-    async def load_weights(self, weights_ref: Any, version: int) -> None:
-        await asyncio.gather(*(a.load_weights.remote(weights_ref, version) for a in self.actors))
+    async def load_weights(self, weights_ref: Any, version: int) -> list[float]:
+        """Every engine loads `version`; the seconds each paused generation for it."""
+        return list(await asyncio.gather(*(a.load_weights.remote(weights_ref, version) for a in self.actors)))
 
     async def reset_cache(self) -> None:
         await asyncio.gather(*(a.reset_cache.remote() for a in self.actors))
@@ -248,19 +255,36 @@ class GenerationGroup:
 
 
 def start_policy_group(
-    pool: cluster.Pool, build: ModelBuild, optim: policy.OptimConfig, loss: losses.LossConfig, gpus: int
+    pool: cluster.Pool,
+    build: ModelBuild,
+    optim: policy.OptimConfig,
+    loss: losses.LossConfig,
+    gpus: int,
+    *,
+    sharding: policy.Sharding | None = None,
+    activation_checkpointing: bool = False,
 ) -> tuple[PolicyGroup, list[Any]]:
     """The policy group and the refs that resolve once every rank is set up (wait on them later,
     so the policy and generation processes start in parallel)."""
     cls = ray.remote(PolicyActor)
     actors = [
         cls.options(**pool.options(rank)).remote(
-            build, optim, loss, rank=rank, world_size=pool.ranks, gpus=gpus
+            build,
+            optim,
+            loss,
+            rank=rank,
+            world_size=pool.ranks,
+            gpus=gpus,
+            sharding=sharding,
+            activation_checkpointing=activation_checkpointing,
         )
         for rank in range(pool.ranks)
     ]
-    address = ray.get(actors[0].rendezvous_address.remote()) if pool.ranks > 1 else None  # type: ignore[attr-defined]
-    group = PolicyGroup(actors, balance_tokens=optim.max_tokens_per_micro_batch is not None)
+    grouped = pool.ranks > 1 or sharding is not None  # a process group, even of one rank
+    address = ray.get(actors[0].rendezvous_address.remote()) if grouped else None  # type: ignore[attr-defined]
+    group = PolicyGroup(
+        actors, balance_tokens=optim.max_tokens_per_micro_batch is not None, sharded=sharding is not None
+    )
     return group, [a.setup.remote(address) for a in actors]  # type: ignore[attr-defined]
 
 

@@ -1,4 +1,4 @@
-"""asyncgrpo.dev/v1alpha1: the AsyncGRPOJob resource."""
+"""asyncgrpo.dev/v1alpha1: the AsyncGRPOJob resource (AsyncGRPORuntime: admin_runtime.py)."""
 
 from asyncgrpo_api.v1alpha1.job import (
     API_VERSION,

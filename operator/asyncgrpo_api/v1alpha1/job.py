@@ -34,6 +34,12 @@ DRIVER_PROGRESS_PORT = 8090
 ImageRef = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
 
 
+class RuntimeRef(ApiModel):
+    """The AsyncGRPORuntime a job runs under (asyncgrpo_api.v1alpha1.admin_runtime)."""
+
+    name: DnsSubdomain = Field(description="Name of the AsyncGRPORuntime (cluster-scoped).")
+
+
 class AsyncGRPOJobSpec(ApiModel):
     """The desired state of one asynchronous GRPO training run."""
 
@@ -107,6 +113,13 @@ class AsyncGRPOJobSpec(ApiModel):
     )
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Extra labels on the RayCluster and its pods."
+    )
+    runtime_ref: RuntimeRef | None = Field(
+        default=None,
+        description="The AsyncGRPORuntime (cluster-scoped, an administrator's) the job runs under: "
+        "admission refuses what it does not allow, and the pods get the ServiceAccount and "
+        "securityContext it fixes. Unset: no runtime. Cannot change once the job exists. See "
+        "docs/security.md#runtimes.",
     )
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The training run itself.")
 

@@ -85,6 +85,32 @@ class GRPOSpec(ApiModel):
         description="Validate every N steps, and once before the first; 0 validates only at the end.",
     )
     val_at_end: bool = Field(default=True, description="Validate once after the last step.")
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="DAPO's dynamic sampling: a prompt group whose N samples all got the same reward "
+        "(zero advantage, no gradient) is dropped and a group of the next prompt is generated in its "
+        "place, so that each step trains on P groups that carry a gradient, up to "
+        "dynamicSamplingMaxExtraGroups replacements per step. Needs numGenerationsPerPrompt >= 2.",
+    )
+    dynamic_sampling_max_extra_groups: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="The most groups dynamic sampling drops and replaces for one step. Once a step has "
+        "dropped that many, it keeps the groups still to come as they are, equal rewards included "
+        "(no gradient from them: plain GRPO for the rest of that step), and its step record says "
+        "dynamic_sampling_cap_hit. Unset means numPromptsPerStep (at most twice the step's groups "
+        "generated).",
+    )
+    overlong_penalty_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="DAPO's soft overlong punishment: the length L_cache of a band just below "
+        "generation.maxNewTokens (L_max) in which a response's reward is lowered linearly, from 0 at "
+        "L_max - L_cache tokens to -1 at L_max (a response cut at maxNewTokens gets -1), before "
+        "advantages are computed. At most generation.maxNewTokens. Unset: no length penalty.",
+    )
 
 
 class AsyncRLSpec(ApiModel):
@@ -241,6 +267,26 @@ class LogprobGateSpec(ApiModel):
     )
 
 
+class ShardingSpec(ApiModel):
+    """How the torch policy backend lays its model out over its data-parallel ranks."""
+
+    strategy: Literal["none", "fsdp"] = Field(
+        default="none",
+        description="none: every policy rank holds the whole model, its gradients and the optimizer state, "
+        "and the gradients are all-reduced once per step. fsdp: PyTorch FSDP2 (fully_shard per decoder "
+        "layer) shards all three over the ranks, gathering one layer's weights at a time in model.dtype "
+        "and reducing gradients in float32: the same step (in float32, equal to none's up to summation "
+        "order), for models that do not fit one GPU with AdamW. Checkpoints are the same files either "
+        "way. torch backend only.",
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="With strategy fsdp on GPUs: keep the sharded weights, gradients and optimizer state in "
+        "host memory and run the AdamW step on the CPU (FSDP2's CPUOffloadPolicy), leaving the GPU the "
+        "gathered layers and the activations; slower steps. On CPU policy workers it changes nothing.",
+    )
+
+
 class MegatronSpec(ApiModel):
     """Model-parallel layout of the Megatron-core policy backend."""
 
@@ -309,6 +355,16 @@ class PolicySpec(ApiModel):
         ge=0,
         le=1,
         description="With learningRateSchedule cosine: the last step's rate as a fraction of learningRate.",
+    )
+    sharding: ShardingSpec = Field(
+        default_factory=ShardingSpec,
+        description="Sharding of the torch backend's model over the policy ranks (FSDP).",
+    )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Keep only each decoder layer's input for the backward pass and recompute the layer "
+        "there (gradient checkpointing): about one more forward pass per step for the activations of "
+        "one layer at a time instead of all of them; the gradients are unchanged. torch backend only.",
     )
     megatron: MegatronSpec = Field(
         default_factory=MegatronSpec, description="Parallel layout when backend is megatron."
@@ -525,6 +581,11 @@ class TrainerSpec(ApiModel):
     def max_inflight_prompts(self) -> int:
         """asyncRL.maxInflightPrompts with its default (maxBufferedRollouts) applied."""
         return self.async_rl.max_inflight_prompts or self.max_buffered_rollouts
+
+    @property
+    def dynamic_sampling_max_extra_groups(self) -> int:
+        """grpo.dynamicSamplingMaxExtraGroups with its default (P) applied."""
+        return self.grpo.dynamic_sampling_max_extra_groups or self.grpo.num_prompts_per_step
 
     @property
     def samples_per_step(self) -> int:

@@ -19,7 +19,7 @@ float16 there is no loss scaling.
 `ResponseLogprobs` is the one place the policy turns (prompt, response) rows into per-token
 log-probs, for the training loss and the reference pass alike; it computes what
 `sampling.token_logprobs` computes (the generation side's notion of a token's log-prob), through
-`Decoder.unnormed` + `head_logprobs` so the compiled head can be used.
+`CausalLM.target_logprobs` with `head_logprobs` as its head, so the compiled head can be used.
 """
 
 from __future__ import annotations
@@ -179,13 +179,8 @@ class ResponseLogprobs:
         # and a blocking copy would wait for the queued work of the previous micro-batch.
         ids, index, mask = (x.to(device, non_blocking=True) for x in (ids, index, mask))
         with self.recipe.forward_context(device):
-            logp_all = self._head(
-                model.model.unnormed(ids[:, :-1])[0],
-                ids[:, 1:],
-                norm_w=model.model.norm.weight,
-                eps=float(model.model.norm.eps),
-                lm_w=model.lm_head.weight,
-                temperature=self.temperature,
+            logp_all = model.target_logprobs(
+                ids[:, :-1], ids[:, 1:], self._head, temperature=self.temperature
             )
         return logp_all.gather(1, index) * mask, mask
 
@@ -217,13 +212,8 @@ class ResponseLogprobs:
             offset += len(x)
         ids, targets, index, mask = (x.to(device, non_blocking=True) for x in (ids, targets, index, mask))
         with self.recipe.forward_context(device):
-            logp_all = self._head(
-                model.model.unnormed(ids, packed=PackedRows(tuple(lengths)))[0],
-                targets,
-                norm_w=model.model.norm.weight,
-                eps=float(model.model.norm.eps),
-                lm_w=model.lm_head.weight,
-                temperature=self.temperature,
+            logp_all = model.target_logprobs(
+                ids, targets, self._head, temperature=self.temperature, packed=PackedRows(tuple(lengths))
             )
         return logp_all[0][index] * mask, mask
 

@@ -85,8 +85,11 @@ class GenerationWorker(abc.ABC):
         """n samples of one prompt; cancelling the call aborts them."""
 
     @abc.abstractmethod
-    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """The object store's refit: `state` (network names) becomes weight `version`."""
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> float:
+        """The object store's refit: `state` (network names) becomes weight `version`.
+
+        Each refit returns the seconds generation was paused for it (no decode step ran): what
+        the refit costs the engine, apart from the wall time of the whole transfer."""
 
     @abc.abstractmethod
     async def device_type(self) -> str: ...
@@ -100,13 +103,13 @@ class GenerationWorker(abc.ABC):
         """Join the broadcast refit group at `rank` (and the ranks after it, one per member)."""
 
     @abc.abstractmethod
-    async def refit_receive(self, version: int) -> None:
-        """Receive one broadcast refit as weight `version`."""
+    async def refit_receive(self, version: int) -> float:
+        """Receive one broadcast refit as weight `version`; the seconds generation was paused."""
 
     @abc.abstractmethod
-    async def load_ipc(self, handles: bytes, version: int) -> None:
-        """A colocated refit: CUDA IPC handles of the policy's tensors on this engine's GPU
-        (`ipc.share`)."""
+    async def load_ipc(self, handle: bytes, version: int) -> float:
+        """A colocated refit: the CUDA IPC handle of the policy's weights on this engine's GPU
+        (`ipc.SharedWeights`); the seconds generation was paused."""
 
     @abc.abstractmethod
     async def reset_cache(self) -> None: ...
@@ -162,6 +165,7 @@ class TorchGenerationWorker(GenerationWorker):
             else None
         )
         self._refit: RefitGroup | None = None
+        self._ipc = ipc.OpenedWeights()
         self.busy_seconds = 0.0
         self.tokens_generated = 0
         self.prefix_hits = 0
@@ -259,13 +263,14 @@ class TorchGenerationWorker(GenerationWorker):
         self.tokens_generated += sum(len(r) for r in out.response_ids)
         return Generated(out.response_ids, out.logprobs, out.finished, first_version, self.version, busy)
 
-    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> float:
         """Copy `state` into the model's parameters in place, then `adopt_weights(version)`."""
         async with self.weights_lock:
             t0 = time.perf_counter()
             self.model.load_state_dict(state)
             self.busy_seconds += time.perf_counter() - t0
             await self.adopt_weights(version)
+            return time.perf_counter() - t0
 
     async def device_type(self) -> str:
         return self.device.type
@@ -285,25 +290,30 @@ class TorchGenerationWorker(GenerationWorker):
         )
         return self._refit.plan
 
-    async def refit_receive(self, version: int) -> None:
+    async def refit_receive(self, version: int) -> float:
         if self._refit is None:
             raise RuntimeError("refit_receive before refit_join")
         await asyncio.to_thread(self._refit.broadcast.receive)  # into staging buffers only
         async with self.weights_lock:  # decode steps see the old or the new weights, whole
+            t0 = time.perf_counter()
             self._refit.broadcast.unpack(dict(self.model.named_parameters()))
             await self.adopt_weights(version)
+            return time.perf_counter() - t0
 
-    async def load_ipc(self, handles: bytes, version: int) -> None:
-        """Copy the policy's tensors, shared by CUDA IPC on this GPU (`ipc.share`), into the model
-        in place."""
+    async def load_ipc(self, handle: bytes, version: int) -> float:
+        """Copy the policy's weights, shared by CUDA IPC on this GPU (`ipc.SharedWeights`), into
+        the model in place; the copy is on this engine's stream, before any later decode step."""
         params = dict(self.model.named_parameters())
         async with self.weights_lock:
             t0 = time.perf_counter()
             with torch.no_grad():
-                for name, tensor in ipc.open_shared(handles):
+                for name, tensor in self._ipc.open(handle).items():
                     params[name].copy_(tensor)
+            # The policy rewrites its buffer at the next refit: the copy must be done by then.
+            torch.cuda.current_stream(self.device).synchronize()
             self.busy_seconds += time.perf_counter() - t0
             await self.adopt_weights(version)
+            return time.perf_counter() - t0
 
     async def adopt_weights(self, version: int) -> None:
         """The model's parameters were just overwritten in place by someone else (an NCCL

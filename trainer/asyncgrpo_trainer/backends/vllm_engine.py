@@ -229,13 +229,21 @@ class VLLMGenerationWorker(GenerationWorker):
         if version - self._reset_at > self.max_prefix_age:
             await self.reset_cache()
 
-    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+    async def _load(self, method: str, *args: Any) -> float:
+        """Run a refit method in every worker: the engine makes no step meanwhile, so the pause is
+        the RPC's wall time (the slowest worker's load, the RPC's round trips)."""
+        t0 = time.perf_counter()
+        await self._rpc(method, *args)
+        return time.perf_counter() - t0
+
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> float:
         """The object store's refit: the tensors go to vLLM's workers as one serialized blob (vLLM's
         RPC between its processes does not carry tensors it received from another process)."""
         blob = io.BytesIO()
         torch.save(state, blob)
-        await self._rpc("asyncgrpo_load_bytes", blob.getvalue())
+        paused = await self._load("asyncgrpo_load_bytes", blob.getvalue())
         await self._adopt(version)
+        return paused
 
     async def refit_members(self) -> int:
         """Ranks this engine takes in the refit group: one per tensor-parallel worker."""
@@ -249,13 +257,15 @@ class VLLMGenerationWorker(GenerationWorker):
         await self._rpc("asyncgrpo_refit_join", dataclasses.asdict(spec), rank, self.build.to_json())
         return refit_plan(self.build, spec.bucket_bytes)
 
-    async def refit_receive(self, version: int) -> None:
-        await self._rpc("asyncgrpo_refit_receive")
+    async def refit_receive(self, version: int) -> float:
+        paused = await self._load("asyncgrpo_refit_receive")
         await self._adopt(version)
+        return paused
 
-    async def load_ipc(self, handles: bytes, version: int) -> None:
-        await self._rpc("asyncgrpo_load_ipc", handles)
+    async def load_ipc(self, handle: bytes, version: int) -> float:
+        paused = await self._load("asyncgrpo_load_ipc", handle)
         await self._adopt(version)
+        return paused
 
     async def reset_cache(self) -> None:
         """Reset the prefix cache; running requests recompute their KV (see the module docstring)."""

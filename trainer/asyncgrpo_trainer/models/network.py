@@ -13,15 +13,23 @@ dtype, attention scale 1/sqrt(head_dim)), which is what the parity tests check t
 The forward takes an optional key/value cache so generation decodes one token per step instead of
 re-running the prefix; training runs the same forward without a cache. Shapes: B batch, T tokens,
 H heads, D head width.
+
+Activation checkpointing (`CausalLM.checkpoint_activations`, policy.activationCheckpointing): a
+layer then keeps only its input for the backward pass and recomputes the rest there
+(torch.utils.checkpoint, non-reentrant), which trades one more forward per layer for the
+activations of all but one layer at a time. The recomputation runs the same operations, so the
+gradients are those without it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from asyncgrpo_trainer.models.config import ModelConfig
 
@@ -147,6 +155,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    recompute = False
+    """Activation checkpointing: with gradients on, keep only the input for the backward pass and
+    recompute the rest there (set by `CausalLM.checkpoint_activations`)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -160,6 +172,22 @@ class DecoderLayer(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
         mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        # Inside forward, so that a compiled block traces the checkpoint (and recomputes within its
+        # own graph), and under FSDP the recomputation uses the weights gathered for the backward.
+        if self.recompute and torch.is_grad_enabled():
+            out: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] = checkpoint(
+                self._forward, x, rope, past, mask, use_reentrant=False
+            )
+            return out
+        return self._forward(x, rope, past, mask)
+
+    def _forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         attn, kv = self.self_attn(self.input_layernorm(x), rope, past, mask)
         x = x + attn
@@ -266,9 +294,39 @@ class CausalLM(nn.Module):
     def layers(self) -> nn.ModuleList:
         return self.model.layers
 
+    def checkpoint_activations(self) -> None:
+        """Recompute each decoder layer's activations in the backward pass (see the module
+        docstring); forwards without gradients are unchanged."""
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.recompute = True
+
     def forward(self, ids: torch.Tensor, past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
         hidden, cache = self.model(ids, past)
         return self.lm_head(hidden), cache
+
+    def target_logprobs(
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        head: Callable[..., torch.Tensor],
+        *,
+        temperature: float,
+        packed: PackedRows | None = None,
+    ) -> torch.Tensor:
+        """log p(targets | ids) per position (B, T), through `head` (`cuda_train.head_logprobs`,
+        compiled or not: it takes the unnormed hidden states, the final norm's and the output
+        layer's weights). One call touches every weight, like `forward`, so FSDP can treat it as a
+        forward (`fsdp.shard` registers it)."""
+        x, _ = self.model.unnormed(ids, packed=packed)
+        return head(
+            x,
+            targets,
+            norm_w=self.model.norm.weight,
+            eps=float(self.model.norm.eps),
+            lm_w=self.lm_head.weight,
+            temperature=temperature,
+        )
 
 
 def param_count(model: nn.Module) -> int:
