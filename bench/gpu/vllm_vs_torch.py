@@ -55,6 +55,15 @@ SHAPES: dict[str, dict[str, Any]] = {
         "model_vocab_size": 151936,
         "tie_word_embeddings": True,
     },
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536,
+        "num_layers": 28,
+        "num_heads": 12,
+        "num_kv_heads": 2,
+        "intermediate_size": 8960,
+        "model_vocab_size": 151936,
+        "tie_word_embeddings": True,
+    },
     "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128},
 }
 

@@ -212,8 +212,14 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                     "maxNewTokens": shape.max_new_tokens,
                     "ignoreEos": shape.ignore_eos,
                     "temperature": shape.temperature,
-                    # colocated: leave the GPU's other half to the policy
-                    "gpuMemoryUtilization": 0.4 if shape.colocated else 0.8,
+                    # vLLM's share of the GPU (colocated: leave the other half to the policy); the
+                    # torch engine sizes its cache from the job's shape, and admission warns of the
+                    # field there as ignored.
+                    **(
+                        {"gpuMemoryUtilization": 0.4 if shape.colocated else 0.8}
+                        if shape.generation_backend == "vllm"
+                        else {}
+                    ),
                 },
                 "weightSync": {"transport": shape.transport},
                 "data": {
