@@ -147,9 +147,9 @@ class Settings:
     dynamic_sampling_max_extra_groups: int | None = None
     """Replacements per step of DAPO's dynamic sampling; None when grpo.dynamicSampling is off."""
     log_level: str = "INFO"
+    """spec.trainer.logLevel, for this actor's process (the driver sets its own)."""
     attempt: int | None = None
     """The job's attempt (the operator's ASYNCGRPO_ATTEMPT), recorded in the step records' file."""
-    """spec.trainer.logLevel, for this actor's process (the driver sets its own)."""
     watchdog_interval_seconds: float = 1.0
 
 
