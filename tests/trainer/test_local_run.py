@@ -199,7 +199,7 @@ def test_asyncgrpo_run_trains_on_its_own_ray_not_the_one_ray_address_names_and_w
     starts its own node instead of joining it (a bare ray.init() would join it, then refuse the
     run's num_cpus), says so in its banner, and picks its own node's auth mode, so Ray's "Token
     authentication is enabled" warning is not printed. No driver of the run reaches the other Ray."""
-    drivers_before = {job["JobID"] for job in ray_state.jobs()}
+    drivers_before = _drivers_of_the_suites_ray()
     unset = (driver.USAGE_STATS_ENV, local_run.RAY_AUTH_MODE_ENV)
     env = {k: v for k, v in os.environ.items() if k not in unset} | {"RAY_ADDRESS": ray_address}
     code, out, err = _asyncgrpo_run([str(EXAMPLE), "--max-steps", "1"], tmp_path, env, timeout=600)
@@ -207,7 +207,12 @@ def test_asyncgrpo_run_trains_on_its_own_ray_not_the_one_ray_address_names_and_w
     assert f"  ray          its own on this machine; RAY_ADDRESS={ray_address} is not joined\n" in out, out
     assert "trained 1/1 steps (async-in-order) in " in out, out
     assert "Token authentication" not in out + err, err
-    assert {job["JobID"] for job in ray_state.jobs()} == drivers_before
+    assert _drivers_of_the_suites_ray() == drivers_before
+
+
+def _drivers_of_the_suites_ray() -> set[str]:
+    """The jobs (one per connected driver, ended ones included) of the Ray this process joined."""
+    return {job["JobID"] for job in ray_state.jobs()}  # type: ignore[no-untyped-call]
 
 
 def _asyncgrpo_run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
