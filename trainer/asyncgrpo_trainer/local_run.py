@@ -146,10 +146,10 @@ RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 def start_own_ray(*, num_cpus: int, num_gpus: int) -> None:
-    """Start this process's own Ray node, always: never one that RAY_ADDRESS names or that
-    `ray start` left running on this machine, which a bare ray.init() would join (it would then
-    refuse num_cpus, or run a laptop's job on someone's cluster). `asyncgrpo run` runs a job on
-    this machine; a cluster runs it through the operator (`kubectl apply`).
+    """Start this process's own Ray node, always: never join the cluster RAY_ADDRESS names or one
+    that `ray start` left running on this machine, as a bare ray.init() does (and then refuses the
+    num_cpus and num_gpus given here). `asyncgrpo run` runs a job on this machine; a cluster runs
+    it through the operator (`kubectl apply`).
 
     The Ray is its own, so it picks the auth mode: token, Ray's default for a new local cluster,
     said explicitly, which spares every run Ray's "Token authentication is enabled for this Ray
