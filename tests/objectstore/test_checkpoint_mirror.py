@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from asyncgrpo_trainer import checkpoint, durable_checkpoints
@@ -14,10 +15,10 @@ from asyncgrpo_trainer.object_store import Store
 from tests.objectstore.helpers import write_checkpoint
 
 
-def _wait(predicate: object, timeout: float = 60.0) -> None:
+def _wait(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if callable(predicate) and predicate():
+        if predicate():
             return
         time.sleep(0.1)
     raise AssertionError("timed out")
@@ -37,7 +38,7 @@ def test_each_new_local_checkpoint_becomes_durable_in_the_background(store: Stor
             started = time.monotonic()
             write_checkpoint(local, step, payload=bytes(8 * 2**20))  # 8 MiB of "weights"
             assert time.monotonic() - started < 5.0  # the writer never waits for the upload
-            _wait(lambda s=step: mirror.state.durable_step == s)  # type: ignore[misc]
+            _wait(lambda s=step: mirror.state.durable_step == s)
         log_file.write_text("step 1\nstep 2\n")
     finally:
         state = mirror.close(deadline_seconds=30)
