@@ -1221,6 +1221,7 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
                 reward_failures=reading.reward_failures,
                 validation_accuracy=reading.validation_accuracy,
                 last_checkpoint_step=reading.last_checkpoint_step,
+                durable_checkpoint_step=reading.durable_checkpoint_step,
                 updated_at=read_at,
             ),
         )

@@ -495,6 +495,18 @@ def test_restarting_ends_when_the_new_attempt_runs() -> None:
     assert again.status.restarts == 1
 
 
+def test_the_durable_checkpoint_step_the_driver_reports_stays_in_the_status_through_a_retry() -> None:
+    """`kubectl get agj -o wide` shows Durable-Ckpt: the newest checkpoint in the object store."""
+    before = running()
+    rc0 = cluster(0, provisioned=True)
+    doc = {"step": 9, "lastCheckpointStep": 8, "durableCheckpointStep": 6, "state": "running"}
+    trained = step(job(), before.status, observe(40, rc0, pods=healthy_pods(rc0), progress=doc))
+    killed = step(job(), trained.status, observe(45, rc0, pods=healthy_pods(rc0, driver=terminated(137))))
+
+    assert trained.status.progress is not None and trained.status.progress.durable_checkpoint_step == 6
+    assert killed.status.progress is not None and killed.status.progress.durable_checkpoint_step == 6
+
+
 def test_a_retry_steps_back_to_the_checkpoint_at_the_restart_and_only_forward_after_it() -> None:
     """Attempt 0 trained step 9 after its step-8 checkpoint and was killed: from the restart on,
     STEP shows 8 (what attempt 1 resumes from), then follows attempt 1 up."""
