@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from asyncgrpo_api.object_store_keys import logs_prefix
 from asyncgrpo_trainer import checkpoint, durable_checkpoints
 from asyncgrpo_trainer.checkpoint_mirror import CheckpointMirror
-from asyncgrpo_trainer.durable_layout import CheckpointId, logs_prefix
+from asyncgrpo_trainer.durable_layout import CheckpointId
 from asyncgrpo_trainer.object_store import Store
 from tests.objectstore.helpers import write_checkpoint
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from asyncgrpo_api.object_store_keys import logs_prefix
 from asyncgrpo_trainer import driver, durable_checkpoints
-from asyncgrpo_trainer.durable_layout import CheckpointId, logs_prefix
+from asyncgrpo_trainer.durable_layout import CheckpointId
 from asyncgrpo_trainer.object_store import Store
 from tests.objectstore.helpers import store_config, with_object_store
 from tests.objectstore.s3server import S3Server

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncgrpo_api.object_store_keys import logs_prefix
 from asyncgrpo_trainer import checkpoint, durable_checkpoints
 from asyncgrpo_trainer.durable_checkpoints import FencedError
-from asyncgrpo_trainer.durable_layout import CheckpointId, logs_prefix
+from asyncgrpo_trainer.durable_layout import CheckpointId
 from asyncgrpo_trainer.object_store import Store, TransientError
 
 log = logging.getLogger(__name__)

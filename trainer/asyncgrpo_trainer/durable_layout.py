@@ -6,7 +6,7 @@ Keys, relative to the job's root (`object_store.job_root`):
     fence/attempt-NNNNN                                   written when attempt N starts
     checkpoints/attempt-NNNNN/step-SSSSSSSS/<files>       the files of one checkpoint
     checkpoints/attempt-NNNNN/step-SSSSSSSS.manifest.json written last: the checkpoint counts
-    logs/attempt-NNNNN/<driver.log, steps.jsonl, tensorboard/...>
+    logs/attempt-NNNNN/<driver.log, steps.jsonl, tensorboard/...>   (asyncgrpo_api.object_store_keys)
 
 Why per attempt: an attempt writes only under its own number, so an old attempt that is still
 alive (a pod the kubelet has not killed yet, a partitioned node) can never overwrite a newer
@@ -56,10 +56,6 @@ def files_prefix(cid: CheckpointId) -> str:
 
 def manifest_key(cid: CheckpointId) -> str:
     return f"{CHECKPOINTS}attempt-{cid.attempt:05d}/step-{cid.step:08d}{MANIFEST_SUFFIX}"
-
-
-def logs_prefix(attempt: int) -> str:
-    return f"logs/attempt-{attempt:05d}/"
 
 
 def parse_manifest_key(rel: str) -> CheckpointId | None:

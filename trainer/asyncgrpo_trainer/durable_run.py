@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from asyncgrpo_api import outputs
+from asyncgrpo_api.object_store_keys import DRIVER_LOG
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_trainer import durable_checkpoints, object_store
 from asyncgrpo_trainer.checkpoint_mirror import CheckpointMirror
@@ -29,7 +30,7 @@ def log_files(checkpoint_path: str, attempt: int | None) -> Callable[[], dict[st
 
     def files() -> dict[str, Path]:
         found = {
-            "driver.log": Path(outputs.driver_log(checkpoint_path, attempt)),
+            DRIVER_LOG: Path(outputs.driver_log(checkpoint_path, attempt)),
             outputs.STEPS_FILE: Path(outputs.steps_file(checkpoint_path)),
         }
         board = Path(outputs.tensorboard_dir(checkpoint_path))

@@ -13,7 +13,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from posixpath import join
 from typing import Any
 
 import boto3
@@ -22,8 +21,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from asyncgrpo_api.object_store_env import ACCESS_KEY_ENV, SECRET_KEY_ENV
+from asyncgrpo_api.object_store_keys import job_root
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
-from asyncgrpo_api.v1alpha1.runtime import ObjectStoreSpec
 
 TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=64 * 2**20, max_concurrency=4)
 """Multipart above 64 MiB: a lost connection costs one part, not a multi-gigabyte file."""
@@ -55,11 +54,6 @@ class StoreConfig:
     """False (insecureSkipVerify), True (the system CAs), or a CA bundle's path (AWS_CA_BUNDLE)."""
 
 
-def job_root(spec: ObjectStoreSpec, namespace: str, name: str) -> str:
-    """`<prefix>/<namespace>/<job name>`: the job's keys, apart from every other job's."""
-    return join(spec.prefix, namespace, name) if spec.prefix else join(namespace, name)
-
-
 def config_of(job: AsyncGRPOJob) -> StoreConfig | None:
     """The store the job names, or None when it names none."""
     spec = job.spec.storage.object_store
@@ -71,7 +65,7 @@ def config_of(job: AsyncGRPOJob) -> StoreConfig | None:
     return StoreConfig(
         endpoint=spec.endpoint.rstrip("/"),
         bucket=spec.bucket,
-        root=job_root(spec, job.metadata.namespace or "default", job.metadata.name or "asyncgrpo"),
+        root=job_root(spec.prefix, job.metadata.namespace or "default", job.metadata.name or "asyncgrpo"),
         region=spec.region,
         verify=verify,
     )
