@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--every", type=float, default=0.3)
     parser.add_argument("--stop-file", default="")
+    parser.add_argument("--payload-mib", type=int, default=0, help="weights of this size (default: small)")
     ns = parser.parse_args()
     job = driver.parse_job(json.loads(Path(ns.job).read_text()))
     root = Path(job.spec.checkpoint.path)
@@ -38,7 +39,10 @@ def main() -> int:
             if ns.stop_file and os.path.exists(ns.stop_file):
                 break
             tmp = checkpoint.begin(root, step)
-            (tmp / "policy.pt").write_bytes(f"attempt {ns.attempt} step {step}".encode() * 2000)
+            tag = f"attempt {ns.attempt} step {step}".encode()
+            (tmp / "policy.pt").write_bytes(
+                tag + os.urandom(ns.payload_mib * 2**20) if ns.payload_mib else tag * 2000
+            )
             checkpoint.commit(tmp, step, {"step": step}, keep_last=job.spec.checkpoint.keep_last)
             time.sleep(ns.every)
     print(json.dumps({"start": start, **dataclasses.asdict(mirror.state)}), flush=True)

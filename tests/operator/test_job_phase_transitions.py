@@ -420,6 +420,22 @@ def test_a_driver_that_found_the_data_unusable_fails_with_invalid_data_and_is_no
     assert [e.type for e in decision.events if e.reason == "InvalidData"] == ["Warning"]
 
 
+def test_a_driver_refused_by_the_object_store_fails_with_a_clear_reason_and_is_not_retried() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    message = (
+        "asyncgrpo: training failed: ObjectStoreRefusedError: the object store https://s3 refused bucket "
+        "'ckpts' (InvalidAccessKeyId): check the Secret named in spec.storage.objectStore.credentials"
+    )
+    pods = healthy_pods(rc, driver=terminated(exitcodes.OBJECT_STORE_REFUSED, message))
+    decision = step(job(), before.status, observe(60, rc, pods=pods))
+
+    assert (decision.status.phase, decision.status.reason) == ("Failed", "ObjectStoreRefused")
+    assert "spec.storage.objectStore.credentials" in (decision.status.message or "")
+    assert (decision.status.restarts, decision.status.attempt) == (0, 0)
+    assert actions_of(decision, plan.CreateRayCluster) == []
+
+
 def test_reward_failures_and_skipped_data_rows_reach_the_status() -> None:
     before = running()
     rc = cluster(0, provisioned=True)
