@@ -3,6 +3,7 @@ durable without the training side waiting, keepLast holds in the store, and the 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ def test_each_new_local_checkpoint_becomes_durable_in_the_background(store: Stor
             started = time.monotonic()
             write_checkpoint(local, step, payload=bytes(8 * 2**20))  # 8 MiB of "weights"
             assert time.monotonic() - started < 5.0  # the writer never waits for the upload
-            _wait(lambda s=step: mirror.state.durable_step == s)
+            _wait(functools.partial(lambda s: mirror.state.durable_step == s, step))
         log_file.write_text("step 1\nstep 2\n")
     finally:
         state = mirror.close(deadline_seconds=30)

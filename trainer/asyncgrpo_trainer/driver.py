@@ -541,7 +541,9 @@ def _execute(
             built.args.resume = resume[0]
             log.info("resuming from the checkpoint of step %d", resume[0].step)
         # The controller process starts while the workers finish starting.
-        actor = controller.SingleControllerActor.remote(built.args)  # type: ignore[attr-defined]
+        actor = controller.SingleControllerActor.options(**_controller_placement(job)).remote(  # type: ignore[attr-defined]
+            built.args
+        )
         curves = tracking.open_curves(
             job.spec.checkpoint.path,
             job_name=job.metadata.name or "asyncgrpo",
@@ -564,6 +566,19 @@ def _execute(
             ray.kill(actor, no_restart=True)
     finally:
         _teardown(built)
+
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""Ray's resource of the head node (the driver's pod)."""
+
+
+def _controller_placement(job: AsyncGRPOJob) -> dict[str, Any]:
+    """With spec.storage.objectStore the controller runs on the head, beside the driver: it writes
+    the checkpoints (state.pt, and the policy files workers could not write on a volume they do not
+    share) into checkpoint.path, where the driver's mirror must see them to upload them."""
+    if job.spec.storage.object_store is None:
+        return {}
+    return {"resources": {HEAD_NODE_RESOURCE: 0.001}}
 
 
 @contextlib.contextmanager
