@@ -61,6 +61,12 @@ PRINTER_COLUMNS: list[Schema] = [
         "jsonPath": ".status.progress.lastCheckpointStep",
         "priority": 1,
     },
+    {
+        "name": "Durable-Ckpt",
+        "type": "integer",
+        "jsonPath": ".status.progress.durableCheckpointStep",
+        "priority": 1,
+    },
     {"name": "Cluster", "type": "string", "jsonPath": ".status.rayClusterName", "priority": 1},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
 ]

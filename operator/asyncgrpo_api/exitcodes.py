@@ -23,6 +23,10 @@ INVALID_DATA: Final = 4
 no usable row, an env.function that cannot be imported), found by the driver before any worker
 starts: never retried (the same files would fail again)."""
 
+OBJECT_STORE_REFUSED: Final = 5
+"""spec.storage.objectStore's credentials or bucket were refused by the store (or the key pair is
+missing from the Secret): never retried (the same Secret would be refused again)."""
+
 RAY_HEAD_UNAVAILABLE: Final = 200
 """The Ray head next to the driver never came up: an infrastructure failure, retried."""
 

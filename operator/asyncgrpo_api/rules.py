@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from asyncgrpo_api import invariants, quantity
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
+from asyncgrpo_api.object_store_rules import object_store_problems
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Resources, WorkerGroup
@@ -661,6 +662,11 @@ def _unique_env_names(job: AsyncGRPOJob) -> Iterator[Finding]:
             seen.setdefault(ref.env, path)
 
 
+def _object_store(job: AsyncGRPOJob) -> Iterator[Finding]:
+    for path, message in object_store_problems(job):
+        yield Finding(path, message)
+
+
 # --- warnings ------------------------------------------------------------------------------------
 
 
@@ -687,6 +693,8 @@ def _warn_stale_data_without_correction(job: AsyncGRPOJob) -> Iterator[Finding]:
 def _warn_checkpoints_not_durable(job: AsyncGRPOJob) -> Iterator[Finding]:
     volume = job.spec.storage.checkpoints
     path = job.spec.checkpoint.path
+    if job.spec.storage.object_store is not None:
+        return  # resumes read the object store; the volume is scratch space
     if volume is None or not volume.survives_pod_loss:
         yield Finding(
             "spec.storage.checkpoints",
@@ -870,6 +878,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _scheduler_queue,
     _pod_template_overrides,
     _unique_env_names,
+    _object_store,
 )
 _WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _warn_unread_data_settings,

@@ -57,6 +57,7 @@ TRAINING_ERROR = "TrainingError"
 INVALID_SPEC = "InvalidSpec"
 INVALID_MODEL = "InvalidModel"
 INVALID_DATA = "InvalidData"
+OBJECT_STORE_REFUSED = "ObjectStoreRefused"
 DRIVER_SUCCEEDED = "DriverSucceeded"
 DRIVER_KILLED = "DriverKilled"
 RAY_HEAD_UNAVAILABLE = "RayHeadUnavailable"
@@ -109,6 +110,7 @@ _WARNING_REASONS = frozenset(
         INVALID_SPEC,
         INVALID_MODEL,
         INVALID_DATA,
+        OBJECT_STORE_REFUSED,
         DRIVER_KILLED,
         RAY_HEAD_UNAVAILABLE,
         RAY_WORKER_LOST,

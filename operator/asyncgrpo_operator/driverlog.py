@@ -4,8 +4,10 @@ files are once the pod is gone.
 The head pod's `driver` container is the training driver; `kubectl logs` can read it only while
 the pod exists, and cleanupPolicy deletes the pods with the RayCluster. The driver also writes its
 log, step records and TensorBoard files under checkpoint.path (status.outputs), so this command
-streams the container log when there is one and otherwise says where those files are and on
-which volume. `decide` is the pure part (tested without a cluster); `main` does the API calls.
+streams the container log when there is one, otherwise prints the newest attempt's log from
+spec.storage.objectStore when the job names one (`stored_logs`), and otherwise says where those
+files are and on which volume. `decide` is the pure part (tested without a cluster); `main` does
+the API calls.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncgrpo_operator import k8s, naming
+from asyncgrpo_api.v1alpha1.runtime import ObjectStoreSpec
+from asyncgrpo_operator import k8s, naming, stored_logs
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,18 @@ class Files:
     text: str
 
 
-def decide(job: Mapping[str, Any], heads: Sequence[Mapping[str, Any]], *, follow: bool) -> Stream | Files:
+@dataclass(frozen=True)
+class Stored:
+    """No container log to read, but the driver uploaded its log to spec.storage.objectStore."""
+
+    why: str
+    store: ObjectStoreSpec
+    namespace: str
+
+
+def decide(
+    job: Mapping[str, Any], heads: Sequence[Mapping[str, Any]], *, follow: bool
+) -> Stream | Files | Stored:
     """What `asyncgrpo logs` shows for a job, given its head pods (those of status.rayClusterName)."""
     status = job.get("status") or {}
     name = job["metadata"]["name"]
@@ -55,6 +69,10 @@ def decide(job: Mapping[str, Any], heads: Sequence[Mapping[str, Any]], *, follow
         head = f"job {name} is {phase}{why}; its head pod is gone"
     else:
         head = f"job {name} is {phase}{why}; its RayCluster is gone (cleanupPolicy)"
+    store = ((job.get("spec") or {}).get("storage") or {}).get("objectStore")
+    if store and phase not in ("Queued", "Pending", "Provisioning", "Suspended"):
+        namespace = str(job["metadata"].get("namespace") or "default")
+        return Stored(head, ObjectStoreSpec.model_validate(store), namespace)
     outputs = status.get("outputs")
     if not outputs:
         return Files(f"{head}, and the operator has not recorded where its files are")
@@ -92,6 +110,8 @@ async def _run(name: str, namespace: str | None, follow: bool) -> int:
         if isinstance(outcome, Files):
             print(outcome.text)
             return 0
+        if isinstance(outcome, Stored):
+            return _print_stored(name, outcome)
         out = sys.stdout.buffer
         async for chunk in api.stream_pod_log(
             ns, outcome.pod, naming.DRIVER_CONTAINER, follow=outcome.follow
@@ -104,6 +124,19 @@ async def _run(name: str, namespace: str | None, follow: bool) -> int:
         return 1
     finally:
         await api.close()
+
+
+def _print_stored(name: str, outcome: Stored) -> int:
+    print(f"{outcome.why}; its driver log from the object store:", file=sys.stderr)
+    try:
+        attempt, text = stored_logs.newest_driver_log(outcome.store, outcome.namespace, name)
+    except stored_logs.StoredLogError as exc:
+        print(f"asyncgrpo logs: {exc}", file=sys.stderr)
+        return 1
+    print(f"(attempt {attempt})", file=sys.stderr)
+    sys.stdout.buffer.write(text)
+    sys.stdout.flush()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncgrpo_api import exitcodes
+from asyncgrpo_api.object_store_env import ACCESS_KEY_ENV, CA_BUNDLE_DIR, CA_VOLUME, SECRET_KEY_ENV
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, Resources, WorkerGroup
@@ -483,6 +484,7 @@ def _env_block(job: AsyncGRPOJob, extra: list[Manifest]) -> Manifest:
     env += [{"name": var.name, "value": var.value} for var in spec.env]
     env += _network_env(job)
     env += _ray_usage_stats_env(job)
+    env += _object_store_env(job)
     env_from: list[Manifest] = []
     for secret in spec.secrets:
         if not secret.keys:
@@ -507,6 +509,25 @@ def _ray_usage_stats_env(job: AsyncGRPOJob) -> list[Manifest]:
     clusters this runs in are often offline), unless spec.env or a secret key sets the variable."""
     named = {var.name for var in job.spec.env} | {ref.env for s in job.spec.secrets for ref in s.keys}
     return [] if RAY_USAGE_STATS_ENV in named else [{"name": RAY_USAGE_STATS_ENV, "value": "0"}]
+
+
+def _object_store_env(job: AsyncGRPOJob) -> list[Manifest]:
+    """The object store's key pair as `secretKeyRef` variables (the keys never enter the spec, its
+    ConfigMap or the status), and AWS_CA_BUNDLE when a CA bundle is mounted."""
+    store = job.spec.storage.object_store
+    if store is None:
+        return []
+    secret = store.credentials.secret_name
+    refs = [
+        (ACCESS_KEY_ENV, store.credentials.access_key_id_key),
+        (SECRET_KEY_ENV, store.credentials.secret_access_key_key),
+    ]
+    env: list[Manifest] = [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}} for name, key in refs
+    ]
+    if store.tls.ca_config_map is not None:
+        env.append({"name": "AWS_CA_BUNDLE", "value": f"{CA_BUNDLE_DIR}/{store.tls.ca_key}"})
+    return env
 
 
 def _network_env(job: AsyncGRPOJob) -> list[Manifest]:
@@ -545,6 +566,9 @@ def _volumes(job: AsyncGRPOJob) -> list[Manifest]:
                 empty_dir["sizeLimit"] = volume.empty_dir.size_limit
             source = {"emptyDir": empty_dir}
         volumes.append({"name": name, **source})
+    store = job.spec.storage.object_store
+    if store is not None and store.tls.ca_config_map is not None:
+        volumes.append({"name": CA_VOLUME, "configMap": {"name": store.tls.ca_config_map}})
     return volumes
 
 
@@ -555,4 +579,7 @@ def _mounts_block(job: AsyncGRPOJob, extra: list[Manifest]) -> Manifest:
         if volume.pvc is not None and volume.pvc.read_only:
             mount["readOnly"] = True
         mounts.append(mount)
+    store = job.spec.storage.object_store
+    if store is not None and store.tls.ca_config_map is not None:
+        mounts.append({"name": CA_VOLUME, "mountPath": CA_BUNDLE_DIR, "readOnly": True})
     return {"volumeMounts": mounts} if mounts else {}

@@ -267,6 +267,7 @@ class ProgressReading:
     mean_staleness: float | None = None
     tokens_per_second: float | None = None
     last_checkpoint_step: int | None = None
+    durable_checkpoint_step: int | None = None
     validation_reward: float | None = None
     reward_failures: int = 0
     data_warning: str | None = None
@@ -288,6 +289,7 @@ class ProgressReading:
             mean_staleness=_rounded(_float_or_none(doc.get("meanStaleness")), 3),
             tokens_per_second=_rounded(_float_or_none(doc.get("tokensPerSecond")), 1),
             last_checkpoint_step=_count(doc.get("lastCheckpointStep")),
+            durable_checkpoint_step=_count(doc.get("durableCheckpointStep")),
             validation_reward=_rounded(_float_or_none(doc.get("validationReward")), 4),
             reward_failures=_count(doc.get("rewardFailures")) or 0,
             data_warning=str(doc["dataWarning"]) if doc.get("dataWarning") else None,

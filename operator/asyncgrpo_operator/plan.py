@@ -76,6 +76,7 @@ from asyncgrpo_operator.decision import (
     INVALID_SPEC,
     KUBERAY_MISSING,
     LOGPROB_MISMATCH,
+    OBJECT_STORE_REFUSED,
     PODS_READY,
     PODS_SCHEDULED,
     PROVISIONING_RECHECK_SECONDS,
@@ -916,6 +917,10 @@ def _record_head(ctx: _Ctx, draft: Draft, pod: str) -> None:
 _INPUT_ERRORS = {
     exitcodes.INVALID_MODEL: (INVALID_MODEL, "the model files cannot be used"),
     exitcodes.INVALID_DATA: (INVALID_DATA, "the data files or the reward function cannot be used"),
+    exitcodes.OBJECT_STORE_REFUSED: (
+        OBJECT_STORE_REFUSED,
+        "the object store refused spec.storage.objectStore's credentials or bucket",
+    ),
 }
 """Driver exit codes for inputs only the files could show to be wrong: failed, never retried."""
 
@@ -1216,6 +1221,7 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
                 reward_failures=reading.reward_failures,
                 validation_accuracy=reading.validation_accuracy,
                 last_checkpoint_step=reading.last_checkpoint_step,
+                durable_checkpoint_step=reading.durable_checkpoint_step,
                 updated_at=read_at,
             ),
         )

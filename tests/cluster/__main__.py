@@ -26,6 +26,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(build_optional("kueue", force=args.force).bin)
     if args.real_node:
         print(build_node(force=args.force).bin)
+    if args.s3:
+        print(build_optional("seaweedfs", force=args.force).bin)
     return 0
 
 
@@ -143,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if present")
     p.add_argument("--kueue", action="store_true", help="also build Kueue (optional component)")
     p.add_argument("--real-node", action="store_true", help="also build the real node (optional)")
+    p.add_argument(
+        "--s3", action="store_true", help="also build SeaweedFS, the S3 server of the object-store tests"
+    )
     p.set_defaults(fn=_cmd_build)
     p = sub.add_parser(
         "images", help="build the operator and CPU trainer images (cached); prints `<ref> <archive>`"

@@ -116,6 +116,12 @@ def optional_targets() -> dict[str, Target]:
             ("crictl",),
             f"-s -w -X 'sigs.k8s.io/cri-tools/pkg/version.Version={c['cri-tools'].version}'",
         ),
+        "seaweedfs": Target(
+            "seaweedfs",
+            ("github.com/seaweedfs/seaweedfs/weed",),
+            ("weed",),
+            "-s -w",  # its version is a constant in weed/util/version
+        ),
         "coredns": Target(
             "coredns",
             ("asyncgrpo.dev/localcluster/coredns",),
@@ -253,6 +259,8 @@ class OptionalLayout:
 
     def complete(self) -> bool:
         built = all(self.binary(b).is_file() for b in optional_targets()[self.name].binaries)
+        if self.name != "kueue":
+            return built  # only Kueue ships CRDs and webhooks beside its binary
         return built and any(self.crds.glob("*.json")) and self.webhooks.is_file()
 
 
@@ -456,7 +464,7 @@ def build(force: bool = False) -> Layout:
 
 
 def build_optional(name: str, force: bool = False) -> OptionalLayout:
-    """Build an optional component (today: kueue) into its own cache folder; a no-op when complete.
+    """Build an optional component (kueue, seaweedfs) into its own cache folder; a no-op when complete.
 
     Why separate from `build`: the demo and the default tests never need it, so a fresh machine's
     first `make demo` never waits for it; the tests that need Kueue call this first.
@@ -565,7 +573,7 @@ def build_node(force: bool = False) -> NodeLayout:
 
 def stale_layouts(keep: set[Path]) -> list[Path]:
     """Cache folders of earlier pins (hash-named), except the current ones and those in `keep`."""
-    current = {layout().root, node_layout().root} | {optional_layout("kueue").root}
+    current = {layout().root, node_layout().root} | {optional_layout(n).root for n in ("kueue", "seaweedfs")}
     pattern = re.compile(r"^([a-z]+-)?[0-9a-f]{16}$")
     return [
         d

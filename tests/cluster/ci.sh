@@ -3,21 +3,22 @@
 #
 #   tests/cluster/ci.sh build          build the binaries into the cache (no-op when cached): Kueue's,
 #                                      so no test sits silent for minutes building it, and the real
-#                                      node's (tests/e2e/test_real_node.py needs them)
+#                                      node's (tests/e2e/test_real_node.py needs them), and SeaweedFS's
+#                                      `weed`, the S3 server of the object-store tests
 #   tests/cluster/ci.sh e2e [ARGS...]  build, then run the cluster-marked tests (pytest ARGS appended);
 #                                      on failure names the log folder (each failed test's report
 #                                      shows what the components logged during it)
 #
 # Env: PYTHON (default .venv/bin/python), ASYNCGRPO_CACHE (cache root, default ~/.cache/asyncgrpo),
-# ASYNCGRPO_CLUSTER_STATE (state folder), ASYNCGRPO_BUILD_TIMEOUT (seconds, default 3600: the
+# ASYNCGRPO_CLUSTER_STATE (state folder), ASYNCGRPO_BUILD_TIMEOUT (seconds, default 5400: the
 # first build on a fresh 2-core machine took 23.4 min under load 4-8, the real node's about 15 more
-# under load 13-20, see docs/benchmarks.md).
+# under load 13-20, see docs/benchmarks.md; SeaweedFS's about 18 more).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-.venv/bin/python}"
 
 build() {
-  timeout "${ASYNCGRPO_BUILD_TIMEOUT:-3600}" "$PY" -m tests.cluster build --kueue --real-node
+  timeout "${ASYNCGRPO_BUILD_TIMEOUT:-5400}" "$PY" -m tests.cluster build --kueue --real-node --s3
 }
 
 print_logs() {

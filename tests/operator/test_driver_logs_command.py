@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncgrpo_operator.driverlog import Files, Stream, decide
+from asyncgrpo_operator.driverlog import Files, Stored, Stream, decide
 
 OUTPUTS = {
     "volume": "PersistentVolumeClaim ckpt at /ck",
@@ -54,3 +54,16 @@ def test_a_queued_job_has_no_driver_yet() -> None:
         the_job(phase="Queued", reason="Pending", rayClusterName="demo-0", outputs=OUTPUTS), [], follow=True
     )
     assert isinstance(outcome, Files) and "is Queued: Pending; its driver has not started yet" in outcome.text
+
+
+def test_once_the_pods_are_gone_a_job_with_an_object_store_reads_the_log_from_it() -> None:
+    store = {"endpoint": "https://s3.example.com", "bucket": "ckpts", "credentials": {"secretName": "s3"}}
+    job = the_job(phase="Failed", reason="BackoffLimitExceeded", outputs=OUTPUTS)
+    job["metadata"]["namespace"] = "rl"
+    job["spec"] = {"storage": {"objectStore": store}}
+
+    outcome = decide(job, [], follow=True)
+
+    assert isinstance(outcome, Stored)
+    assert (outcome.store.bucket, outcome.namespace) == ("ckpts", "rl")
+    assert "its RayCluster is gone" in outcome.why

@@ -420,6 +420,22 @@ def test_a_driver_that_found_the_data_unusable_fails_with_invalid_data_and_is_no
     assert [e.type for e in decision.events if e.reason == "InvalidData"] == ["Warning"]
 
 
+def test_a_driver_refused_by_the_object_store_fails_with_a_clear_reason_and_is_not_retried() -> None:
+    before = running()
+    rc = cluster(0, provisioned=True)
+    message = (
+        "asyncgrpo: training failed: ObjectStoreRefusedError: the object store https://s3 refused bucket "
+        "'ckpts' (InvalidAccessKeyId): check the Secret named in spec.storage.objectStore.credentials"
+    )
+    pods = healthy_pods(rc, driver=terminated(exitcodes.OBJECT_STORE_REFUSED, message))
+    decision = step(job(), before.status, observe(60, rc, pods=pods))
+
+    assert (decision.status.phase, decision.status.reason) == ("Failed", "ObjectStoreRefused")
+    assert "spec.storage.objectStore.credentials" in (decision.status.message or "")
+    assert (decision.status.restarts, decision.status.attempt) == (0, 0)
+    assert actions_of(decision, plan.CreateRayCluster) == []
+
+
 def test_reward_failures_and_skipped_data_rows_reach_the_status() -> None:
     before = running()
     rc = cluster(0, provisioned=True)
@@ -493,6 +509,18 @@ def test_restarting_ends_when_the_new_attempt_runs() -> None:
     assert again.status.phase == "Running"
     assert again.condition(plan.RESTARTING).status == "False"  # type: ignore[union-attr]
     assert again.status.restarts == 1
+
+
+def test_the_durable_checkpoint_step_the_driver_reports_stays_in_the_status_through_a_retry() -> None:
+    """`kubectl get agj -o wide` shows Durable-Ckpt: the newest checkpoint in the object store."""
+    before = running()
+    rc0 = cluster(0, provisioned=True)
+    doc = {"step": 9, "lastCheckpointStep": 8, "durableCheckpointStep": 6, "state": "running"}
+    trained = step(job(), before.status, observe(40, rc0, pods=healthy_pods(rc0), progress=doc))
+    killed = step(job(), trained.status, observe(45, rc0, pods=healthy_pods(rc0, driver=terminated(137))))
+
+    assert trained.status.progress is not None and trained.status.progress.durable_checkpoint_step == 6
+    assert killed.status.progress is not None and killed.status.progress.durable_checkpoint_step == 6
 
 
 def test_a_retry_steps_back_to_the_checkpoint_at_the_restart_and_only_forward_after_it() -> None:

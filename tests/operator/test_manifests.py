@@ -226,3 +226,17 @@ def test_render_rejects_an_invalid_job_with_the_field_path(
     path.write_text(yaml.safe_dump(bad))
     assert render.main([str(path)]) == 1
     assert "spec.backoffLimit" in capsys.readouterr().err
+
+
+def test_the_object_stores_keys_reach_the_pods_only_as_secret_references() -> None:
+    cluster = manifests.ray_cluster(load(EVERY_FIELD), attempt=1)
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    env = {e["name"]: e for c in head["containers"] for e in c.get("env", [])}
+
+    def ref(key: str) -> dict[str, Any]:
+        return {"secretKeyRef": {"name": "s3-keys", "key": key}}
+
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == ref("access-key")
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == ref("secret-key")
+    assert env["AWS_CA_BUNDLE"]["value"] == "/etc/asyncgrpo/object-store-ca/bundle.pem"
+    assert {"name": "object-store-ca", "configMap": {"name": "s3-ca"}} in head["volumes"]

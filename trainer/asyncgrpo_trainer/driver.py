@@ -46,6 +46,7 @@ from asyncgrpo_trainer import (
     cluster,
     controller,
     data,
+    durable_run,
     envs,
     megatron_workers,
     progress,
@@ -65,6 +66,7 @@ from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer, Tokenizer
+from asyncgrpo_trainer.object_store import ObjectStoreRefusedError
 from asyncgrpo_trainer.rollout import RolloutManager
 
 log = logging.getLogger("asyncgrpo_trainer")
@@ -450,6 +452,8 @@ def exit_code(exc: BaseException) -> int:
     """The driver's exit code for a failed run (`asyncgrpo_api.exitcodes`: what the operator retries)."""
     if isinstance(_cause(exc), InvalidModelError) or _creation_raised(exc, InvalidModelError):
         return exitcodes.INVALID_MODEL
+    if isinstance(exc, ObjectStoreRefusedError):
+        return exitcodes.OBJECT_STORE_REFUSED
     if lost_ray_worker(exc):
         return exitcodes.RAY_WORKER_LOST
     if isinstance(_cause(exc), InvalidDataError):
@@ -491,8 +495,26 @@ def execute(
     reporters: Sequence[progress.Reporter] = (),
     ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """Validate, build, restore, run the controller and tear down; the run summary, or raise."""
+    """Validate, build, restore, run the controller and tear down; the run summary, or raise.
+    With spec.storage.objectStore the newest durable checkpoint is restored first and the run's
+    checkpoints and logs are copied to the store as it goes (`durable_run`)."""
     job = parse_job(manifest)
+
+    def durable(step: int) -> None:
+        if server is not None:
+            server.update(durable_checkpoint_step=step)
+
+    with durable_run.durable_storage(job, runlog.attempt_from_env(), durable):
+        return _execute(job, server, reporters=reporters, ray_address=ray_address)
+
+
+def _execute(
+    job: AsyncGRPOJob,
+    server: progress.ProgressServer | None,
+    *,
+    reporters: Sequence[progress.Reporter],
+    ray_address: str | None,
+) -> dict[str, Any]:
     t = job.spec.trainer
     logging.getLogger("asyncgrpo_trainer").setLevel(t.log_level)
     if server is not None:
@@ -519,7 +541,9 @@ def execute(
             built.args.resume = resume[0]
             log.info("resuming from the checkpoint of step %d", resume[0].step)
         # The controller process starts while the workers finish starting.
-        actor = controller.SingleControllerActor.remote(built.args)  # type: ignore[attr-defined]
+        actor = controller.SingleControllerActor.options(**_controller_placement(job)).remote(  # type: ignore[attr-defined]
+            built.args
+        )
         curves = tracking.open_curves(
             job.spec.checkpoint.path,
             job_name=job.metadata.name or "asyncgrpo",
@@ -542,6 +566,19 @@ def execute(
             ray.kill(actor, no_restart=True)
     finally:
         _teardown(built)
+
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""Ray's resource of the head node (the driver's pod)."""
+
+
+def _controller_placement(job: AsyncGRPOJob) -> dict[str, Any]:
+    """With spec.storage.objectStore the controller runs on the head, beside the driver: it writes
+    the checkpoints (state.pt, and the policy files workers could not write on a volume they do not
+    share) into checkpoint.path, where the driver's mirror must see them to upload them."""
+    if job.spec.storage.object_store is None:
+        return {}
+    return {"resources": {HEAD_NODE_RESOURCE: 0.001}}
 
 
 @contextlib.contextmanager

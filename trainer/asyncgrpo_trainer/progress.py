@@ -48,6 +48,8 @@ class Progress:
     tokens_per_second: float | None = None
     """Generated tokens per second over the latest steps (`recent_token_rate`)."""
     last_checkpoint_step: int | None = None
+    durable_checkpoint_step: int | None = None
+    """The newest checkpoint complete in spec.storage.objectStore (its manifest written)."""
     validation_reward: float | None = None
     reward_failures: int = 0
     """Prompt groups dropped because scoring them failed twice (never trained on)."""
@@ -99,6 +101,7 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_mean_staleness": p.mean_staleness,
         "asyncgrpo_tokens_per_second": p.tokens_per_second,
         "asyncgrpo_last_checkpoint_step": p.last_checkpoint_step,
+        "asyncgrpo_durable_checkpoint_step": p.durable_checkpoint_step,
         "asyncgrpo_validation_reward": p.validation_reward,
         "asyncgrpo_validation_accuracy": p.validation_accuracy,
         "asyncgrpo_gen_logprob_error": p.gen_logprob_error,

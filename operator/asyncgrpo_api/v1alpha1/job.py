@@ -194,6 +194,13 @@ class Progress(ApiModel):
     last_checkpoint_step: int | None = Field(
         default=None, ge=0, le=MAX_PROGRESS_INT, description="Step of the newest checkpoint."
     )
+    durable_checkpoint_step: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_PROGRESS_INT,
+        description="Step of the newest checkpoint complete in spec.storage.objectStore (what a retry "
+        "resumes from once the pods and their volumes are gone).",
+    )
     updated_at: datetime | None = Field(
         default=None,
         description="When the operator read these figures (a poll that reads the same is not written).",

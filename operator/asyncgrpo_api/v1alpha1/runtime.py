@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from asyncgrpo_api.v1alpha1.base import (
     AbsolutePath,
@@ -61,6 +61,69 @@ class VolumeSpec(ApiModel):
         return self.empty_dir is None
 
 
+Endpoint = Annotated[str, StringConstraints(max_length=1024, pattern=r"^https?://[^/\s]+/?$")]
+BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$"
+BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=BUCKET_PATTERN)]
+KeyPrefix = Annotated[str, StringConstraints(max_length=512, pattern=r"^([^/\s]+(/[^/\s]+)*)?$")]
+
+
+class ObjectStoreCredentials(ApiModel):
+    """The Secret holding the S3 access key pair; only its name is in the job, never the keys."""
+
+    secret_name: DnsSubdomain = Field(description="Secret in the job's namespace holding the key pair.")
+    access_key_id_key: ShortText = Field(
+        default="AWS_ACCESS_KEY_ID", min_length=1, description="Key of the Secret holding the access key id."
+    )
+    secret_access_key_key: ShortText = Field(
+        default="AWS_SECRET_ACCESS_KEY",
+        min_length=1,
+        description="Key of the Secret holding the secret access key.",
+    )
+
+
+class ObjectStoreTLS(ApiModel):
+    """How the trainer checks the endpoint's TLS certificate (https endpoints only)."""
+
+    ca_config_map: DnsSubdomain | None = Field(
+        default=None,
+        description="ConfigMap holding the CA bundle that signed the endpoint's certificate (PEM).",
+    )
+    ca_key: ShortText = Field(
+        default="ca.crt", min_length=1, description="Key of the CA bundle in the ConfigMap."
+    )
+    insecure_skip_verify: bool = Field(
+        default=False,
+        description="Do not verify the endpoint's certificate (test setups only: anyone on the path can "
+        "read and change checkpoints).",
+    )
+
+
+class ObjectStoreSpec(ApiModel):
+    """An S3-compatible bucket that checkpoints, logs and curves are copied to while the job runs, so
+    they outlive the pods and the volume (docs/guides/object-storage.md)."""
+
+    endpoint: Endpoint = Field(
+        description="The S3 endpoint's URL, scheme and host only, e.g. https://s3.us-east-1.amazonaws.com."
+    )
+    bucket: BucketName = Field(description="Bucket name (it must exist).")
+    prefix: KeyPrefix = Field(
+        default="",
+        description="Key prefix, without leading or trailing slash; the job writes under "
+        "<prefix>/<namespace>/<job name>/.",
+    )
+    region: ShortText = Field(
+        default="us-east-1", min_length=1, description="Region the request signature names."
+    )
+    credentials: ObjectStoreCredentials = Field(description="Where the access key pair is read from.")
+    tls: ObjectStoreTLS = Field(default_factory=ObjectStoreTLS, description="Certificate checks (https).")
+    log_upload_interval_seconds: int = Field(
+        default=30,
+        ge=5,
+        le=3600,
+        description="How often the driver's log, step records and curves are uploaded.",
+    )
+
+
 class StorageSpec(ApiModel):
     """Volumes for checkpoints, model weights and caches, and datasets."""
 
@@ -72,6 +135,11 @@ class StorageSpec(ApiModel):
         default=None, description="Model weights and caches (e.g. HF_HOME), usually a read-mostly PVC."
     )
     data: VolumeSpec | None = Field(default=None, description="Training and validation datasets.")
+    object_store: ObjectStoreSpec | None = Field(
+        default=None,
+        description="S3-compatible bucket that checkpoints, logs and curves are copied to; "
+        "resumes read from it.",
+    )
 
 
 class SecretKeyRef(ApiModel):
