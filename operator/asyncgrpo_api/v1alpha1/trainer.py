@@ -295,7 +295,9 @@ LORA_TARGETS: list[LoraTarget] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_
 class LoraSpec(ApiModel):
     """Low-rank adapters (LoRA) in place of full fine-tuning."""
 
-    rank: int = Field(default=16, ge=1, le=1024, description="The adapters' rank r.")
+    rank: int = Field(
+        default=16, ge=1, le=512, description="The adapters' rank r (vLLM serves ranks up to 512)."
+    )
     alpha: float = Field(
         default=16.0,
         gt=0,
