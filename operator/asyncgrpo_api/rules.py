@@ -341,12 +341,13 @@ def on_gpus(job: AsyncGRPOJob) -> bool:
 def refit_transport(job: AsyncGRPOJob) -> RefitTransport:
     """What weightSync.transport runs for this job (the trainer builds it; the warnings name what it
     ignores). auto: the broadcast between separate GPU pools, CUDA IPC between a torch policy rank
-    and the engine colocated on its GPU, else the object store; nccl: the broadcast (over gloo on
+    and the engine colocated on its GPU, else the object store; with policy.lora always the object
+    store (a refit is the adapters, a few MB: `_lora_supported`); nccl: the broadcast (over gloo on
     CPU); cuda-ipc and object-store: themselves. The layout rules refuse nccl and cuda-ipc where
     they cannot connect."""
     trainer = job.spec.trainer
     transport, colocated = trainer.weight_sync.transport, trainer.generation.colocated
-    if transport == "object-store":
+    if transport == "object-store" or (transport == "auto" and trainer.policy.lora is not None):
         return "object-store"
     if transport == "nccl":
         return "broadcast"
@@ -865,6 +866,33 @@ def _warn_inert_sharding(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
+def _lora_supported(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """policy.lora runs on the unsharded torch policy backend, and its refits (the adapters only)
+    travel through the object store: the broadcast's bucket plan and the CUDA IPC buffer are laid
+    out for the whole model, and adapters are small enough not to need them."""
+    trainer = job.spec.trainer
+    policy, path = trainer.policy, f"{TRAINER}.policy.lora"
+    if policy.lora is None:
+        return
+    if policy.backend == "megatron":
+        yield Finding(
+            path, "trains adapters in the torch policy backend only: unset it or use policy.backend torch"
+        )
+    if policy.sharding.strategy == "fsdp":
+        yield Finding(
+            path,
+            "trains adapters on an unsharded model: the frozen base weights are not sharded and the adapters "
+            "with their optimizer state are small; set policy.sharding.strategy none, or unset lora for "
+            "sharded full fine-tuning",
+        )
+    if trainer.weight_sync.transport in ("nccl", "cuda-ipc"):
+        yield Finding(
+            f"{TRAINER}.weightSync.transport",
+            f"must be auto or object-store with policy.lora (got {trainer.weight_sync.transport}): a LoRA "
+            "refit sends only the adapters, through the object store",
+        )
+
+
 _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _names_fit,
     _annotations_fit,
@@ -873,6 +901,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _truncation_bounds,
     _gpu_layout,
     _sleep_while_training,
+    _lora_supported,
     _gpus_not_in_resources,
     _requests_within_limits,
     _scheduler_queue,

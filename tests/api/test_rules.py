@@ -971,6 +971,13 @@ def test_sharding_is_accepted_with_a_warning_where_it_does_nothing(
         ("nccl", {}, {}, "broadcast"),  # over gloo
         ("cuda-ipc", COLOCATED_ON_GPU, {"generation": {"colocated": True}}, "cuda-ipc"),
         ("object-store", GPU_POOLS, {}, "object-store"),
+        ("auto", GPU_POOLS, {"policy": {"lora": {"rank": 8}}}, "object-store"),
+        (
+            "auto",
+            COLOCATED_ON_GPU,
+            {"generation": {"colocated": True}, "policy": {"lora": {}}},
+            "object-store",
+        ),
     ],
 )
 def test_the_refit_transport_a_job_runs(
@@ -979,3 +986,59 @@ def test_the_refit_transport_a_job_runs(
     config = {"cluster": cluster, "trainer": {**trainer, "weightSync": {"transport": transport}}}
     manifest = _configured(config, "", None)
     assert refit_transport(AsyncGRPOJob.model_validate(manifest)) == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "path", "text"),
+    [
+        (
+            {"cluster": GPU_POOLS, "trainer": {"policy": {"backend": "megatron"}}},
+            "spec.trainer.policy.lora",
+            "torch policy backend only",
+        ),
+        (
+            {"trainer": {"policy": {"sharding": {"strategy": "fsdp"}}}},
+            "spec.trainer.policy.lora",
+            "set policy.sharding.strategy none",
+        ),
+        (
+            {"trainer": {"weightSync": {"transport": "nccl"}}},
+            "spec.trainer.weightSync.transport",
+            "object-store",
+        ),
+        (
+            {
+                "cluster": COLOCATED_ON_GPU,
+                "trainer": {"generation": {"colocated": True}, "weightSync": {"transport": "cuda-ipc"}},
+            },
+            "spec.trainer.weightSync.transport",
+            "only the adapters",
+        ),
+    ],
+    ids=["megatron", "fsdp", "nccl", "cuda-ipc"],
+)
+def test_lora_is_refused_where_it_cannot_run_naming_the_field(
+    config: dict[str, Any], path: str, text: str
+) -> None:
+    without = _configured(config, "", None)
+    assert validate_manifest(without).ok, [str(e) for e in validate_manifest(without).errors]
+    errors = validate_manifest(_configured(config, "policy.lora", {"rank": 8, "alpha": 16})).errors
+    assert any(e.path == path and text in e.message for e in errors), [str(e) for e in errors]
+
+
+def test_lora_fields_default_to_rank_16_alpha_16_on_every_projection() -> None:
+    job = AsyncGRPOJob.model_validate(_configured({}, "policy.lora", {}))
+    lora = job.spec.trainer.policy.lora
+    assert lora is not None and (lora.rank, lora.alpha) == (16, 16.0)
+    assert lora.target_modules == [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
+    assert AsyncGRPOJob.model_validate(BASE_JOB).spec.trainer.policy.lora is None
+    report = validate_manifest(_configured({}, "policy.lora", {"targetModules": ["lm_head"]}))
+    assert any(e.path == "spec.trainer.policy.lora.targetModules[0]" for e in report.errors), report.errors

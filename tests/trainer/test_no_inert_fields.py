@@ -156,6 +156,8 @@ def candidates(annotation: Any, current: Any) -> list[Any]:
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return [a for a in typing.get_args(annotation) if a != current]
+    if origin is list and args and typing.get_origin(args[0]) is typing.Literal:  # one choice each
+        return [[v] for v in typing.get_args(args[0]) if [v] != current]
     if origin in (typing.Union, types.UnionType) or origin is typing.Annotated:
         return [c for a in args for c in candidates(a, current)]
     if annotation is bool:

@@ -39,10 +39,17 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 JOB = Path(__file__).with_name("learning_job.yaml")
 
 
-def _job(backend: str) -> dict[str, Any]:
+LORA_RECIPE = {"lora": {"rank": 16, "alpha": 16}, "learningRate": 3.0e-3}
+"""The LoRA variant's policy settings: the plain job's otherwise (docs/guides/trainer.md, LoRA, has
+the seed sweep behind them)."""
+
+
+def _job(backend: str, *, lora: bool = False) -> dict[str, Any]:
     job: dict[str, Any] = yaml.safe_load(JOB.read_text())
-    job["metadata"]["name"] = f"reverse-{backend}"
+    job["metadata"]["name"] = f"reverse-{backend}" + ("-lora" if lora else "")
     job["spec"]["trainer"]["generation"]["backend"] = backend
+    if lora:
+        job["spec"]["trainer"]["policy"].update(LORA_RECIPE)
     return job
 
 
@@ -95,11 +102,20 @@ def _why(records: list[dict[str, Any]]) -> str:
     return "\n".join([*lines, f"held-out: {_held_out(records)}"])
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.mark.parametrize(
+    ("backend", "lora"),
+    [
+        ("torch", False),
+        ("torch", True),
+        pytest.param("vllm", False, marks=pytest.mark.vllm),
+        pytest.param("vllm", True, marks=pytest.mark.vllm),
+    ],
+    ids=["torch", "torch-lora", "vllm", "vllm-lora"],
+)
 def test_a_warm_started_checkpoint_learns_reversal_in_an_async_job(
-    warm_qwen2: Path, tmp_path: Path, backend: str
+    warm_qwen2: Path, tmp_path: Path, backend: str, lora: bool
 ) -> None:
-    records = _run(tmp_path, _job(backend), warm_qwen2.parent)
+    records = _run(tmp_path, _job(backend, lora=lora), warm_qwen2.parent)
     held_out = _held_out(records)
     assert held_out[0][0] == 0 and held_out[0][1] < 0.1, _why(records)  # before the first step
     assert held_out[-1][0] == 80 and held_out[-1][1] >= 0.8, _why(records)

@@ -192,11 +192,13 @@ POLICY_BACKENDS = {
 
 def model_of(job: AsyncGRPOJob, env: envs.Environment) -> tuple[ModelBuild, Tokenizer]:
     """The model recipe and tokenizer: the checkpoint's own (read here once, so a bad checkpoint
-    fails the driver before any worker starts) or the tiny model's character tokenizer."""
+    fails the driver before any worker starts) or the tiny model's character tokenizer; with
+    policy.lora the recipe carries the adapters' config, which the policy and the engines read."""
     t = job.spec.trainer
+    tokenizer: Tokenizer
     if t.model.source == "pretrained":
         assert t.model.path is not None  # the admission rules require it
-        return recipe.pretrained_build(
+        build, tokenizer = recipe.pretrained_build(
             t.model.path,
             max_sequence_length=t.model.max_sequence_length,
             dtype=t.model.dtype,
@@ -204,8 +206,10 @@ def model_of(job: AsyncGRPOJob, env: envs.Environment) -> tuple[ModelBuild, Toke
             chat_template=t.data.chat_template,
             system_prompt=t.data.system_prompt,
         )
-    tokenizer = CharTokenizer(env.alphabet)
-    return specmap.tiny_recipe(t, tokenizer), tokenizer
+    else:
+        tokenizer = CharTokenizer(env.alphabet)
+        build = specmap.tiny_recipe(t, tokenizer)
+    return dataclasses.replace(build, lora=specmap.lora_config(t)), tokenizer
 
 
 def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:

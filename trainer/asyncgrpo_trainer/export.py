@@ -6,12 +6,15 @@ last one to `<checkpoint.path>/final`; this command makes one from any checkpoin
 directory (`step-NNNNNNNN`) or the checkpoint root, whose newest step is taken. The weights are
 the policy's own files (the fp32 master weights of the torch backend, the tensor-parallel shards of
 the Megatron backend, reassembled), cast to the model's dtype; the config and tokenizer files come
-from the checkpoint's `hf` directory, or else from the source checkpoint the run started from.
+from the checkpoint's `hf` directory, or else from the source checkpoint the run started from. A
+LoRA job's (policy.lora) export holds the merged weights and, in `OUT_DIR/adapter`, the adapters in
+PEFT's format over the source checkpoint (`peft.PeftModel.from_pretrained(base, OUT_DIR/adapter)`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -20,7 +23,6 @@ import torch
 
 from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.backends import policy
-from asyncgrpo_trainer.models import hf
 from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
@@ -62,9 +64,9 @@ def export(checkpoint_path: str | Path, out_dir: str | Path) -> Path:
             "family or tokenizer to export to; export applies to pretrained checkpoints"
         )
     source = step / checkpoint.HF_DIR if (step / checkpoint.HF_DIR).is_dir() else Path(build.checkpoint)
-    return hf.save(
-        policy_weights(step, build), build.config, out_dir, source_dir=source, dtype=build.torch_dtype
-    )
+    exported = policy.hf_export(build, policy_weights(step, build))
+    assert exported is not None  # a pretrained recipe (checked above)
+    return dataclasses.replace(exported, source_dir=str(source)).write(out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

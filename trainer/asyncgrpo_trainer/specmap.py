@@ -14,6 +14,7 @@ from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.algorithms.overlong import OverlongPenalty
 from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
 from asyncgrpo_trainer.models import recipe
+from asyncgrpo_trainer.models.lora import LoraConfig
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 OWN_GPU_MEMORY_UTILIZATION = 0.8
@@ -152,6 +153,14 @@ def tiny_recipe(t: TrainerSpec, tokenizer: CharTokenizer) -> recipe.ModelBuild:
         dtype=t.model.dtype,
         seed=t.grpo.seed,
     )
+
+
+def lora_config(t: TrainerSpec) -> LoraConfig | None:
+    """policy.lora as the model recipe carries it; None: full fine-tuning."""
+    spec = t.policy.lora
+    if spec is None:
+        return None
+    return LoraConfig(spec.rank, spec.alpha, tuple(spec.target_modules))
 
 
 def vllm_options(t: TrainerSpec) -> vllm_engine.VLLMOptions:

@@ -287,6 +287,31 @@ class ShardingSpec(ApiModel):
     )
 
 
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""A decoder layer's linear projection, by its Hugging Face name."""
+LORA_TARGETS: list[LoraTarget] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraSpec(ApiModel):
+    """Low-rank adapters (LoRA) in place of full fine-tuning."""
+
+    rank: int = Field(
+        default=16, ge=1, le=512, description="The adapters' rank r (vLLM serves ranks up to 512)."
+    )
+    alpha: float = Field(
+        default=16.0,
+        gt=0,
+        le=100_000,
+        description="The adapters' scale is alpha / rank (PEFT's lora_alpha; no rsLoRA).",
+    )
+    target_modules: list[LoraTarget] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        max_length=7,
+        description="The projections of every decoder layer that get an adapter (PEFT's target_modules).",
+    )
+
+
 class MegatronSpec(ApiModel):
     """Model-parallel layout of the Megatron-core policy backend."""
 
@@ -365,6 +390,15 @@ class PolicySpec(ApiModel):
         description="Keep only each decoder layer's input for the backward pass and recompute the layer "
         "there (gradient checkpointing): about one more forward pass per step for the activations of "
         "one layer at a time instead of all of them; the gradients are unchanged. torch backend only.",
+    )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Train low-rank adapters (LoRA) on frozen base weights instead of every weight: the "
+        "optimizer holds the adapters only, a refit sends only them (the torch engine merges them into "
+        "its weights, vLLM serves them as a LoRA adapter), and a checkpoint of a pretrained model holds "
+        "the merged weights plus a PEFT adapter directory (hf/adapter). Unset: full fine-tuning. torch "
+        "backend only, unsharded (sharding.strategy none), refit over the object store "
+        "(weightSync.transport auto or object-store).",
     )
     megatron: MegatronSpec = Field(
         default_factory=MegatronSpec, description="Parallel layout when backend is megatron."

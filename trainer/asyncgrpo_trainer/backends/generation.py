@@ -50,6 +50,7 @@ from asyncgrpo_trainer.backends import ipc, sampling
 from asyncgrpo_trainer.backends.batched import GroupBatcher, distribution
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec
 from asyncgrpo_trainer.backends.static_decode import DecodeParams, StaticDecoder
+from asyncgrpo_trainer.models import lora
 from asyncgrpo_trainer.models.network import CausalLM, KVCache
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
@@ -176,6 +177,7 @@ class TorchGenerationWorker(GenerationWorker):
         )
         self._refit: RefitGroup | None = None
         self._ipc = ipc.OpenedWeights()
+        self._base: dict[str, torch.Tensor] | None = None  # policy.lora: the adapted base weights
         self.busy_seconds = 0.0
         self.tokens_generated = 0
         self.prefix_hits = 0
@@ -275,13 +277,30 @@ class TorchGenerationWorker(GenerationWorker):
         return Generated(out.response_ids, out.logprobs, out.finished, first_version, self.version, busy)
 
     async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> float:
-        """Copy `state` into the model's parameters in place, then `adopt_weights(version)`."""
+        """Copy `state` into the model's parameters in place, then `adopt_weights(version)`. With
+        policy.lora `state` is the adapters: merged into the base weights (`merge_adapters`)."""
         async with self.weights_lock:
             t0 = time.perf_counter()
-            self.model.load_state_dict(state)
+            if self.build.lora is None:
+                self.model.load_state_dict(state)
+            else:
+                self.merge_adapters(state, self.build.lora.scale)
             self.busy_seconds += time.perf_counter() - t0
             await self.adopt_weights(version)
             return time.perf_counter() - t0
+
+    def merge_adapters(self, adapters: dict[str, torch.Tensor], scale: float) -> None:
+        """Set each adapted weight to base + scale x B A (`lora.merged`). The base weights are those
+        the engine was built with, kept aside at the first refit: each refit merges into them, not
+        into the previous merge, so no rounding accumulates across versions."""
+        params = dict(self.model.named_parameters())
+        if self._base is None:
+            names = [f"{m}.weight" for m in lora.adapted_modules(adapters)]
+            self._base = {n: params[n].detach().clone() for n in names}
+        moved = {k: v.to(self.device) for k, v in adapters.items()}
+        with torch.no_grad():
+            for name, weight in lora.merged(self._base, moved, scale).items():
+                params[name].copy_(weight)
 
     async def device_type(self) -> str:
         return self.device.type

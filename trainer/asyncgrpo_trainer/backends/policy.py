@@ -70,7 +70,7 @@ from asyncgrpo_trainer import checkpoint
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import packing, sampling
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, compile_blocks
-from asyncgrpo_trainer.models import hf
+from asyncgrpo_trainer.models import hf, lora
 from asyncgrpo_trainer.models.recipe import DTYPES, ModelBuild
 
 if TYPE_CHECKING:  # imported when a worker shards (`TorchPolicyWorker`): DTensor's imports are slow
@@ -217,6 +217,13 @@ class TorchPolicyWorker(PolicyWorker):
         self.reference = None
         if loss.reference_policy_kl_penalty > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if build.lora is not None:
+            if sharding is not None:
+                raise ValueError(
+                    "spec.trainer.policy.lora with policy.sharding.strategy fsdp: LoRA trains adapters on "
+                    "an unsharded model; set sharding.strategy none or unset policy.lora"
+                )
+            lora.apply(model, build.lora, seed=build.seed)
         if activation_checkpointing:
             model.checkpoint_activations()
         for m in (model, self.reference):
@@ -236,7 +243,9 @@ class TorchPolicyWorker(PolicyWorker):
             token_budget=optim.max_tokens_per_micro_batch,
         )
         self.optimizer = self.recipe.optimizer(
-            self.model.parameters(), lr=optim.learning_rate, weight_decay=optim.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapters
+            lr=optim.learning_rate,
+            weight_decay=optim.weight_decay,
         )
         self.steps_taken = 0
         self._held: list[TrainRow] = []  # PPO mini-batches: the step's rows, with pi_old
@@ -363,19 +372,25 @@ class TorchPolicyWorker(PolicyWorker):
         return OptimizerStep(totals, float(grad_norm), lr)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """CPU copies in the model's dtype: what the generation engines hold. Sharded, a collective
-        that gives them to rank 0 ({} on the other ranks)."""
+        """CPU copies in the model's dtype: what the generation engines hold, or with LoRA only the
+        adapters (`lora`: the engines merge or serve them). Sharded, a collective that gives them to
+        rank 0 ({} on the other ranks)."""
         if self.fsdp is not None:
             return {k: v.to(self.dtype) for k, v in self.fsdp.model_state(self.model).items()}
-        return {k: v.detach().to("cpu", self.dtype, copy=True) for k, v in self.model.state_dict().items()}
+        return {k: v.detach().to("cpu", self.dtype, copy=True) for k, v in self._refit_state().items()}
+
+    def _refit_state(self) -> dict[str, torch.Tensor]:
+        state = self.model.state_dict()
+        return state if self.build.lora is None else lora.adapters(state)
 
     def refit_parameters(self) -> dict[str, torch.Tensor]:
         """What a refit sends, on this worker's device under the engines' names: the parameters
-        themselves (the sender casts them), or sharded, every rank's gathered copy in the model's
-        dtype (a collective)."""
+        themselves (the sender casts them; with LoRA the adapters only), or sharded, every rank's
+        gathered copy in the model's dtype (a collective)."""
         if self.fsdp is not None:
             return self.fsdp.gathered_parameters(self.model, self.dtype)
-        return dict(self.model.named_parameters())
+        named: dict[str, torch.Tensor] = dict(self.model.named_parameters())
+        return named if self.build.lora is None else lora.adapters(named)
 
     def state(self) -> dict[str, Any]:
         """What `save` writes: master weights, optimizer, step count and reference, all on the CPU.
@@ -612,10 +627,15 @@ def split_evenly(rows: list[Row], parts: int) -> list[list[Row]]:
 
 def hf_export(build: ModelBuild, weights: dict[str, torch.Tensor]) -> hf.Export | None:
     """The Hugging Face directory a checkpoint of a pretrained model holds (the source checkpoint's
-    config and tokenizer, the trained weights in the model's dtype); None for the tiny model."""
+    config and tokenizer, the trained weights in the model's dtype); None for the tiny model. With
+    LoRA the weights are merged and the PEFT adapter goes beside them (`hf.ADAPTER_DIR`)."""
     if build.checkpoint is None:
         return None
-    return hf.Export(weights, build.config, build.checkpoint, build.torch_dtype)
+    if build.lora is None:
+        return hf.Export(weights, build.config, build.checkpoint, build.torch_dtype)
+    adapter = lora.PeftAdapter(lora.adapters(weights), build.lora, build.checkpoint)
+    merged = lora.merged_state(weights, build.lora.scale)
+    return hf.Export(merged, build.config, build.checkpoint, build.torch_dtype, adapter=adapter)
 
 
 def learning_rate_at(optim: OptimConfig, steps_taken: int) -> float:

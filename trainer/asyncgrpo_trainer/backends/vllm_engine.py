@@ -22,6 +22,12 @@ CUDA IPC; the prefix cache is reset when the controller asks. How each maps onto
   Without a reset a cached prefix could hold KV from any older version, so the engine also
   resets it once `max_prefix_age` (= S) versions have passed since the last reset, the same bound
   the torch engine's prefix cache keeps.
+- LoRA (policy.lora): the engine starts with LoRA enabled for the adapters' rank, and each refit
+  (the adapters only, over the object store) is written as a PEFT directory (`lora.PeftAdapter`)
+  and added as LoRA adapter `v<version>`; every request after it is served with that adapter. A
+  request keeps the adapter it was admitted with (vLLM binds a request's adapter at admission), so
+  a LoRA engine has no in-flight weight update: a group's last version is its first. An adapter is
+  removed, and its directory deleted, once a newer one is loaded and no request uses it.
 - A dead engine (vLLM's EngineDeadError) raises `generation.EngineLostError`, an infrastructure
   failure: the driver exits with RAY_WORKER_LOST and the operator retries from the checkpoint.
 
@@ -36,8 +42,11 @@ import dataclasses
 import importlib.util
 import io
 import itertools
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -45,11 +54,16 @@ import torch
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.backends.generation import EngineLostError, Generated, GenerationWorker
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitSpec, refit_plan
+from asyncgrpo_trainer.models import lora
 from asyncgrpo_trainer.models.directory import InvalidModelError
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 EXTENSION = "asyncgrpo_trainer.backends.vllm_worker.WorkerExtension"
 MIN_KV_BYTES = 64 << 20
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM accepts (its MaxLoRARanks); an adapter's rank may be below it."""
+LORA_SLOTS = 4
+"""Adapters one batch may mix (vLLM's max_loras): requests of a few consecutive versions overlap."""
 
 
 class VLLMUnavailableError(RuntimeError):
@@ -103,6 +117,12 @@ def engine_args(build: ModelBuild, options: VLLMOptions, device: str) -> Any:
             "enable_sleep_mode": options.sleep_mode,
         }
     )
+    if build.lora is not None:
+        settings |= {
+            "enable_lora": True,
+            "max_lora_rank": min(r for r in LORA_RANKS if r >= build.lora.rank),
+            "max_loras": LORA_SLOTS,
+        }
     return AsyncEngineArgs(
         dtype=cast(Any, build.dtype),
         model=build.checkpoint,
@@ -153,6 +173,11 @@ class VLLMGenerationWorker(GenerationWorker):
         self.tokens_generated = 0
         self.cache_resets = 0
         self.sleeps = 0
+        # policy.lora: the adapter requests start with, and how many running requests use each.
+        self._adapter: Any = None
+        self._adapter_users: dict[int, int] = {}
+        self._adapters: dict[int, Any] = {}
+        self._adapter_root = Path(tempfile.mkdtemp(prefix="asyncgrpo-lora-")) if build.lora else None
 
     # --- generation ----------------------------------------------------------------------------
 
@@ -200,17 +225,26 @@ class VLLMGenerationWorker(GenerationWorker):
 
         first_version = self.version
         request = self._sampling(len(prompt_ids), n, params, seed)
+        adapter = self._adapter
+        if adapter is not None:
+            self._adapter_users[adapter.lora_int_id] += 1
         self._start_busy()
         final: Any = None
         try:
             async for out in self.engine.generate(
-                {"prompt_token_ids": list(prompt_ids)}, request, request_id=f"g{next(self._ids)}"
+                {"prompt_token_ids": list(prompt_ids)},
+                request,
+                request_id=f"g{next(self._ids)}",
+                lora_request=adapter,
             ):
                 final = out
         except EngineDeadError as exc:
             raise EngineLostError(f"the vLLM engine died: {exc}") from exc
         finally:
             busy = self._end_busy()
+            if adapter is not None:
+                self._adapter_users[adapter.lora_int_id] -= 1
+                await self._drop_unused_adapters()
         outputs = sorted(final.outputs, key=lambda o: o.index)
         tokens = [list(o.token_ids) for o in outputs]
         logprobs = [
@@ -218,7 +252,8 @@ class VLLMGenerationWorker(GenerationWorker):
         ]
         self.tokens_generated += sum(len(t) for t in tokens)
         finished = [o.finish_reason == "stop" for o in outputs]
-        return Generated(tokens, logprobs, finished, first_version, self.version, busy)
+        last_version = first_version if self.build.lora is not None else self.version  # see above
+        return Generated(tokens, logprobs, finished, first_version, last_version, busy)
 
     # --- refit ---------------------------------------------------------------------------------
 
@@ -245,12 +280,47 @@ class VLLMGenerationWorker(GenerationWorker):
 
     async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> float:
         """The object store's refit: the tensors go to vLLM's workers as one serialized blob (vLLM's
-        RPC between its processes does not carry tensors it received from another process)."""
+        RPC between its processes does not carry tensors it received from another process). With
+        policy.lora `state` is the adapters: they become the LoRA adapter of `version`."""
+        if self.build.lora is not None:
+            return await self._load_adapter(state, version)
         blob = io.BytesIO()
         torch.save(state, blob)
         paused = await self._load("asyncgrpo_load_bytes", blob.getvalue())
         await self._adopt(version)
         return paused
+
+    async def _load_adapter(self, adapters: dict[str, torch.Tensor], version: int) -> float:
+        """Write the adapters as a PEFT directory and add it to vLLM as the adapter of `version`; the
+        seconds that took (vLLM loads it between two engine steps)."""
+        from vllm.lora.request import LoRARequest  # noqa: PLC0415
+
+        assert self.build.lora is not None and self._adapter_root is not None
+        assert self.build.checkpoint is not None  # vLLM serves pretrained checkpoints only
+        t0 = time.perf_counter()
+        path = lora.PeftAdapter(adapters, self.build.lora, self.build.checkpoint).write(
+            self._adapter_root / f"v{version}", self.build.torch_dtype
+        )
+        request = LoRARequest(f"v{version}", version + 2, str(path))  # ids start at 1; versions at -1
+        await self.engine.add_lora(request)
+        self._adapters[request.lora_int_id] = request
+        self._adapter_users[request.lora_int_id] = 0
+        self._adapter = request
+        paused = time.perf_counter() - t0
+        await self._drop_unused_adapters()
+        await self._adopt(version)
+        return paused
+
+    async def _drop_unused_adapters(self) -> None:
+        """Remove every adapter but the current one that no running request uses."""
+        current = None if self._adapter is None else self._adapter.lora_int_id
+        unused = [i for i, users in self._adapter_users.items() if i != current and not users]
+        for adapter_id in unused:  # forgotten before the first await: concurrent calls skip them
+            del self._adapter_users[adapter_id]
+        for adapter_id in unused:
+            request = self._adapters.pop(adapter_id)
+            await self.engine.remove_lora(adapter_id)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
 
     async def refit_members(self) -> int:
         """Ranks this engine takes in the refit group: one per tensor-parallel worker."""
@@ -302,3 +372,5 @@ class VLLMGenerationWorker(GenerationWorker):
 
     async def shutdown(self) -> None:
         self.engine.shutdown()
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)

@@ -39,9 +39,12 @@ from asyncgrpo_trainer.models.directory import (
     InvalidModelError,
     read_json,
 )
+from asyncgrpo_trainer.models.lora import PeftAdapter
 from asyncgrpo_trainer.models.network import CausalLM
 
 SHARD_BYTES = 5 * 10**9
+ADAPTER_DIR = "adapter"
+"""A LoRA job's PEFT adapter inside its Hugging Face directory (`lora.PeftAdapter`)."""
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)
 """Buffers some older checkpoints saved; the network computes them from the config."""
 
@@ -125,8 +128,11 @@ def save(
     *,
     source_dir: str | Path,
     dtype: torch.dtype,
+    adapter: PeftAdapter | None = None,
 ) -> Path:
-    """Write a Hugging Face checkpoint of `state` (network names) to `out_dir`, replacing it."""
+    """Write a Hugging Face checkpoint of `state` (network names) to `out_dir`, replacing it; with
+    `adapter` (policy.lora) `state` is the merged weights and the PEFT adapter goes into
+    `out_dir/adapter` (`ADAPTER_DIR`)."""
     if not cfg.hf_exportable:
         raise InvalidModelError(
             "the tiny model with learned position embeddings has no Hugging Face family to export to; "
@@ -151,7 +157,13 @@ def save(
         for name in (*TOKENIZER_FILES, GENERATION_CONFIG):
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
+        if adapter is not None:
+            for f in adapter.write(tmp / ADAPTER_DIR, dtype).iterdir():
+                with f.open("rb") as fh:
+                    os.fsync(fh.fileno())
         for f in tmp.iterdir():
+            if f.is_dir():
+                continue
             with f.open("rb") as fh:
                 os.fsync(fh.fileno())
         if out.exists():
@@ -173,6 +185,14 @@ class Export:
     config: ModelConfig
     source_dir: str
     dtype: torch.dtype
+    adapter: PeftAdapter | None = None
 
     def write(self, out_dir: str | Path) -> Path:
-        return save(self.state, self.config, out_dir, source_dir=self.source_dir, dtype=self.dtype)
+        return save(
+            self.state,
+            self.config,
+            out_dir,
+            source_dir=self.source_dir,
+            dtype=self.dtype,
+            adapter=self.adapter,
+        )

@@ -17,6 +17,7 @@ import torch
 
 from asyncgrpo_trainer.models import hf
 from asyncgrpo_trainer.models.config import ModelConfig, PositionEmbedding, tiny_config
+from asyncgrpo_trainer.models.lora import LoraConfig
 from asyncgrpo_trainer.models.network import CausalLM
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer, CheckpointTokenizer
 
@@ -34,6 +35,8 @@ class ModelBuild:
     seed: int
     checkpoint: str | None = None
     """Hugging Face checkpoint directory of the initial weights; None: random from `seed`."""
+    lora: LoraConfig | None = None
+    """policy.lora: the policy trains adapters on these weights (`lora`); None: all of them."""
 
     @property
     def max_positions(self) -> int:
@@ -51,7 +54,15 @@ class ModelBuild:
     def from_json(cls, data: dict[str, Any]) -> ModelBuild:
         cfg = dict(data["config"])
         cfg["rope_inv_freq"] = tuple(cfg["rope_inv_freq"])
-        return cls(**{**data, "config": ModelConfig(**cfg), "eos_ids": tuple(data["eos_ids"])})
+        adapters = data.get("lora")
+        return cls(
+            **{
+                **data,
+                "config": ModelConfig(**cfg),
+                "eos_ids": tuple(data["eos_ids"]),
+                "lora": None if adapters is None else LoraConfig.from_json(adapters),
+            }
+        )
 
     def skeleton(self) -> CausalLM:
         """The network on the meta device: names and shapes, no storage (plans, checks)."""
