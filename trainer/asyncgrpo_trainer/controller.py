@@ -561,7 +561,8 @@ class SingleController:
             step["training"] += time.perf_counter() - t0
             taken += len(groups)
             chunks += 1
-            tokens += sum(len(r.response_ids) for r in rows)
+            # Trained tokens: a conversation's environment tokens are not (`policy.TrainRow.loss_mask`).
+            tokens += sum(len(r.response_ids) if r.loss_mask is None else sum(r.loss_mask) for r in rows)
             for g in groups:
                 if g.record is not None:
                     rewards.extend(g.record.rewards)
