@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,8 @@ from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.recipe import ModelBuild
-from asyncgrpo_trainer.models.tokenizer import CharTokenizer
+from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer, CheckpointTokenizer
 from asyncgrpo_trainer.rollout import Conversations, RolloutManager
 from tests.trainer.custom_envs import TURNS, EchoEnvironment
 
@@ -225,3 +227,25 @@ def test_an_env_class_that_cannot_be_used_fails_naming_env_class(path: str, why:
     with pytest.raises(InvalidDataError, match=r"env\.class") as info:
         envs.build("reverse", path)
     assert why in str(info.value)
+
+
+def test_a_checkpoints_conversation_is_token_for_token_its_chat_template_rendering(tmp_path: Path) -> None:
+    directory = make_tiny_checkpoint(tmp_path / "qwen2")
+    tok = CheckpointTokenizer(str(directory))
+    end = tok.encode_response("<|im_end|>")
+    ids = [
+        *tok.encode_prompt("37*58="),
+        *tok.encode_response("?37*58"),
+        *end,
+        *tok.encode_turn("tool", ">2146"),
+        *tok.encode_response("2146"),
+        *end,
+    ]
+    messages = [
+        {"role": "user", "content": "37*58="},
+        {"role": "assistant", "content": "?37*58"},
+        {"role": "tool", "content": ">2146"},
+        {"role": "assistant", "content": "2146"},
+    ]
+    rendered = tok._tok.apply_chat_template(messages, tokenize=False)
+    assert ids == tok._tok(rendered.removesuffix("\n"), add_special_tokens=False)["input_ids"]
