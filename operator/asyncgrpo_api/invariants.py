@@ -64,13 +64,19 @@ PROMPT_KEY = _t("data.promptKey")
 ANSWER_KEY = _t("data.answerKey")
 ENV_NAME = _t("env.name")
 ENV_FUNCTION = _t("env.function")
+ENV_CLASS = _t("env.class")
+MAX_TURNS = _t("env.maxTurns")
+TURN_TOKENS = _t("env.maxTokensPerTurn")
 
 CAPACITY = P * (S + 1)
 SAMPLES = P * N
 TINY = MODEL_SOURCE.eq("tiny")
 MEGATRON = POLICY_BACKEND.eq("megatron")
-BUILTIN_PROMPT_SETS = ("reverse", "math")
+BUILTIN_PROMPT_SETS = ("reverse", "math", "calculator")
+MULTI_TURN_ENVS = ("calculator",)
+"""The built-in environments whose rollouts are conversations (env.maxTurns applies to them)."""
 """Environments that ship prompts, so that a job without data.trainPath has something to train on."""
+SINGLE_TURN = ~ENV_CLASS.is_set() & ~ENV_NAME.is_in(MULTI_TURN_ENVS)
 REWARD_FUNCTION = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 """env.function: a dotted module path, a colon, a function name (what importlib can resolve)."""
 
@@ -375,7 +381,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "promptsWithoutData",
         TRAIN_PATH.path,
-        ~ENV_NAME.is_in(BUILTIN_PROMPT_SETS) & ~TRAIN_PATH.is_set(),
+        ~ENV_CLASS.is_set() & ~ENV_NAME.is_in(BUILTIN_PROMPT_SETS) & ~TRAIN_PATH.is_set(),
         (
             "is required with env.name ",
             ENV_NAME,
@@ -398,6 +404,59 @@ INVARIANTS: tuple[Invariant, ...] = (
             "function name); got '",
             ENV_FUNCTION,
             "'",
+        ),
+    ),
+    Invariant(
+        "environmentClassShape",
+        ENV_CLASS.path,
+        ENV_CLASS.is_set() & ~ENV_CLASS.matches(REWARD_FUNCTION),
+        (
+            'must be "package.module:Class" (a module importable in the trainer image, a colon, the name of ',
+            "an Environment subclass); got '",
+            ENV_CLASS,
+            "'",
+        ),
+    ),
+    Invariant(
+        "environmentNamedTwice",
+        ENV_NAME.path,
+        ENV_CLASS.is_set() & ENV_NAME.ne("reverse"),
+        (
+            "must be left unset (its default, reverse) with env.class ('",
+            ENV_CLASS,
+            "'), which is the environment; remove one of the two",
+        ),
+    ),
+    Invariant(
+        "turnsOfSingleTurnEnvironment",
+        MAX_TURNS.path,
+        MAX_TURNS.is_set() & SINGLE_TURN,
+        (
+            "applies to multi-turn environments only (env.name calculator, or an env.class), and env.name ",
+            ENV_NAME,
+            " answers in one turn; remove it",
+        ),
+    ),
+    Invariant(
+        "turnTokensOfSingleTurnEnvironment",
+        TURN_TOKENS.path,
+        TURN_TOKENS.is_set() & SINGLE_TURN,
+        (
+            "applies to multi-turn environments only (env.name calculator, or an env.class), and env.name ",
+            ENV_NAME,
+            " answers in one turn (generation.maxNewTokens bounds it); remove it",
+        ),
+    ),
+    Invariant(
+        "turnTokensOverResponse",
+        TURN_TOKENS.path,
+        TURN_TOKENS.is_set() & TURN_TOKENS.gt(MAX_NEW_TOKENS),
+        (
+            "(",
+            TURN_TOKENS,
+            ") must be at most generation.maxNewTokens (",
+            MAX_NEW_TOKENS,
+            "), which bounds the whole conversation after the prompt; lower it or raise maxNewTokens",
         ),
     ),
 )

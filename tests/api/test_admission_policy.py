@@ -229,6 +229,26 @@ TABLE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"env": {"function": "my_rewards.scoring:score"}},
         {"env": {"function": "my_rewards.scoring.score"}},
     ),
+    "environmentClassShape": (
+        {"env": {"class": "my_envs.tools:Calculator"}},
+        {"env": {"class": "my_envs.tools.Calculator"}},
+    ),
+    "environmentNamedTwice": (
+        {"env": {"class": "my_envs.tools:Calculator"}},
+        {"env": {"class": "my_envs.tools:Calculator", "name": "calculator"}},
+    ),
+    "turnsOfSingleTurnEnvironment": (
+        {"env": {"name": "calculator", "maxTurns": 3}},
+        {"env": {"name": "reverse", "maxTurns": 3}},
+    ),
+    "turnTokensOfSingleTurnEnvironment": (
+        {"env": {"class": "my_envs.tools:Calculator", "maxTokensPerTurn": 4}},
+        {"env": {"name": "reverse", "maxTokensPerTurn": 4}},
+    ),
+    "turnTokensOverResponse": (
+        {"env": {"name": "calculator", "maxTokensPerTurn": 16}, "generation": {"maxNewTokens": 16}},
+        {"env": {"name": "calculator", "maxTokensPerTurn": 17}, "generation": {"maxNewTokens": 16}},
+    ),
 }
 
 

@@ -99,6 +99,8 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "trainer.generation.tensorParallelSize": VLLM_ON_GPUS,
     "trainer.generation.gpuMemoryUtilization": VLLM_ON_GPUS,
     "trainer.grpo.dynamicSamplingMaxExtraGroups": {"trainer": {"grpo": {"dynamicSampling": True}}},
+    "trainer.env.maxTurns": {"trainer": {"env": {"name": "calculator"}}},
+    "trainer.env.maxTokensPerTurn": {"trainer": {"env": {"name": "calculator"}}},
     # maxBufferedRollouts must be exactly P x (S+1) unless overSampling.
     "trainer.asyncRL.maxBufferedRollouts": {"trainer": {"asyncRL": {"overSampling": True}}},
     "trainer.weightSync.bucketSizeMB": {
@@ -171,7 +173,7 @@ def candidates(annotation: Any, current: Any) -> list[Any]:
             base = [current * 2, current / 2, current + 0.5, *base]
         return [v for v in base if v != current]
     if annotation is str:
-        return ["/data/walk.jsonl", "walk", "walk_rewards:score"]
+        return ["/data/walk.jsonl", "walk", "tests.trainer.custom_envs:EchoEnvironment", "walk_rewards:score"]
     return []
 
 

@@ -36,10 +36,38 @@ class GroupRecord:
     """Weight version of the generation worker when the first token was sampled."""
     last_version: int
     """Weight version when the last token was sampled (> first_version after an in-flight update)."""
+    loss_masks: list[list[int]] | None = None
+    """Per sample and response token of a conversation (`conversation`): 1 where the policy spoke,
+    0 on the environment's tokens, which are never trained; None for single-turn samples (all 1)."""
+    token_versions: list[list[int]] | None = None
+    """Per sample and response token of a conversation: the weight version that produced it; None
+    for single-turn samples (all first_version)."""
+    tool_outcomes: list[str] = field(default_factory=list)
+    """How each tool call of the group's conversations ended (`envs.multiturn.Reply.outcome`)."""
 
     @property
     def num_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
+
+    def versions_of(self, sample: int) -> list[int]:
+        """The weight version of each response token of `sample`."""
+        if self.token_versions is not None:
+            return self.token_versions[sample]
+        return [self.first_version] * len(self.response_ids[sample])
+
+    def loss_mask_of(self, sample: int) -> list[int]:
+        """Which response tokens of `sample` the policy produced (1) and may be trained on."""
+        if self.loss_masks is not None:
+            return self.loss_masks[sample]
+        return [1] * len(self.response_ids[sample])
+
+    def trainable_mask(self, sample: int, *, oldest_version: int) -> list[int]:
+        """The staleness bound per token: `sample`'s policy tokens produced by weight version
+        `oldest_version` or newer (1); environment tokens and older policy tokens are 0."""
+        versions = self.versions_of(sample)
+        return [
+            m if v >= oldest_version else 0 for m, v in zip(self.loss_mask_of(sample), versions, strict=True)
+        ]
 
 
 @dataclass
@@ -58,6 +86,18 @@ class Slot:
     @property
     def ready(self) -> bool:
         return self.record is not None
+
+    @property
+    def window_version(self) -> int:
+        """The version the staleness window is measured on: the start version, except for a
+        generated conversation, whose newest token's version is used instead. A conversation may
+        outlive several refits; the bound then applies per token (`GroupRecord.trainable_mask`
+        drops its policy tokens that are too old) rather than to the whole conversation, which
+        would discard its fresh turns with its first."""
+        rec = self.record
+        if rec is None or rec.token_versions is None:
+            return self.start_version
+        return max((max(v) for v in rec.token_versions if v), default=self.start_version)
 
 
 @dataclass

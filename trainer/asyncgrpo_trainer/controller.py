@@ -54,7 +54,7 @@ from asyncgrpo_api.v1alpha1.trainer import (
 from asyncgrpo_trainer import checkpoint, runlog
 from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.algorithms.dynamic_sampling import DynamicSampling, informative
-from asyncgrpo_trainer.backends import generation, policy, sampling
+from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example, Score
@@ -63,7 +63,7 @@ from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
 from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardFailedError, RewardPool
-from asyncgrpo_trainer.rollout import RolloutManager
+from asyncgrpo_trainer.rollout import Answer, RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
 from asyncgrpo_trainer.weights import RefitTiming, WeightSynchronizer
 from asyncgrpo_trainer.workers import GenerationGroup, PolicyGroup
@@ -451,6 +451,8 @@ class SingleController:
             record = await self.a.rollout.run_group(slot.example, gid, restamp)
             self.failure_budget.scored(dropped=False)
             self.counters["tokens_generated"] += record.num_tokens
+            for outcome in record.tool_outcomes:
+                self.counters[f"tool_calls_{outcome}"] += 1
             if not self.dynamic_sampling.keep(self._step_of(slot), record.rewards):
                 self.counters["groups_dropped_uninformative"] += 1
                 self._replace(slot)
@@ -566,7 +568,8 @@ class SingleController:
             step["training"] += time.perf_counter() - t0
             taken += len(groups)
             chunks += 1
-            tokens += sum(len(r.response_ids) for r in rows)
+            # Trained tokens: a conversation's environment tokens are not (`policy.TrainRow.loss_mask`).
+            tokens += sum(len(r.response_ids) if r.loss_mask is None else sum(r.loss_mask) for r in rows)
             for g in groups:
                 if g.record is not None:
                     rewards.extend(g.record.rewards)
@@ -629,15 +632,24 @@ class SingleController:
         }
 
     def _rows(self, groups: list[Slot]) -> list[policy.TrainRow]:
-        """Training rows of whole groups; advantages are exact per group."""
+        """Training rows of whole groups; advantages are exact per group. A conversation's row
+        trains only its policy tokens within the staleness bound (`GroupRecord.trainable_mask`):
+        the importance weight then corrects each of them by the version that sampled it, since its
+        recorded log-prob is that version's."""
         scored = [(g.record, g.start_version == self.version) for g in groups if g.record is not None]
         rewards = torch.tensor([rec.rewards for rec, _ in scored], dtype=torch.float32)
         adv = advantages.group_relative(
             rewards, leave_one_out=self.s.leave_one_out, normalize=self.s.normalize_rewards
         )
+        oldest = self.sampler.oldest_version(self.version)
         return [
             policy.TrainRow(
-                rec.prompt_ids, rec.response_ids[i], rec.generation_logprobs[i], float(adv[g, i]), fresh=fresh
+                rec.prompt_ids,
+                rec.response_ids[i],
+                rec.generation_logprobs[i],
+                float(adv[g, i]),
+                fresh=fresh,
+                loss_mask=None if rec.loss_masks is None else rec.trainable_mask(i, oldest_version=oldest),
             )
             for g, (rec, fresh) in enumerate(scored)
             for i in range(len(rec.response_ids))
@@ -740,12 +752,9 @@ class SingleController:
             if not self.a.validation:
                 return
             await self.a.generation.reset_cache()
-            tok = self.a.tokenizer
             outs = await asyncio.gather(
                 *(
-                    self.a.generation.generate(
-                        tok.encode_prompt(example.model_prompt), 1, self.a.validation_params, i
-                    )
+                    self.a.rollout.answer(example, self.a.validation_params, i)
                     for i, example in enumerate(self.a.validation)
                 )
             )
@@ -763,10 +772,9 @@ class SingleController:
             )
         samples = self.counters["samples_trained"]  # at `step`: later steps may finish meanwhile
 
-        async def score(i: int, example: Example, out: generation.Generated) -> Score | None:
-            texts = [tok.decode(r) for r in out.response_ids]
+        async def score(i: int, example: Example, out: Answer) -> Score | None:
             try:
-                return (await self.a.rewards.score(example, texts, out.finished))[0]
+                return (await self.a.rewards.score(example, [out.text], [out.finished]))[0]
             except RewardFailedError as exc:  # left out of the averages, as a dropped group is
                 self.counters["validation_reward_failures"] += 1
                 log.warning("validation prompt %d not scored: %s", i, exc)

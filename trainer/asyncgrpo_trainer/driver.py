@@ -233,6 +233,8 @@ class Inputs:
     model: ModelBuild
     tokenizer: Tokenizer
     prompts: data.Prompts
+    env: envs.Environment
+    """The environment (env.name or env.class): a multi-turn one answers the policy's turns."""
 
 
 def read_inputs(job: AsyncGRPOJob) -> Inputs:
@@ -242,12 +244,13 @@ def read_inputs(job: AsyncGRPOJob) -> Inputs:
     state of the cluster."""
     check_supported(job)
     t = job.spec.trainer
-    env = envs.build(t.env.name)
+    env = envs.build(t.env.name, t.env.env_class)
+    specmap.conversations(t, env)  # InvalidDataError: turn settings of a single-turn env.class
     model, tokenizer = model_of(job, env)
     prompts = load_prompts(job, env, tokenizer)
     if t.env.function is not None:
         reward_function.check(t.env.function)
-    return Inputs(model, tokenizer, prompts)
+    return Inputs(model, tokenizer, prompts, env)
 
 
 def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
@@ -281,6 +284,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             t.env.num_workers,
             t.env.timeout_seconds,
             score_truncated=t.env.score_truncated,
+            env_class=t.env.env_class,
         )
         rollout = RolloutManager(
             generation_group,
@@ -292,6 +296,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             max_attempts=t.async_rl.max_rollout_attempts,
             seed=t.grpo.seed,
             overlong=specmap.overlong_penalty(t),
+            conversations=specmap.conversations(t, inputs.env),
         )
         args = controller.ControllerArgs(
             settings=dataclasses.replace(specmap.settings(job), attempt=runlog.attempt_from_env()),

@@ -1,6 +1,7 @@
 """Reward workers: Ray actors that score responses, and the pool in front of them.
 
-A reward actor scores with the environment (`env.name`); with `env.function` set, the reward is
+A reward actor scores with the environment (`env.name`, or the user's `env.class`; a conversation is
+scored on its last policy turn, `envs.multiturn`); with `env.function` set, the reward is
 the user's function instead (`reward_function`: how it is called, with the stop reason when it
 takes one), while the environment still says whether a response is correct (the accuracy every run
 reports). The environment's truncation rule holds for a function too: a response cut at
@@ -45,8 +46,10 @@ class RewardFailedError(RuntimeError):
 class RewardActor:
     """Scores responses with the environment and, when set, the user's function (module docstring)."""
 
-    def __init__(self, env_name: str, function: str | None, score_truncated: bool) -> None:
-        self.env = envs.build(env_name)
+    def __init__(
+        self, env_name: str, function: str | None, score_truncated: bool, env_class: str | None = None
+    ) -> None:
+        self.env = envs.build(env_name, env_class)
         self.function = reward_function.load(function) if function is not None else None
         self.score_truncated = score_truncated
         # A throwaway scoring imports what the environment loads on first use (math-verify takes
@@ -70,9 +73,9 @@ class RewardActor:
         return function(example.prompt, response, example.answer, finished=finished)
 
 
-def start_actor(env_name: str, function: str | None, score_truncated: bool) -> Any:
+def start_actor(env_name: str, function: str | None, score_truncated: bool, env_class: str | None) -> Any:
     """A new reward actor (no CPU reserved: scoring is short and bursty)."""
-    return ray.remote(num_cpus=0)(RewardActor).remote(env_name, function, score_truncated)
+    return ray.remote(num_cpus=0)(RewardActor).remote(env_name, function, score_truncated, env_class)
 
 
 class RewardPool:
@@ -86,9 +89,10 @@ class RewardPool:
         timeout_seconds: float,
         *,
         score_truncated: bool = False,
+        env_class: str | None = None,
     ) -> None:
         self.env_name, self.function, self.timeout = env_name, function, timeout_seconds
-        self.score_truncated = score_truncated
+        self.score_truncated, self.env_class = score_truncated, env_class
         self.actors = [self._start() for _ in range(num_workers)]
         self._idle: asyncio.Queue[Any] | None = None
 
@@ -139,7 +143,7 @@ class RewardPool:
         return fresh
 
     def _start(self) -> Any:
-        return start_actor(self.env_name, self.function, self.score_truncated)
+        return start_actor(self.env_name, self.function, self.score_truncated, self.env_class)
 
     def ready(self) -> list[Any]:
         """Refs that resolve when every reward actor has started."""

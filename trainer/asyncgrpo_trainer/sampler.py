@@ -12,6 +12,10 @@ dispatch batch is P prompts. The four modes of docs/guides/async-modes.md map to
 |                            |                   |               | in-window start version (waits)  |
 | streaming, over-sampled    | WindowedSampler   | always        | ready groups, start >= v - S     |
 
+A generated conversation (a multi-turn environment's group) is measured on its newest token's
+version instead of its start version (`buffer.Slot.window_version`), and the bound then holds per
+token: the controller trains only its policy tokens of version >= v - S.
+
 Eviction removes ready groups that can never be trained on (start version < v - S, or stamped
 for a step already taken); only the over-sampled mode can produce such groups in normal operation,
 and only it aborts in-flight groups that aged out (their start version is already < v - S).
@@ -66,8 +70,12 @@ class Sampler(abc.ABC):
         """Whether an in-flight group can no longer be trained on, so generating it is waste."""
         return False
 
+    def oldest_version(self, trainer_version: int) -> int:
+        """The oldest weight version whose tokens may be trained on at trainer version v: v - S."""
+        return trainer_version - self.window
+
     def _stale(self, slot: Slot, trainer_version: int) -> bool:
-        return slot.start_version < trainer_version - self.window
+        return slot.window_version < self.oldest_version(trainer_version)
 
     @abc.abstractmethod
     def _expired(self, slot: Slot, trainer_version: int) -> bool: ...

@@ -8,11 +8,13 @@ the workers and the controller receive small frozen dataclasses instead of the w
 from __future__ import annotations
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
-from asyncgrpo_api.v1alpha1.trainer import TrainerSpec
-from asyncgrpo_trainer import controller, logprob_gate, sampler
+from asyncgrpo_api.v1alpha1.trainer import DEFAULT_MAX_TURNS, TrainerSpec
+from asyncgrpo_trainer import controller, envs, logprob_gate, rollout, sampler
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.algorithms.overlong import OverlongPenalty
 from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
+from asyncgrpo_trainer.conversation import Budget
+from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.lora import LoraConfig
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
@@ -75,6 +77,28 @@ def overlong_penalty(t: TrainerSpec) -> OverlongPenalty | None:
     """DAPO's soft overlong punishment over the last grpo.overlongPenaltyTokens of maxNewTokens."""
     band = t.grpo.overlong_penalty_tokens
     return None if band is None else OverlongPenalty(t.generation.max_new_tokens, band)
+
+
+def conversations(t: TrainerSpec, env: envs.Environment) -> rollout.Conversations | None:
+    """How a multi-turn environment's conversations run (env.maxTurns, env.maxTokensPerTurn and
+    generation.maxNewTokens); None for a single-turn one, which InvalidDataError refuses the two
+    turn settings for (the admission rules can only say so for the built-in environments)."""
+    e = t.env
+    if not isinstance(env, envs.MultiTurnEnvironment):
+        for field, value in (("maxTurns", e.max_turns), ("maxTokensPerTurn", e.max_tokens_per_turn)):
+            if value is not None:
+                raise InvalidDataError(
+                    f"env.{field} applies to multi-turn environments only, and env.class {e.env_class} is "
+                    f"not a MultiTurnEnvironment (it answers in one turn); remove env.{field}"
+                )
+        return None
+    max_new = t.generation.max_new_tokens
+    budget = Budget(
+        max_turns=e.max_turns if e.max_turns is not None else DEFAULT_MAX_TURNS,
+        tokens_per_turn=e.max_tokens_per_turn if e.max_tokens_per_turn is not None else max_new,
+        max_new_tokens=max_new,
+    )
+    return rollout.Conversations(env, budget)
 
 
 def loss_config(t: TrainerSpec) -> losses.LossConfig:

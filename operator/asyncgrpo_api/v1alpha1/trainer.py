@@ -16,6 +16,9 @@ from asyncgrpo_api.v1alpha1.base import AbsolutePath, ApiModel
 DataKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 """A column of a data file (a key of a JSON row)."""
 RewardFunction = Annotated[str, StringConstraints(min_length=3, max_length=512)]
+EnvClass = Annotated[str, StringConstraints(min_length=3, max_length=512)]
+DEFAULT_MAX_TURNS = 4
+"""env.maxTurns of a multi-turn environment when the job leaves it unset."""
 """\"package.module:function\"; its shape is checked by asyncgrpo_api.rules (with a message that says how)."""
 
 
@@ -552,12 +555,39 @@ group, and a single flaky call must not fail a job with numPromptsPerStep 4."""
 class EnvSpec(ApiModel):
     """The reward environment: what a row's reference answer is, and how a response is scored."""
 
-    name: Literal["reverse", "math", "gsm8k"] = Field(
+    name: Literal["reverse", "math", "gsm8k", "calculator"] = Field(
         default="reverse",
         description="reverse: a shipped synthetic task (write a 4-digit string backwards) that a tiny "
         "model learns from scratch, with held-out strings; math: answer equivalence by math-verify "
         "(\\boxed{}, fractions, LaTeX, numbers); gsm8k: the final number of the response against the "
-        "number after #### (needs data.trainPath).",
+        "number after #### (needs data.trainPath); calculator: a multi-turn tool environment (multiply "
+        "two 2-digit numbers, with a calculator the policy calls and that runs in a sandboxed "
+        "subprocess), with held-out pairs. Leave it unset with env.class.",
+    )
+    env_class: EnvClass | None = Field(
+        default=None,
+        alias="class",
+        description='An environment of your own, "package.module:Class", importable in the trainer image: '
+        "a subclass of asyncgrpo_trainer.envs.Environment (single-turn) or of "
+        "asyncgrpo_trainer.envs.MultiTurnEnvironment (a conversation: the policy speaks, the environment "
+        "answers, until it says done). It replaces env.name; it reads the data and scores the responses "
+        "(docs/guides/environments.md).",
+    )
+    max_turns: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=f"Policy turns of a conversation at most (multi-turn environments only; default "
+        f"{DEFAULT_MAX_TURNS}). A conversation the environment has not ended by then is truncated "
+        "(rewarded 0).",
+    )
+    max_tokens_per_turn: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="Tokens of one policy turn at most (multi-turn environments only; default "
+        "generation.maxNewTokens, which bounds the whole conversation after the prompt, the "
+        "environment's tokens included). A turn cut by it truncates the conversation.",
     )
     function: RewardFunction | None = Field(
         default=None,

@@ -59,6 +59,12 @@ class Tokenizer(Protocol):
         ValueError when it cannot be encoded (a bad row)."""
         ...
 
+    def encode_turn(self, role: str, content: str) -> list[int]:
+        """Token ids of one more turn of a conversation (`conversation`): appended after the
+        policy's turn, which ended with its end-of-sequence token, they close that turn as the chat
+        template does, write `content` as a `role` turn and open the policy's next turn."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of response ids up to the first end-of-sequence token; special tokens dropped."""
         ...
@@ -111,6 +117,11 @@ class CharTokenizer:
             raise ValueError(f"character {exc.args[0]!r} is not in the tokenizer alphabet") from None
         return [self.bos_id, *ids] if add_bos else ids
 
+    def encode_turn(self, role: str, content: str) -> list[int]:
+        """The characters of `content`: without a chat template a turn is its text (the role is
+        the environment's to spell out in `content` when the task needs one)."""
+        return self.encode(content, add_bos=False)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids` up to the first eos; specials are dropped."""
         chars: list[str] = []
@@ -121,6 +132,9 @@ class CharTokenizer:
                 chars.append(self.alphabet[i - len(SPECIALS)])
         return "".join(chars)
 
+
+TURN_MARK = "\u2063turn\u2063"
+"""A placeholder content that no template alters, to find where an assistant turn's text ends."""
 
 PRINTABLE = "".join(chr(c) for c in range(32, 127)) + "\n"
 
@@ -203,6 +217,28 @@ class CheckpointTokenizer:
 
     def encode_response(self, text: str) -> list[int]:
         """The ids of `text` as the model writes it after the prompt: no special tokens, no EOS."""
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_turn(self, role: str, content: str) -> list[int]:
+        """The chat template's rendering of a `role` turn after an assistant turn, with the
+        generation prompt, less what the policy already wrote: the template's text after the
+        assistant's content starts with the end-of-turn token the policy's turn ended with, and the
+        rest (the newline after it, the new turn, the next assistant header) is encoded here.
+        Without a chat template the turn is its plain text."""
+        if not self.chat_template:
+            return self.encode_response(content)
+        before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": TURN_MARK}]
+        after = [*before, {"role": role, "content": content}]
+        base = self._tok.apply_chat_template(before, tokenize=False)
+        full = self._tok.apply_chat_template(after, tokenize=False, add_generation_prompt=True)
+        closing = base[base.rindex(TURN_MARK) + len(TURN_MARK) :]
+        if not full.startswith(base):
+            raise ValueError(
+                f"the chat template renders a {role!r} turn by rewriting the turns before it, so a "
+                "conversation cannot be extended turn by turn; use a template that appends turns"
+            )
+        eos_text = next((t for t in (self._tok.eos_token, self._tok.decode(list(self._eos[:1]))) if t), "")
+        text = closing.removeprefix(eos_text) + full[len(base) :]
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
