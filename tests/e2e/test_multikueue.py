@@ -1,0 +1,213 @@
+"""MultiKueue with real Kueue v0.17 on two control planes: a job applied to the manager runs on
+the worker, and its status comes back to the manager.
+
+The session's control plane is the manager; the worker is a second control plane on this machine
+(tests/cluster/multikueue.py), started here with `python -m tests.cluster up --kueue` under its own
+state folder (ASYNCGRPO_MULTIKUEUE_WORKER_STATE, else `multikueue-worker` beside the manager's) and
+port offset, and stopped afterwards (ASYNCGRPO_KEEP_CLUSTER=1 keeps it). Each cluster runs its own
+operator; the manager's only keeps the job's Workload, the worker's runs the job. The driver is
+played as in test_operator.py: /progress from the test process, the exit written into the head
+pod's status, on the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster import components as comp
+from tests.cluster import kueue, multikueue
+from tests.cluster.cluster import LocalCluster
+from tests.cluster.config import PORT_OFFSET
+from tests.cluster.rest import JSON, Api, ApiError, condition
+from tests.cluster.samples import wait_until
+from tests.e2e import test_operator
+from tests.e2e.test_kueue import GPUS_PER_JOB, LOCAL_QUEUE, kueue_on, queued_job  # noqa: F401 - fixture
+from tests.e2e.test_operator import (
+    CRD_FILE,
+    OperatorProcess,
+    ProgressServer,
+    asyncgrpo_crd,  # noqa: F401 - the fixture, reused
+    create_job,
+    end_driver,
+    get_job,
+    head_pod,
+    live_rayclusters,
+    operator,  # noqa: F401 - the fixture, reused
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+driver_progress = test_operator.driver_progress  # the fixture the operators read, reused
+WORKER_UP_SECONDS = 900
+"""A cold worker: a second etcd, API server, KubeRay and Kueue from the cached binaries."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    """The worker control plane: its state folder, kubeconfig and an admin client."""
+
+    state: Path
+    kubeconfig: Path
+    api: Api
+
+
+def _cluster_cli(env: dict[str, str], *args: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "tests.cluster", *args], env=env, check=True, timeout=WORKER_UP_SECONDS
+    )
+
+
+@pytest.fixture(scope="session")
+def worker(kueue_on: LocalCluster) -> Iterator[Worker]:  # noqa: F811 - the fixture, reused
+    """The worker control plane, with Kueue, KubeRay and the AsyncGRPOJob CRD."""
+    default = kueue_on.paths.root.parent / "multikueue-worker"
+    state = Path(os.environ.get("ASYNCGRPO_MULTIKUEUE_WORKER_STATE") or default).resolve()
+    env = multikueue.worker_env(state, PORT_OFFSET + multikueue.WORKER_PORT_OFFSET)
+    _cluster_cli(env, "up", "--kueue")
+    paths = comp.StatePaths(state)
+    server = yaml.safe_load(paths.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    api = Api(server, paths.pki)
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+    api.apply(crd_path, json.dumps(crd))
+    wait_until(lambda: _true(api.get(crd_path), "Established"), "AsyncGRPOJob CRD Established on the worker")
+    yield Worker(state, paths.kubeconfig, api)
+    if os.environ.get("ASYNCGRPO_KEEP_CLUSTER", "") in ("", "0"):
+        _cluster_cli(env, "down")
+
+
+def _true(obj: JSON, type_: str) -> bool | None:
+    c = condition(obj, type_)
+    return True if c is not None and c["status"] == "True" else None
+
+
+@pytest.fixture
+def dispatching_queue(kueue_on: LocalCluster, kube_api: Api, worker: Worker, namespace: str) -> Iterator[str]:  # noqa: F811
+    """LocalQueue team-a on both clusters: on the worker a plain ClusterQueue, on the manager one
+    with the MultiKueue admission check that sends its Workloads to the worker."""
+    name = f"mk-{namespace[-20:]}"
+    worker.api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    kueue.apply_cluster_queue(worker.api, kueue.cluster_queue(name, gpus=GPUS_PER_JOB))
+    wait_until(
+        lambda: kueue.cluster_queue_active(worker.api, name) or None, f"worker ClusterQueue {name} Active"
+    )
+    kueue.create_local_queue(worker.api, namespace, LOCAL_QUEUE, name)
+
+    objects = multikueue.paths()
+    secret = multikueue.kubeconfig_secret(multikueue.inline_kubeconfig(worker.api.base_url, worker.api.pki))
+    kube_api.apply(objects["secret"], json.dumps(secret))
+    kube_api.apply(objects["cluster"], json.dumps(multikueue.multikueue_cluster()))
+    wait_until(
+        lambda: _true(kube_api.get(objects["cluster"]), "Active"), "MultiKueueCluster Active", timeout=60
+    )
+    kube_api.apply(objects["config"], json.dumps(multikueue.multikueue_config()))
+    kube_api.apply(objects["check"], json.dumps(multikueue.admission_check()))
+    wait_until(lambda: _true(kube_api.get(objects["check"]), "Active"), "AdmissionCheck Active", timeout=60)
+    kueue.apply_cluster_queue(kube_api, multikueue.manager_cluster_queue(name, gpus=GPUS_PER_JOB))
+    wait_until(
+        lambda: kueue.cluster_queue_active(kube_api, name) or None, f"manager ClusterQueue {name} Active"
+    )
+    kueue.create_local_queue(kube_api, namespace, LOCAL_QUEUE, name)
+    yield name
+    for api in (kube_api, worker.api):
+        for path in (f"{kueue.BASE}/clusterqueues/{name}",) + (
+            (f"/api/v1/namespaces/{namespace}",) if api is worker.api else ()
+        ):
+            try:
+                api.delete(path)
+            except ApiError as err:
+                if err.status != 404:
+                    raise
+
+
+@pytest.fixture
+def worker_operator(
+    worker: Worker, namespace: str, dispatching_queue: str, tmp_path: Path, driver_progress: ProgressServer
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(
+        worker.kubeconfig, namespace, tmp_path / "worker-operator.log", progress=driver_progress
+    )
+    op.start()
+    yield op
+    op.stop()
+    sys.stderr.write(f"\n--- worker operator log ({op.log}) ---\n{op.tail()}\n")
+
+
+def test_a_job_applied_to_the_manager_runs_on_the_worker_and_its_status_comes_back(
+    kube_api: Api,
+    worker: Worker,
+    namespace: str,
+    *,
+    operator: OperatorProcess,  # noqa: F811 - the manager's
+    worker_operator: OperatorProcess,
+    driver_progress: ProgressServer,
+) -> None:
+    manifest = queued_job("dispatched")
+    manifest["spec"]["managedBy"] = multikueue.CONTROLLER
+    create_job(kube_api, namespace, manifest)
+
+    # MultiKueue copies the job to the worker, with the Workload it prebuilt there.
+    copy = wait_until(
+        lambda: _get_or_none(worker.api, f"{test_operator.JOBS.format(ns=namespace)}/dispatched"),
+        "the job's copy on the worker",
+        timeout=180,
+    )
+    labels = copy["metadata"]["labels"]
+    prebuilt = labels["kueue.x-k8s.io/prebuilt-workload-name"]
+    assert "managedBy" not in copy["spec"]
+
+    # It runs on the worker, in a RayCluster there; the manager never gets one.
+    driver_progress.doc = {
+        "step": 3,
+        "maxSteps": 20,
+        "policyVersion": 3,
+        "rewardMean": 0.25,
+        "state": "running",
+    }
+    on_worker = wait_phase(worker.api, namespace, "dispatched", "Running", timeout=180)
+    assert on_worker["workloadName"] == prebuilt
+    workload = worker.api.get(f"{kueue.BASE}/namespaces/{namespace}/workloads/{prebuilt}")
+    [owner] = workload["metadata"]["ownerReferences"]
+    assert owner["uid"] == copy["metadata"]["uid"] and owner["controller"]
+    assert live_rayclusters(worker.api, namespace, "dispatched") == [on_worker["rayClusterName"]]
+    assert live_rayclusters(kube_api, namespace, "dispatched") == []
+
+    # Its status comes back: MultiKueue copies the worker's over the manager's.
+    on_manager = wait_phase(kube_api, namespace, "dispatched", "Running", timeout=60)
+    assert on_manager["rayClusterName"] == on_worker["rayClusterName"]
+    assert (on_manager.get("progress") or {}).get("step") == 3
+
+    end_driver(worker.api, namespace, head_pod(worker.api, namespace, on_worker["rayClusterName"]), 0)
+    wait_phase(worker.api, namespace, "dispatched", "Succeeded", timeout=120)
+    done = wait_phase(kube_api, namespace, "dispatched", "Succeeded", timeout=120)
+    assert done["reason"] == "DriverSucceeded"
+    [local] = kube_api.get(f"{kueue.BASE}/namespaces/{namespace}/workloads")["items"]
+    wait_until(
+        lambda: _true(
+            kube_api.get(f"{kueue.BASE}/namespaces/{namespace}/workloads/{local['metadata']['name']}"),
+            "Finished",
+        ),
+        "the manager's Workload Finished",
+        timeout=60,
+    )
+    assert live_rayclusters(kube_api, namespace, "dispatched") == []
+    assert get_job(kube_api, namespace, "dispatched")["spec"]["managedBy"] == multikueue.CONTROLLER
+
+
+def _get_or_none(api: Api, path: str) -> JSON | None:
+    try:
+        return api.get(path)
+    except ApiError as err:
+        if err.status == 404:
+            return None
+        raise
