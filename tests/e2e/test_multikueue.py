@@ -182,14 +182,20 @@ def test_a_job_applied_to_the_manager_runs_on_the_worker_and_its_status_comes_ba
     assert live_rayclusters(worker.api, namespace, "dispatched") == [on_worker["rayClusterName"]]
     assert live_rayclusters(kube_api, namespace, "dispatched") == []
 
-    # Its status comes back: MultiKueue copies the worker's over the manager's.
-    on_manager = wait_phase(kube_api, namespace, "dispatched", "Running", timeout=60)
+    # Its status comes back: MultiKueue copies the worker's over the manager's (on each change of
+    # the worker's job, which MultiKueue watches).
+    on_manager = wait_until(
+        lambda: _with_step(get_job(kube_api, namespace, "dispatched").get("status") or {}, 3),
+        "the worker's Running status, step 3, on the manager",
+        timeout=90,
+    )
+    assert on_manager["phase"] == "Running"
     assert on_manager["rayClusterName"] == on_worker["rayClusterName"]
-    assert (on_manager.get("progress") or {}).get("step") == 3
 
+    # Once the worker's job finished, MultiKueue copies its status, finishes the manager's Workload
+    # and deletes the worker's copy.
     end_driver(worker.api, namespace, head_pod(worker.api, namespace, on_worker["rayClusterName"]), 0)
-    wait_phase(worker.api, namespace, "dispatched", "Succeeded", timeout=120)
-    done = wait_phase(kube_api, namespace, "dispatched", "Succeeded", timeout=120)
+    done = wait_phase(kube_api, namespace, "dispatched", "Succeeded", timeout=180)
     assert done["reason"] == "DriverSucceeded"
     [local] = kube_api.get(f"{kueue.BASE}/namespaces/{namespace}/workloads")["items"]
     wait_until(
@@ -201,7 +207,24 @@ def test_a_job_applied_to_the_manager_runs_on_the_worker_and_its_status_comes_ba
         timeout=60,
     )
     assert live_rayclusters(kube_api, namespace, "dispatched") == []
-    assert get_job(kube_api, namespace, "dispatched")["spec"]["managedBy"] == multikueue.CONTROLLER
+    manager_job = get_job(kube_api, namespace, "dispatched")
+    assert manager_job["spec"]["managedBy"] == multikueue.CONTROLLER
+    status_writers = {
+        f["manager"]
+        for f in manager_job["metadata"].get("managedFields") or []
+        if f.get("subresource") == "status"
+    }
+    assert "asyncgrpo-operator" not in status_writers, status_writers
+    worker_copy = f"{test_operator.JOBS.format(ns=namespace)}/dispatched"
+    wait_until(
+        lambda: True if _get_or_none(worker.api, worker_copy) is None else None,
+        "MultiKueue deletes the worker's copy of the finished job",
+        timeout=60,
+    )
+
+
+def _with_step(status: JSON, step: int) -> JSON | None:
+    return status if (status.get("progress") or {}).get("step") == step else None
 
 
 def _get_or_none(api: Api, path: str) -> JSON | None:
