@@ -1,11 +1,11 @@
 """MultiKueue on two local control planes: a manager that queues jobs and a worker that runs them.
 
-The worker is a second control plane on this machine, with its own state folder, ports (a port
-offset) and kubeconfig, started as the first one is (`python -m tests.cluster up --kueue` with
-ASYNCGRPO_CLUSTER_STATE and ASYNCGRPO_CLUSTER_PORT_OFFSET set: `worker_env`). Each runs Kueue
-and KubeRay; on the manager, Kueue's configuration lists the AsyncGRPOJob for MultiKueue's generic
-adapter (kueue.config: `multiKueue.externalFrameworks`; the feature gate
-MultiKueueAdaptersForCustomJobs is beta and on by default in v0.17).
+The worker is a second control plane on this machine, with its own state folder, ports and
+kubeconfig (tests/cluster/private.py: `python -m tests.cluster up`, then `kueue`, under
+ASYNCGRPO_CLUSTER_STATE and ASYNCGRPO_CLUSTER_PORT_OFFSET). Each runs Kueue and KubeRay; Kueue's
+configuration lists the AsyncGRPOJob for MultiKueue's generic adapter (kueue.config:
+`multiKueue.externalFrameworks`; the feature gate MultiKueueAdaptersForCustomJobs is beta and on
+by default in v0.17), which acts only on the manager, where a ClusterQueue has the check.
 
 What the manager needs, from Kueue's own MultiKueue setup (v0.17.0, site/content/en/docs/tasks/
 manage/setup_multikueue.md and apis/kueue/v1beta2/multikueue_types.go):
@@ -22,7 +22,6 @@ Pure builders: manifests in, manifests out.
 from __future__ import annotations
 
 import base64
-import os
 from pathlib import Path
 
 import yaml
@@ -32,21 +31,10 @@ from tests.cluster.pki import Pki
 from tests.cluster.rest import JSON
 
 CONTROLLER = "kueue.x-k8s.io/multikueue"
-WORKER_PORT_OFFSET = 100
-"""The worker's ports: the default control plane's plus this (tests/cluster/config.py)."""
 WORKER = "worker"
 """The MultiKueueCluster (and the Secret's) name of the worker cluster."""
 CHECK = "multikueue"
 CONFIG = "multikueue"
-
-
-def worker_env(state: Path, port_offset: int = WORKER_PORT_OFFSET) -> dict[str, str]:
-    """The environment under which `python -m tests.cluster ...` acts on the worker control plane."""
-    return {
-        **os.environ,
-        "ASYNCGRPO_CLUSTER_STATE": str(state),
-        "ASYNCGRPO_CLUSTER_PORT_OFFSET": str(port_offset),
-    }
 
 
 def inline_kubeconfig(server: str, pki: Pki) -> str:

@@ -2,9 +2,8 @@
 the worker, and its status comes back to the manager.
 
 The session's control plane is the manager; the worker is a second control plane on this machine
-(tests/cluster/multikueue.py), started here with `python -m tests.cluster up --kueue` under its own
-state folder (ASYNCGRPO_MULTIKUEUE_WORKER_STATE, else `multikueue-worker` beside the manager's) and
-port offset, and stopped afterwards (ASYNCGRPO_KEEP_CLUSTER=1 keeps it). Each cluster runs its own
+(tests/cluster/multikueue.py), started for the test (`python -m tests.cluster up`, then `kueue`) in its own
+state folder and ports (tests/cluster/private.py), and purged afterwards. Each cluster runs its own
 operator; the manager's only keeps the job's Workload, the worker's runs the job. The driver is
 played as in test_operator.py: /progress from the test process, the exit written into the head
 pod's status, on the worker.
@@ -13,20 +12,16 @@ pod's status, on the worker.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cluster import components as comp
 from tests.cluster import kueue, multikueue
 from tests.cluster.cluster import LocalCluster
-from tests.cluster.config import PORT_OFFSET
+from tests.cluster.private import PrivateCluster, private_control_plane
 from tests.cluster.rest import JSON, Api, ApiError, condition
 from tests.cluster.samples import wait_until
 from tests.e2e import test_operator
@@ -48,42 +43,23 @@ from tests.e2e.test_operator import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 driver_progress = test_operator.driver_progress  # the fixture the operators read, reused
-WORKER_UP_SECONDS = 900
-"""A cold worker: a second etcd, API server, KubeRay and Kueue from the cached binaries."""
+WORKER_KUEUE_SECONDS = 300
+"""Kueue on the worker: its CRDs, certificates, process and ClusterQueue (the binary is cached)."""
 
 
-@dataclass(frozen=True)
-class Worker:
-    """The worker control plane: its state folder, kubeconfig and an admin client."""
-
-    state: Path
-    kubeconfig: Path
-    api: Api
-
-
-def _cluster_cli(env: dict[str, str], *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "tests.cluster", *args], env=env, check=True, timeout=WORKER_UP_SECONDS
-    )
-
-
-@pytest.fixture(scope="session")
-def worker(kueue_on: LocalCluster) -> Iterator[Worker]:  # noqa: F811 - the fixture, reused
-    """The worker control plane, with Kueue, KubeRay and the AsyncGRPOJob CRD."""
-    default = kueue_on.paths.root.parent / "multikueue-worker"
-    state = Path(os.environ.get("ASYNCGRPO_MULTIKUEUE_WORKER_STATE") or default).resolve()
-    env = multikueue.worker_env(state, PORT_OFFSET + multikueue.WORKER_PORT_OFFSET)
-    _cluster_cli(env, "up", "--kueue")
-    paths = comp.StatePaths(state)
-    server = yaml.safe_load(paths.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    api = Api(server, paths.pki)
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
-    api.apply(crd_path, json.dumps(crd))
-    wait_until(lambda: _true(api.get(crd_path), "Established"), "AsyncGRPOJob CRD Established on the worker")
-    yield Worker(state, paths.kubeconfig, api)
-    if os.environ.get("ASYNCGRPO_KEEP_CLUSTER", "") in ("", "0"):
-        _cluster_cli(env, "down")
+@pytest.fixture
+def worker(kueue_on: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCluster]:  # noqa: F811
+    """The worker: a control plane of this test's own, with Kueue, KubeRay and the AsyncGRPOJob CRD
+    (purged afterwards)."""
+    with private_control_plane(tmp_path_factory.mktemp("multikueue-worker")) as cluster:
+        cluster.cli("kueue", timeout=WORKER_KUEUE_SECONDS)
+        crd = yaml.safe_load(CRD_FILE.read_text())
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+        cluster.api.apply(path, json.dumps(crd))
+        wait_until(
+            lambda: _true(cluster.api.get(path), "Established"), "AsyncGRPOJob CRD Established on the worker"
+        )
+        yield cluster
 
 
 def _true(obj: JSON, type_: str) -> bool | None:
@@ -92,7 +68,7 @@ def _true(obj: JSON, type_: str) -> bool | None:
 
 
 @pytest.fixture
-def dispatching_queue(kueue_on: LocalCluster, kube_api: Api, worker: Worker, namespace: str) -> Iterator[str]:  # noqa: F811
+def dispatching_queue(kube_api: Api, worker: PrivateCluster, namespace: str) -> Iterator[str]:
     """LocalQueue team-a on both clusters: on the worker a plain ClusterQueue, on the manager one
     with the MultiKueue admission check that sends its Workloads to the worker."""
     name = f"mk-{namespace[-20:]}"
@@ -119,20 +95,20 @@ def dispatching_queue(kueue_on: LocalCluster, kube_api: Api, worker: Worker, nam
     )
     kueue.create_local_queue(kube_api, namespace, LOCAL_QUEUE, name)
     yield name
-    for api in (kube_api, worker.api):
-        for path in (f"{kueue.BASE}/clusterqueues/{name}",) + (
-            (f"/api/v1/namespaces/{namespace}",) if api is worker.api else ()
-        ):
-            try:
-                api.delete(path)
-            except ApiError as err:
-                if err.status != 404:
-                    raise
+    try:  # the worker's go with its control plane
+        kube_api.delete(f"{kueue.BASE}/clusterqueues/{name}")
+    except ApiError as err:
+        if err.status != 404:
+            raise
 
 
 @pytest.fixture
 def worker_operator(
-    worker: Worker, namespace: str, dispatching_queue: str, tmp_path: Path, driver_progress: ProgressServer
+    worker: PrivateCluster,
+    namespace: str,
+    dispatching_queue: str,
+    tmp_path: Path,
+    driver_progress: ProgressServer,
 ) -> Iterator[OperatorProcess]:
     op = OperatorProcess(
         worker.kubeconfig, namespace, tmp_path / "worker-operator.log", progress=driver_progress
@@ -145,7 +121,7 @@ def worker_operator(
 
 def test_a_job_applied_to_the_manager_runs_on_the_worker_and_its_status_comes_back(
     kube_api: Api,
-    worker: Worker,
+    worker: PrivateCluster,
     namespace: str,
     *,
     operator: OperatorProcess,  # noqa: F811 - the manager's
