@@ -45,8 +45,8 @@ The rules, in the order they are applied:
 8. MultiKueue (docs/guides/scheduling.md#multikueue). On the manager cluster a job whose
    spec.managedBy is kueue.x-k8s.io/multikueue runs elsewhere (`plan_dispatched`): the operator
    keeps its Workload, so that Kueue queues it and MultiKueue dispatches it, and gives an evicted
-   Workload's quota back at once (no pod of it runs here), but creates no RayCluster and never
-   writes the job's status: MultiKueue copies the worker's over it. On a worker cluster the copy
+   Workload's quota back once the copied status shows the job stopped on its worker, but creates
+   no RayCluster and never writes the job's status: MultiKueue copies the worker's over it. On a worker cluster the copy
    MultiKueue created carries the label kueue.x-k8s.io/prebuilt-workload-name: the job adopts that
    Workload (MultiKueue created it before the job) instead of creating one, never writes its spec
    nor deletes it, and is Failed (PrebuiltWorkloadOutOfSync) when its pod sets are not the ones
@@ -61,7 +61,7 @@ from datetime import datetime, timedelta
 
 from asyncgrpo_api import exitcodes, outputs
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
-from asyncgrpo_api.v1alpha1.job import PREBUILT_WORKLOAD_LABEL, Outputs
+from asyncgrpo_api.v1alpha1.job import PREBUILT_WORKLOAD_LABEL, TERMINAL_PHASES, Outputs
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import manifests, naming, workload
 from asyncgrpo_operator.decision import (
@@ -185,9 +185,9 @@ def plan_dispatched(
     cluster and copies the worker's job status over this one (externalframeworks/adapter.go,
     syncStatus); once the worker's Workload finishes it finishes this one (workload.go). So here
     the job only needs its Workload: created and kept in step with the spec while Kueue holds no
-    quota for it, as for any job Kueue manages, and its quota given back when Kueue evicts it (no
-    pod of it runs on this cluster; MultiKueue then removes the worker's copy). The returned
-    status is the stored one, unwritten (`writes_status` False).
+    quota for it, as for any job Kueue manages, and its quota given back when Kueue evicts it and
+    the job has stopped on its worker (`_runs_on_worker`; MultiKueue then removes the worker's
+    copy). The returned status is the stored one, unwritten (`writes_status` False).
     """
     stored = status or AsyncGRPOJobStatus()
     draft = Draft(stored, observed.now, generation, None)
@@ -206,12 +206,12 @@ def plan_dispatched(
         draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
     else:
         current = _own_workload(ctx, draft)
-        if current is not None and current.evicted and current.quota_reserved:
+        if current is not None and current.evicted and current.quota_reserved and not _runs_on_worker(stored):
             _release(
                 draft,
                 current,
-                f"Kueue evicted the dispatched job ({current.reason}): its quota is given back and "
-                "MultiKueue removes the worker's copy",
+                f"the dispatched job stopped on its worker after Kueue evicted it ({current.reason}): its "
+                "quota is given back and MultiKueue removes the worker's copy",
             )
         draft.requeue(KUEUE_RECHECK_SECONDS * 5)
     return Decision(
@@ -220,6 +220,20 @@ def plan_dispatched(
         events=tuple(draft.events),
         requeue_after=min(draft.requeues),
         writes_status=False,
+    )
+
+
+def _runs_on_worker(status: AsyncGRPOJobStatus) -> bool:
+    """Whether a dispatched job's worker copy may still run pods, by the status MultiKueue last
+    copied here. Kueue's jobframework gives an evicted Workload's quota back only once its job is
+    not active (reconciler.go, "handle eviction", v0.17.0), which for a job dispatched elsewhere it
+    can only read from the copied status: meanwhile MultiKueue has the worker's Workload evicted
+    too (workload.go, SetDeactivationTarget), so the worker's operator suspends the job there and
+    its driver checkpoints before the copy is deleted."""
+    return status.ray_cluster_name is not None and status.phase not in (
+        "Queued",
+        "Suspended",
+        *TERMINAL_PHASES,
     )
 
 

@@ -152,19 +152,33 @@ def test_a_finished_dispatched_job_leaves_its_workload_to_multikueue() -> None:
     assert not decision.actions and not decision.writes_status
 
 
-def test_an_evicted_dispatched_workload_gives_its_quota_back_at_once() -> None:
-    evicted = wl(
+def evicted_dispatched() -> WorkloadView:
+    return wl(
         condition("QuotaReserved", "True"),
         condition("Admitted", "True", since=10),
         condition("Evicted", "True", "Preempted", "preempted by a higher priority job"),
         the_job=dispatched_job(),
         admitted=True,
     )
-    decision = dispatch(None, 30, workload=evicted)
-    [patch] = actions(decision, PatchWorkloadStatus)
-    types = {c["type"]: c["status"] for c in patch.status["conditions"]}
-    assert types["QuotaReserved"] == "False" and types["Requeued"] == "True"
-    assert not decision.writes_status
+
+
+def copied(phase: str) -> AsyncGRPOJobStatus:
+    """The worker's status as MultiKueue copies it to the manager."""
+    return AsyncGRPOJobStatus.model_validate({"phase": phase, "rayClusterName": "job-0"})
+
+
+def test_an_evicted_dispatched_workload_keeps_its_quota_while_the_job_runs_on_the_worker() -> None:
+    decision = dispatch(copied("Running"), 30, workload=evicted_dispatched())
+    assert not actions(decision, PatchWorkloadStatus)
+
+
+def test_an_evicted_dispatched_workload_gives_its_quota_back_once_the_worker_stopped_the_job() -> None:
+    for stopped in (None, copied("Queued"), copied("Suspended")):
+        decision = dispatch(stopped, 30, workload=evicted_dispatched())
+        [patch] = actions(decision, PatchWorkloadStatus)
+        types = {c["type"]: c["status"] for c in patch.status["conditions"]}
+        assert types["QuotaReserved"] == "False" and types["Requeued"] == "True"
+        assert not decision.writes_status
 
 
 def test_a_changed_spec_rewrites_the_manager_workload_while_it_waits() -> None:
