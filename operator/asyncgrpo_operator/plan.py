@@ -46,8 +46,9 @@ The rules, in the order they are applied:
    spec.managedBy is kueue.x-k8s.io/multikueue runs elsewhere (`plan_dispatched`): the operator
    keeps its Workload, so that Kueue queues it and MultiKueue dispatches it, and gives an evicted
    Workload's quota back once the copied status shows the job stopped on its worker, but creates
-   no RayCluster and never writes the job's status: MultiKueue copies the worker's over it. On a worker cluster the copy
-   MultiKueue created carries the label kueue.x-k8s.io/prebuilt-workload-name: the job adopts that
+   no RayCluster and never writes the job's status: MultiKueue copies the worker's over it. On a
+   worker cluster the copy MultiKueue created carries the label
+   kueue.x-k8s.io/prebuilt-workload-name: the job adopts that
    Workload (MultiKueue created it before the job) instead of creating one, never writes its spec
    nor deletes it, and is Failed (PrebuiltWorkloadOutOfSync) when its pod sets are not the ones
    the Workload was built with.
