@@ -92,6 +92,11 @@ ROOT_RULES: list[Schema] = [
         "message": "metadata.name is too long: the RayCluster of the last retry (<name>-<backoffLimit>) "
         "must fit KubeRay's 53-character limit; shorten the name",
     },
+    {
+        "rule": "has(self.spec.managedBy) == has(oldSelf.spec.managedBy) && "
+        "(!has(self.spec.managedBy) || self.spec.managedBy == oldSelf.spec.managedBy)",
+        "message": "spec.managedBy cannot change once the job exists; create a new job",
+    },
 ]
 
 

@@ -26,7 +26,7 @@ from asyncgrpo_api import invariants, quantity
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.object_store_rules import object_store_problems
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
-from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
+from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL, MULTIKUEUE, PREBUILT_WORKLOAD_LABEL
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Resources, WorkerGroup
 from asyncgrpo_api.v1alpha1.trainer import DataSpec, MegatronSpec, TinyModelSpec, TrainerSpec
 
@@ -543,6 +543,7 @@ def _gpus_not_in_resources(job: AsyncGRPOJob) -> Iterator[Finding]:
 
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 GENERATED_SUFFIX_LENGTH = 5
 """Characters the API server appends to metadata.generateName."""
 MAX_ANNOTATIONS_BYTES = 262_144
@@ -607,6 +608,30 @@ def _scheduler_queue(job: AsyncGRPOJob) -> Iterator[Finding]:
             "spec.scheduler.queueName",
             f"is required when scheduler.name is {scheduler.name}: name the queue the job is submitted to",
         )
+
+
+def _multikueue(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """MultiKueue dispatches only a job Kueue queues (its Workload carries the admission check),
+    and the copy it creates on a worker (with the prebuilt-workload label) never has managedBy."""
+    if job.dispatched_by_multikueue and job.kueue_queue_name is None:
+        yield Finding(
+            "spec.managedBy",
+            f"is {MULTIKUEUE}, but the job is not queued in Kueue: add the label {KUEUE_QUEUE_LABEL} "
+            "(a LocalQueue whose ClusterQueue has a MultiKueue admission check), or remove managedBy",
+        )
+    prebuilt = job.prebuilt_workload_name
+    if prebuilt is not None:
+        path = f"metadata.labels.{PREBUILT_WORKLOAD_LABEL}"
+        if not DNS_1123_SUBDOMAIN.fullmatch(prebuilt):
+            yield Finding(path, f"{prebuilt!r} is not a Workload name (a DNS subdomain)")
+        if job.kueue_queue_name is None:
+            yield Finding(path, f"names a prebuilt Workload, but the job has no {KUEUE_QUEUE_LABEL} label")
+        if job.dispatched_by_multikueue:
+            yield Finding(
+                path,
+                "is set by MultiKueue on a worker cluster's copy of a job, which has no spec.managedBy; "
+                "remove one of the two",
+            )
 
 
 def _pod_template_overrides(job: AsyncGRPOJob) -> Iterator[Finding]:
@@ -905,6 +930,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _gpus_not_in_resources,
     _requests_within_limits,
     _scheduler_queue,
+    _multikueue,
     _pod_template_overrides,
     _unique_env_names,
     _object_store,

@@ -104,6 +104,8 @@ _WARNING_REASONS = frozenset(
         "FlavorConflict",
         "PriorityClassNotFound",
         "KueueMissing",
+        "PrebuiltWorkloadOutOfSync",
+        "PrebuiltWorkloadTaken",
         DEADLINE_EXCEEDED,
         BACKOFF_LIMIT_EXCEEDED,
         TRAINING_ERROR,
@@ -204,6 +206,16 @@ class UpdateWorkload:
 
 
 @dataclass(frozen=True)
+class AdoptWorkload:
+    """On a worker cluster, become the controller of the prebuilt Workload MultiKueue created for
+    the job (merge patch of its ownerReferences and job-uid label; its spec stays MultiKueue's)."""
+
+    name: str
+    resource_version: str
+    patch: Manifest
+
+
+@dataclass(frozen=True)
 class DeleteWorkload:
     """Delete a Workload whose reserved quota no longer matches the job (a new one is created)."""
 
@@ -232,6 +244,7 @@ Action = (
     | SetJobSuspend
     | CreateWorkload
     | UpdateWorkload
+    | AdoptWorkload
     | DeleteWorkload
     | PatchWorkloadStatus
 )
@@ -259,6 +272,9 @@ class Decision:
     """Set when the plan would conclude from a child's absence in a possibly lagging cache: the
     reconciler reads the job's children from the API server and plans again; this decision is
     not applied."""
+    writes_status: bool = True
+    """False for a job MultiKueue dispatched, on the manager cluster: its status is the worker's,
+    which MultiKueue copies over it, so the operator never writes it there."""
 
     def status_patch(self) -> dict[str, Any]:
         """The full status as a JSON merge patch body: cleared fields are null, so they go."""

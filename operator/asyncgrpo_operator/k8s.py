@@ -279,6 +279,10 @@ class Api:
         path = f"{KUEUE_BASE}/namespaces/{namespace}/workloads"
         return await self.list_items(path, f"kueue.x-k8s.io/job-uid={job_uid}")
 
+    async def get_workload(self, namespace: str, name: str) -> Obj | None:
+        """A Workload by name: the prebuilt one MultiKueue created for a job on a worker cluster."""
+        return await self.get_or_none(f"{KUEUE_BASE}/namespaces/{namespace}/workloads/{name}")
+
     async def create_workload(self, manifest: Obj) -> Obj | None:
         namespace = manifest["metadata"]["namespace"]
         return await self._create(f"{KUEUE_BASE}/namespaces/{namespace}/workloads", manifest)

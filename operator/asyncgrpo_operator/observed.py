@@ -364,6 +364,12 @@ class WorkloadView:
     accumulated_seconds: int = 0
     """status.accumulatedPastExecutionTimeSeconds: time admitted before the current admission."""
     requeue_count: int = 0
+    controller_uid: str = ""
+    """The UID of the object that controls it ("" while none does: a prebuilt Workload that
+    MultiKueue created on a worker cluster before the job it stands for)."""
+    priority: Priority | None = None
+    """spec.priorityClassRef and spec.priority, as written (by this operator or, for a prebuilt
+    Workload, by the manager cluster's)."""
 
     @classmethod
     def from_dict(cls, workload: Mapping[str, Any]) -> WorkloadView:
@@ -424,7 +430,28 @@ class WorkloadView:
             conditions=raw,
             accumulated_seconds=_count(status.get("accumulatedPastExecutionTimeSeconds")) or 0,
             requeue_count=_count((status.get("requeueState") or {}).get("count")) or 0,
+            controller_uid=next(
+                (
+                    str(ref.get("uid", ""))
+                    for ref in meta.get("ownerReferences") or []
+                    if isinstance(ref, Mapping) and ref.get("controller")
+                ),
+                "",
+            ),
+            priority=_priority(workload.get("spec") or {}),
         )
+
+
+def _priority(spec: Mapping[str, Any]) -> Priority | None:
+    ref = spec.get("priorityClassRef")
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return None
+    return Priority(
+        str(ref.get("group", "")),
+        str(ref.get("kind", "")),
+        str(ref["name"]),
+        _int_or_none(spec.get("priority")) or 0,
+    )
 
 
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"

@@ -42,6 +42,16 @@ The rules, in the order they are applied:
    stopped run left behind (its deleting pods, its driver's exit) is not taken for the resumed
    run's. activeDeadlineSeconds counts admitted time only. PodsReady and Finished are reported on
    the Workload.
+8. MultiKueue (docs/guides/scheduling.md#multikueue). On the manager cluster a job whose
+   spec.managedBy is kueue.x-k8s.io/multikueue runs elsewhere (`plan_dispatched`): the operator
+   keeps its Workload, so that Kueue queues it and MultiKueue dispatches it, and gives an evicted
+   Workload's quota back once the copied status shows the job stopped on its worker, but creates
+   no RayCluster and never writes the job's status: MultiKueue copies the worker's over it. On a
+   worker cluster the copy MultiKueue created carries the label
+   kueue.x-k8s.io/prebuilt-workload-name: the job adopts that
+   Workload (MultiKueue created it before the job) instead of creating one, never writes its spec
+   nor deletes it, and is Failed (PrebuiltWorkloadOutOfSync) when its pod sets are not the ones
+   the Workload was built with.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ from datetime import datetime, timedelta
 
 from asyncgrpo_api import exitcodes, outputs
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
-from asyncgrpo_api.v1alpha1.job import Outputs
+from asyncgrpo_api.v1alpha1.job import PREBUILT_WORKLOAD_LABEL, TERMINAL_PHASES, Outputs
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import manifests, naming, workload
 from asyncgrpo_operator.decision import (
@@ -91,6 +101,7 @@ from asyncgrpo_operator.decision import (
     TRAINING_ERROR,
     UNSCHEDULABLE,
     WAITING_FOR_PREVIOUS_CLUSTER,
+    AdoptWorkload,
     ApplyConfigMap,
     CreateRayCluster,
     CreateWorkload,
@@ -118,7 +129,7 @@ from asyncgrpo_operator.observed import (
     parse_time,
 )
 
-__all__ = ["create_retry_seconds", "plan", "plan_invalid"]
+__all__ = ["create_retry_seconds", "plan", "plan_dispatched", "plan_invalid"]
 
 CREATE_RETRY_SECONDS = 5.0
 CREATE_RETRY_MAX_SECONDS = 300.0
@@ -160,6 +171,72 @@ def plan(
     if draft.finished and job.kueue_queue_name is not None:
         _workload_finished(ctx, draft)
     return draft.decision()
+
+
+def plan_dispatched(
+    job: AsyncGRPOJob,
+    status: AsyncGRPOJobStatus | None,
+    observed: Observation,
+    *,
+    generation: int,
+    owner: Owner | None,
+) -> Decision:
+    """Decide the Workload actions for a job MultiKueue dispatches, on the manager cluster.
+
+    Kueue's MultiKueue (v0.17.0, pkg/controller/admissionchecks/multikueue) runs the job on a worker
+    cluster and copies the worker's job status over this one (externalframeworks/adapter.go,
+    syncStatus); once the worker's Workload finishes it finishes this one (workload.go). So here
+    the job only needs its Workload: created and kept in step with the spec while Kueue holds no
+    quota for it, as for any job Kueue manages, and its quota given back when Kueue evicts it and
+    the job has stopped on its worker (`_runs_on_worker`; MultiKueue then removes the worker's
+    copy). The returned status is the stored one, unwritten (`writes_status` False).
+    """
+    stored = status or AsyncGRPOJobStatus()
+    draft = Draft(stored, observed.now, generation, None)
+    if draft.finished:  # the worker's outcome, copied by MultiKueue: nothing is left to queue
+        return Decision(status=stored, writes_status=False)
+    ctx = _Ctx(job, observed, owner)
+    problem = (
+        ("KueueMissing", f"Workloads cannot be listed; is Kueue installed? {observed.kueue_missing}")
+        if observed.kueue_missing is not None
+        else ("PriorityClassNotFound", observed.priority_error)
+        if observed.priority_error is not None
+        else None
+    )
+    if problem is not None:
+        draft.events.append(Event("Warning", *problem))
+        draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
+    else:
+        current = _own_workload(ctx, draft)
+        if current is not None and current.evicted and current.quota_reserved and not _runs_on_worker(stored):
+            _release(
+                draft,
+                current,
+                f"the dispatched job stopped on its worker after Kueue evicted it ({current.reason}): its "
+                "quota is given back and MultiKueue removes the worker's copy",
+            )
+        draft.requeue(KUEUE_RECHECK_SECONDS * 5)
+    return Decision(
+        status=stored,
+        actions=tuple(draft.actions),
+        events=tuple(draft.events),
+        requeue_after=min(draft.requeues),
+        writes_status=False,
+    )
+
+
+def _runs_on_worker(status: AsyncGRPOJobStatus) -> bool:
+    """Whether a dispatched job's worker copy may still run pods, by the status MultiKueue last
+    copied here. Kueue's jobframework gives an evicted Workload's quota back only once its job is
+    not active (reconciler.go, "handle eviction", v0.17.0), which for a job dispatched elsewhere it
+    can only read from the copied status: meanwhile MultiKueue has the worker's Workload evicted
+    too (workload.go, SetDeactivationTarget), so the worker's operator suspends the job there and
+    its driver checkpoints before the copy is deleted."""
+    return status.ray_cluster_name is not None and status.phase not in (
+        "Queued",
+        "Suspended",
+        *TERMINAL_PHASES,
+    )
 
 
 NEVER_RUN = "the job is invalid and is never run"
@@ -424,42 +501,115 @@ def _kueue(ctx: _Ctx, draft: Draft) -> None:
         draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
         return
     current = observed.workload
-    if owner is not None:
-        desired = workload.manifest(
-            job, owner, manifests.ray_cluster(job, draft.attempt, owner, observed.runtime), observed.priority
-        )
-        name = desired["metadata"]["name"]
-        if current is None:
-            draft.act(
-                CreateWorkload(desired),
-                Event("Normal", "CreatedWorkload", f"creating Workload {name} in LocalQueue {queue}"),
-            )
-            _hold(
-                ctx,
-                draft,
-                None,
-                "WaitingForKueue",
-                f"Workload {name} created in LocalQueue {queue}; waiting for Kueue",
-            )
+    if job.prebuilt_workload_name is not None:
+        if not _prebuilt_usable(ctx, draft, current):
             return
-        wanted = desired["metadata"]["annotations"][workload.DIGEST_ANNOTATION]
-        if current.digest != wanted and not current.admitted:
-            if not current.quota_reserved:
-                draft.act(
-                    UpdateWorkload(current.name, current.resource_version, workload.spec_update(desired))
-                )
-            elif not current.evicted:  # reserved for the old shape, not started: ask for the new one
-                why = "the job changed after Kueue reserved quota for it"
-                draft.act(
-                    DeleteWorkload(current.name, current.uid, why),
-                    Event("Normal", "DeletedWorkload", f"deleting Workload {current.name}: {why}"),
-                )
+    elif _own_workload(ctx, draft) is None and owner is not None:
+        name = workload.workload_name(job.metadata.name, owner.uid)
+        _hold(
+            ctx,
+            draft,
+            None,
+            "WaitingForKueue",
+            f"Workload {name} created in LocalQueue {queue}; waiting for Kueue",
+        )
+        return
     if current is not None:
         draft.set_field("workload_name", current.name)
     if current is None or not current.admitted:
         _hold(ctx, draft, current, *_kueue_reason(current, queue))
         return
     _admitted(ctx, draft, current)
+
+
+def _own_workload(ctx: _Ctx, draft: Draft) -> WorkloadView | None:
+    """The job's own Workload, created when there is none (then None) and kept in step with the
+    spec: rewritten while Kueue holds no quota for it, deleted (and so made anew) when Kueue
+    reserved quota for an older shape that has not started."""
+    job, observed, owner = ctx.job, ctx.observed, ctx.owner
+    current = observed.workload
+    if owner is None:
+        return current
+    queue = job.kueue_queue_name
+    desired = workload.manifest(
+        job, owner, manifests.ray_cluster(job, draft.attempt, owner, observed.runtime), observed.priority
+    )
+    if current is None:
+        draft.act(
+            CreateWorkload(desired),
+            Event(
+                "Normal",
+                "CreatedWorkload",
+                f"creating Workload {desired['metadata']['name']} in LocalQueue {queue}",
+            ),
+        )
+        return None
+    wanted = desired["metadata"]["annotations"][workload.DIGEST_ANNOTATION]
+    if current.digest != wanted and not current.admitted:
+        if not current.quota_reserved:
+            draft.act(UpdateWorkload(current.name, current.resource_version, workload.spec_update(desired)))
+        elif not current.evicted:  # reserved for the old shape, not started: ask for the new one
+            why = "the job changed after Kueue reserved quota for it"
+            draft.act(
+                DeleteWorkload(current.name, current.uid, why),
+                Event("Normal", "DeletedWorkload", f"deleting Workload {current.name}: {why}"),
+            )
+    return current
+
+
+PREBUILT_OUT_OF_SYNC = "PrebuiltWorkloadOutOfSync"
+
+
+def _prebuilt_usable(ctx: _Ctx, draft: Draft, current: WorkloadView | None) -> bool:
+    """On a worker cluster: whether the prebuilt Workload MultiKueue created for this copy of a
+    dispatched job can stand for it, as Kueue's jobframework decides (reconciler.go,
+    ensureOneWorkload, v0.17.0): missing, the job waits suspended and creates none; controlled by
+    another object, it is not the job's; controlled by none, the job adopts it. Its pod sets must
+    be the ones this job asks for, or the job fails (Kueue finishes such a Workload as OutOfSync)."""
+    job, owner = ctx.job, ctx.owner
+    name = job.prebuilt_workload_name
+    if current is None:
+        _hold(
+            ctx,
+            draft,
+            None,
+            "WaitingForPrebuiltWorkload",
+            f"waiting for Workload {name}, which MultiKueue creates for this copy of a dispatched job",
+        )
+        return False
+    if owner is None:
+        return True
+    if current.controller_uid not in ("", owner.uid):
+        _hold(
+            ctx,
+            draft,
+            None,
+            "PrebuiltWorkloadTaken",
+            f"Workload {name} (label {PREBUILT_WORKLOAD_LABEL}) is controlled by another object; "
+            "it is not this job's",
+        )
+        return False
+    if current.controller_uid == "":
+        draft.act(
+            AdoptWorkload(current.name, current.resource_version, workload.adoption(owner)),
+            Event("Normal", "AdoptedWorkload", f"using Workload {current.name}, prebuilt by MultiKueue"),
+        )
+    desired = workload.manifest(
+        job, owner, manifests.ray_cluster(job, draft.attempt, owner, ctx.observed.runtime), current.priority
+    )
+    wanted = desired["metadata"]["annotations"][workload.DIGEST_ANNOTATION]
+    if current.digest != wanted:
+        draft.set_field("workload_name", current.name)
+        _fail(
+            ctx,
+            draft,
+            PREBUILT_OUT_OF_SYNC,
+            f"Workload {current.name}, built by the manager cluster, asks for other pods than this job "
+            f"(pod-set digest {current.digest or 'none'}, here {wanted}): the two clusters render the job "
+            "differently (operator version, AsyncGRPORuntime); run the same on both",
+        )
+        return False
+    return True
 
 
 def _kueue_reason(current: WorkloadView | None, queue: str) -> tuple[str, str]:
@@ -496,17 +646,9 @@ def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, me
         and not live
         and not any(not c.suspended for c in owned)
     ):
-        _workload_status(
+        _release(
             draft,
             current,
-            workload.released(
-                current.conditions,
-                current.accumulated_seconds,
-                _last_admitted(current),
-                reason=current.reason,
-                message=current.message,
-                now=draft.now,
-            ),
             f"the job stopped after Kueue evicted it ({current.reason}): its quota is given back",
         )
     was_running = draft.is_true(RUNNING)
@@ -529,6 +671,23 @@ def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, me
         draft.set(STALLED, False, reason, "the job is queued")
     draft.set_field("attempt_start_time", None)
     draft.requeue(DELETION_RECHECK_SECONDS if live else KUEUE_RECHECK_SECONDS)
+
+
+def _release(draft: Draft, current: WorkloadView, why: str) -> None:
+    """Give an evicted Workload's quota back (QuotaReserved and Admitted False, Requeued)."""
+    _workload_status(
+        draft,
+        current,
+        workload.released(
+            current.conditions,
+            current.accumulated_seconds,
+            _last_admitted(current),
+            reason=current.reason,
+            message=current.message,
+            now=draft.now,
+        ),
+        why,
+    )
 
 
 def _suspend_clusters(draft: Draft, clusters: tuple[ClusterView, ...], current: str, why: str) -> None:

@@ -167,6 +167,10 @@ class Reconciler:
                 outcome = invalid(await self._confirm(key, observed, outcome.confirm))
             await self._apply(key, body, outcome, now, generation)
             return outcome.requeue_after
+        if job.dispatched_by_multikueue:  # on the manager cluster: MultiKueue runs it elsewhere
+            dispatched = plan.plan_dispatched(job, status, observed, generation=generation, owner=owner)
+            await self._apply(key, body, dispatched, now, generation)
+            return dispatched.requeue_after
         outcome = plan.plan(
             job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
         )
@@ -263,15 +267,21 @@ class Reconciler:
         admission assigned, and (while it is not admitted) the priority its Workload should carry."""
         if job.kueue_queue_name is None:
             return _KueueView()
-        try:
-            found = await self.api.list_workloads(namespace, uid)
-        except k8s.ApiError as err:
-            if err.status == 404:
-                return _KueueView(missing=err.message)
-            raise
-        owned = sorted(
-            (w for w in found if _controller_uid(w) == uid), key=lambda w: str(w["metadata"].get("name"))
-        )
+        prebuilt = job.prebuilt_workload_name
+        if prebuilt is not None:  # a worker cluster's copy of a dispatched job: MultiKueue's Workload
+            found = await self.api.get_workload(namespace, prebuilt)
+            owned = [found] if found is not None else []
+        else:
+            try:
+                found_all = await self.api.list_workloads(namespace, uid)
+            except k8s.ApiError as err:
+                if err.status == 404:
+                    return _KueueView(missing=err.message)
+                raise
+            owned = sorted(
+                (w for w in found_all if _controller_uid(w) == uid),
+                key=lambda w: str(w["metadata"].get("name")),
+            )
         view = WorkloadView.from_dict(owned[0]) if owned else None
         out = _KueueView(workload=view)
         if view is not None and view.admitted:
@@ -280,6 +290,8 @@ class Reconciler:
             out.flavors = {
                 n: workload_mod.Flavor.from_dict(f) for n, f in zip(names, found_flavors, strict=True) if f
             }
+            return out
+        if prebuilt is not None:  # its priority is the one the manager cluster wrote into it
             return out
         label = job.metadata.labels.get(workload_mod.PRIORITY_LABEL)
         if label:
@@ -358,7 +370,11 @@ class Reconciler:
         wrote = False
         deletes_job = any(isinstance(a, decision.DeleteJob) for a in outcome.actions)
         new_status = outcome.status_patch()
-        if not deletes_job and _shown(new_status) != _shown(body.get("status") or {}):
+        if (
+            outcome.writes_status
+            and not deletes_job
+            and _shown(new_status) != _shown(body.get("status") or {})
+        ):
             self._check_leading(key)
             wrote = True
             try:
@@ -449,7 +465,7 @@ class Reconciler:
                 self.cache.jobs.apply(cache.MODIFIED, job)
             elif isinstance(action, decision.CreateWorkload):
                 await self.api.create_workload(dict(action.manifest))
-            elif isinstance(action, decision.UpdateWorkload):
+            elif isinstance(action, decision.UpdateWorkload | decision.AdoptWorkload):
                 await self.api.patch_workload(namespace, action.name, action.resource_version, action.patch)
             elif isinstance(action, decision.DeleteWorkload):
                 await self.api.delete_workload(namespace, action.name, action.uid)

@@ -126,6 +126,13 @@ def spec_update(desired: Manifest) -> Manifest:
     }
 
 
+def adoption(owner: Owner) -> Manifest:
+    """The merge patch that makes a job the controller of the prebuilt Workload MultiKueue created
+    for it on a worker cluster (Kueue's EnsurePrebuiltWorkloadOwnership: the controller
+    ownerReference and the job-uid label; the spec is MultiKueue's and is never written)."""
+    return {"metadata": {"ownerReferences": [owner_reference(owner)], "labels": {JOB_UID_LABEL: owner.uid}}}
+
+
 def _priority_spec(priority: Priority | None) -> Manifest:
     if priority is None:
         return {}
@@ -273,6 +280,7 @@ __all__ = [
     "Flavor",
     "FlavorConflictError",
     "Priority",
+    "adoption",
     "inject_flavors",
     "manifest",
     "pod_sets",

@@ -62,7 +62,9 @@ def config(state: Path) -> dict[str, Any]:
     """Kueue's Configuration: our ports on 127.0.0.1, no leader election, our certificates, the
     AsyncGRPOJob as an external framework (the operator owns each job's Workload), the RayCluster
     integration on as in Kueue's default configuration (it must leave the operator's RayClusters,
-    children of a job Kueue manages, alone), and waitForPodsReady with a short timeout."""
+    children of a job Kueue manages, alone), waitForPodsReady with a short timeout, and the
+    AsyncGRPOJob for MultiKueue's generic adapter (used only where a ClusterQueue has a MultiKueue
+    admission check: the manager of tests/cluster/multikueue.py)."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -74,6 +76,7 @@ def config(state: Path) -> dict[str, Any]:
         "internalCertManagement": {"enable": False},
         "clientConnection": {"qps": 100, "burst": 200},
         "integrations": {"frameworks": list(FRAMEWORKS), "externalFrameworks": list(EXTERNAL_FRAMEWORKS)},
+        "multiKueue": {"externalFrameworks": [{"name": name} for name in EXTERNAL_FRAMEWORKS]},
         "waitForPodsReady": {
             "timeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
             "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 1, "backoffMaxSeconds": 10},

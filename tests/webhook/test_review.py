@@ -259,3 +259,65 @@ def test_a_label_only_change_is_validated_like_the_spec() -> None:
     decision = review("UPDATE", new=new, old=old)
     assert not decision.allowed
     assert "team-b" in decision.message and "scheduler.queueName" in decision.message
+
+
+# --- MultiKueue: spec.managedBy ------------------------------------------------------------------
+
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+
+
+def dispatched(name: str = "run") -> dict[str, Any]:
+    """A job for MultiKueue to dispatch: queued in Kueue, managedBy MultiKueue."""
+    manifest = job(name, managedBy=MULTIKUEUE)
+    manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    return manifest
+
+
+def test_a_queued_job_may_be_handed_to_multikueue() -> None:
+    assert review("CREATE", new=dispatched(), old=None).allowed
+
+
+def test_managed_by_accepts_only_multikueue() -> None:
+    manifest = dispatched()
+    manifest["spec"]["managedBy"] = "someone-else"
+    decision = review("CREATE", new=manifest, old=None)
+    assert not decision.allowed
+    assert "- spec.managedBy: " in decision.message and MULTIKUEUE in decision.message
+
+
+def test_managed_by_multikueue_without_a_kueue_queue_is_denied_with_the_fix() -> None:
+    manifest = job("run", managedBy=MULTIKUEUE)
+    decision = review("CREATE", new=manifest, old=None)
+    assert not decision.allowed
+    assert "spec.managedBy: is kueue.x-k8s.io/multikueue, but the job is not queued in Kueue" in (
+        decision.message
+    )
+    assert "kueue.x-k8s.io/queue-name" in decision.message
+
+
+def test_managed_by_cannot_be_added_removed_or_changed_once_the_job_exists() -> None:
+    plain = queued(job("run"), admitted=False)
+    handed = copy.deepcopy(plain)
+    handed["spec"]["managedBy"] = MULTIKUEUE
+    for old, new in ((plain, handed), (handed, plain)):
+        decision = review("UPDATE", new=new, old=old)
+        assert not decision.allowed
+        assert "spec.managedBy: cannot change once the job exists" in decision.message
+
+
+def test_the_worker_copy_of_a_dispatched_job_is_admitted() -> None:
+    copy_ = job("run")
+    copy_["metadata"]["labels"] = {
+        "kueue.x-k8s.io/queue-name": "team-a",
+        "kueue.x-k8s.io/prebuilt-workload-name": "asyncgrpojob-run-1a2b3",
+        "kueue.x-k8s.io/multikueue-origin": "manager",
+    }
+    assert review("CREATE", new=copy_, old=None).allowed
+
+
+def test_a_prebuilt_workload_label_beside_managed_by_is_denied() -> None:
+    manifest = dispatched()
+    manifest["metadata"]["labels"]["kueue.x-k8s.io/prebuilt-workload-name"] = "asyncgrpojob-run-1a2b3"
+    decision = review("CREATE", new=manifest, old=None)
+    assert not decision.allowed
+    assert "metadata.labels.kueue.x-k8s.io/prebuilt-workload-name: " in decision.message

@@ -128,10 +128,12 @@ in a Role per watched namespace.
 # A job Kueue manages owns its Kueue Workload (Kueue's externalFrameworks contract): created,
 # its pod sets updated while it holds no quota, deleted when its quota no longer fits the job;
 # its status written as a job's controller does (quota given back after an eviction, PodsReady,
-# Finished). Without Kueue installed the list answers 404 and the job says so.
+# Finished). Without Kueue installed the list answers 404 and the job says so. On a MultiKueue
+# worker cluster the copy of a dispatched job reads the Workload MultiKueue prebuilt for it by name
+# (get) and becomes its controller (patch).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]

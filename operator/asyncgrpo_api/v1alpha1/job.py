@@ -54,6 +54,14 @@ class AsyncGRPOJobSpec(ApiModel):
         "manages it is Kueue's gate: the operator holds it true until the job's Workload is admitted and "
         "sets it true again when Kueue evicts it (stop such a job with its Workload's spec.active false).",
     )
+    managed_by: Literal["kueue.x-k8s.io/multikueue"] | None = Field(
+        default=None,
+        description="The controller that runs the job. Unset: this operator. kueue.x-k8s.io/multikueue: "
+        "Kueue's MultiKueue dispatches the job to a worker cluster, where that cluster's operator runs it; "
+        "here the operator only keeps the job's Workload (so Kueue queues it), creates no RayCluster and "
+        "writes no status (MultiKueue copies the worker's). Needs the job queued in Kueue. Cannot change "
+        "once the job exists. See docs/guides/scheduling.md#multikueue.",
+    )
     backoff_limit: int = Field(
         default=2,
         ge=0,
@@ -128,6 +136,11 @@ Phase = Literal[
     "Pending", "Queued", "Provisioning", "Running", "Suspended", "Restarting", "Succeeded", "Failed"
 ]
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+"""spec.managedBy of a job MultiKueue dispatches (Kueue's MultiKueueControllerName)."""
+PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+"""On a worker cluster's copy of a dispatched job: the Workload MultiKueue created for it there,
+which the job uses instead of one of its own (Kueue's constants.PrebuiltWorkloadLabel)."""
 """Kueue's convention for the queue of a job; on an AsyncGRPOJob it is copied to its RayCluster."""
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
@@ -327,6 +340,16 @@ class AsyncGRPOJob(ApiModel):
             return label
         scheduler = self.spec.scheduler
         return scheduler.queue_name if scheduler.name == "kueue" else None
+
+    @property
+    def dispatched_by_multikueue(self) -> bool:
+        """On the manager cluster: MultiKueue runs the job elsewhere (spec.managedBy)."""
+        return self.spec.managed_by == MULTIKUEUE
+
+    @property
+    def prebuilt_workload_name(self) -> str | None:
+        """On a worker cluster: the Workload MultiKueue built for this copy of a dispatched job."""
+        return self.metadata.labels.get(PREBUILT_WORKLOAD_LABEL) or None
 
     def to_manifest(self) -> dict[str, Any]:
         """The object as a Kubernetes manifest (camelCase, defaults included, no status)."""
