@@ -305,7 +305,9 @@ async def hostile_heads_and_one_healthy(seconds: float) -> tuple[list[float], li
                 await task
             latest = poller.latest(("team", "healthy"))
             assert latest is not None and latest.reading is not None
-            assert latest.reading.step == len(served)
+            # The newest reading is the last answer served, or the one before it: a read still in
+            # flight when the poller was cancelled was served but never recorded.
+            assert len(served) - 1 <= latest.reading.step <= len(served)
     finally:
         await runner.cleanup()
     return [t - start for t in changed], [t - start for t in served], lag
