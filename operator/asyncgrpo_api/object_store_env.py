@@ -10,6 +10,8 @@ from __future__ import annotations
 ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
 CREDENTIAL_ENV = (ACCESS_KEY_ENV, SECRET_KEY_ENV)
+CA_BUNDLE_ENV = "AWS_CA_BUNDLE"
+"""The CA bundle's file, which boto3 reads on its own (set only when a bundle is mounted)."""
 CA_BUNDLE_DIR = "/etc/asyncgrpo/object-store-ca"
 """Where the ConfigMap of spec.storage.objectStore.tls.caConfigMap is mounted."""
 CA_VOLUME = "object-store-ca"

@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncgrpo_api import exitcodes
-from asyncgrpo_api.object_store_env import ACCESS_KEY_ENV, CA_BUNDLE_DIR, CA_VOLUME, SECRET_KEY_ENV
+from asyncgrpo_api.object_store_env import (
+    ACCESS_KEY_ENV,
+    CA_BUNDLE_DIR,
+    CA_BUNDLE_ENV,
+    CA_VOLUME,
+    SECRET_KEY_ENV,
+)
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, Resources, WorkerGroup
@@ -526,7 +532,7 @@ def _object_store_env(job: AsyncGRPOJob) -> list[Manifest]:
         {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}} for name, key in refs
     ]
     if store.tls.ca_config_map is not None:
-        env.append({"name": "AWS_CA_BUNDLE", "value": f"{CA_BUNDLE_DIR}/{store.tls.ca_key}"})
+        env.append({"name": CA_BUNDLE_ENV, "value": f"{CA_BUNDLE_DIR}/{store.tls.ca_key}"})
     return env
 
 

@@ -20,7 +20,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from asyncgrpo_api.object_store_env import ACCESS_KEY_ENV, SECRET_KEY_ENV
+from asyncgrpo_api.object_store_env import ACCESS_KEY_ENV, CA_BUNDLE_ENV, SECRET_KEY_ENV
 from asyncgrpo_api.object_store_keys import job_root
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 
@@ -60,8 +60,8 @@ def config_of(job: AsyncGRPOJob) -> StoreConfig | None:
     if spec is None:
         return None
     verify: bool | str = not spec.tls.insecure_skip_verify
-    if verify and os.environ.get("AWS_CA_BUNDLE"):
-        verify = os.environ["AWS_CA_BUNDLE"]
+    if verify and os.environ.get(CA_BUNDLE_ENV):
+        verify = os.environ[CA_BUNDLE_ENV]
     return StoreConfig(
         endpoint=spec.endpoint.rstrip("/"),
         bucket=spec.bucket,

@@ -32,15 +32,21 @@ from typing import Any, Final
 
 from pydantic_core import PydanticCustomError
 
+from asyncgrpo_api import object_store_env
+
 RAY_HEAD_CONTAINER: Final = "ray-head"
 DRIVER_CONTAINER: Final = "driver"
 RAY_WORKER_CONTAINER: Final = "ray-worker"
 HEAD_CONTAINERS: Final = (RAY_HEAD_CONTAINER, DRIVER_CONTAINER)
 WORKER_CONTAINERS: Final = (RAY_WORKER_CONTAINER,)
 
-OPERATOR_VOLUMES: Final = frozenset({"ray-tmp", "dshm", "job-spec", "checkpoints", "models", "data"})
+OPERATOR_VOLUMES: Final = frozenset(
+    {"ray-tmp", "dshm", "job-spec", "checkpoints", "models", "data", object_store_env.CA_VOLUME}
+)
 """Volume names the operator renders (its own and spec.storage's)."""
-OPERATOR_MOUNT_PATHS: Final = frozenset({"/tmp/ray", "/dev/shm", "/etc/asyncgrpo"})
+OPERATOR_MOUNT_PATHS: Final = frozenset(
+    {"/tmp/ray", "/dev/shm", "/etc/asyncgrpo", object_store_env.CA_BUNDLE_DIR}
+)
 """Mount paths of the operator's own volumes (spec.storage's mount paths are checked per job)."""
 OPERATOR_ENV: Final = frozenset(
     {
@@ -55,6 +61,8 @@ OPERATOR_ENV: Final = frozenset(
         "NCCL_IB_HCA",
         "NCCL_DEBUG",
         "RAY_USAGE_STATS_ENABLED",  # the job's own value goes in spec.env
+        *object_store_env.CREDENTIAL_ENV,  # spec.storage.objectStore's Secret, by secretKeyRef
+        object_store_env.CA_BUNDLE_ENV,
     }
 )
 """Environment variables the operator sets from the job (spec.env and secrets are checked per job)."""
