@@ -26,14 +26,13 @@ groups with zero advantage and the log-prob gate.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.trainer.learning_runs import held_out, run_job, why
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 JOB = Path(__file__).with_name("learning_job.yaml")
@@ -53,55 +52,6 @@ def _job(backend: str, *, lora: bool = False) -> dict[str, Any]:
     return job
 
 
-def _run(tmp_path: Path, job: dict[str, Any], models: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    steps = tmp_path / "steps.jsonl"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asyncgrpo_cli.main",
-            "run",
-            str(path),
-            "--mount",
-            f"/models={models}",
-            "--checkpoint-dir",
-            str(tmp_path / "checkpoints"),
-            "--jsonl",
-            str(steps),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return [json.loads(line) for line in steps.read_text().splitlines()]
-
-
-def _held_out(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    return [(r["step"], r["validation_accuracy"]) for r in records if r.get("event") == "validation"]
-
-
-def _why(records: list[dict[str, Any]]) -> str:
-    """The run's story for a failure message: per step, what it was rewarded, whether its groups
-    could train at all (reward spread, groups with zero advantage) and whether the engine sampled
-    the policy's distribution (the log-prob gate on fresh samples, the KL on all of them)."""
-
-    def num(value: Any) -> str:
-        return "-" if value is None else f"{value:.3f}"
-
-    lines = ["step reward spread zero-adv gate gen-kl"]
-    lines += [
-        f"{r['step']:>4} {num(r['reward_mean'])} {num(r['reward_spread'])} {num(r['zero_advantage_groups'])} "
-        f"{num(r.get('gen_logprob_error'))} {num(r.get('gen_kl_error'))}"
-        for r in records
-        if r.get("event") == "step"
-    ]
-    return "\n".join([*lines, f"held-out: {_held_out(records)}"])
-
-
 @pytest.mark.parametrize(
     ("backend", "lora"),
     [
@@ -115,10 +65,10 @@ def _why(records: list[dict[str, Any]]) -> str:
 def test_a_warm_started_checkpoint_learns_reversal_in_an_async_job(
     warm_qwen2: Path, tmp_path: Path, backend: str, lora: bool
 ) -> None:
-    records = _run(tmp_path, _job(backend, lora=lora), warm_qwen2.parent)
-    held_out = _held_out(records)
-    assert held_out[0][0] == 0 and held_out[0][1] < 0.1, _why(records)  # before the first step
-    assert held_out[-1][0] == 80 and held_out[-1][1] >= 0.8, _why(records)
+    records = run_job(tmp_path, _job(backend, lora=lora), warm_qwen2.parent, timeout=1800)
+    accuracy = held_out(records)
+    assert accuracy[0][0] == 0 and accuracy[0][1] < 0.1, why(records)  # before the first step
+    assert accuracy[-1][0] == 80 and accuracy[-1][1] >= 0.8, why(records)
     steps = [r for r in records if r.get("event") == "step"]
     first = steps[0]
-    assert first["mean_staleness"] == 0 and first["gen_logprob_error"] <= 1.05, _why(records)
+    assert first["mean_staleness"] == 0 and first["gen_logprob_error"] <= 1.05, why(records)

@@ -10,9 +10,6 @@ UNVERIFIED: this recipe has not been run to the end on this branch (see tool_war
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import pytest
 import yaml
 
 from tests.trainer import tool_warm_start
+from tests.trainer.learning_runs import held_out, run_job, why
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 JOB = Path(__file__).with_name("tool_learning_job.yaml")
@@ -41,55 +39,13 @@ def _job(backend: str) -> dict[str, Any]:
     return job
 
 
-def _run(tmp_path: Path, job: dict[str, Any], models: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    steps = tmp_path / "steps.jsonl"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asyncgrpo_cli.main",
-            "run",
-            str(path),
-            "--mount",
-            f"/models={models}",
-            "--checkpoint-dir",
-            str(tmp_path / "checkpoints"),
-            "--jsonl",
-            str(steps),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return [json.loads(line) for line in steps.read_text().splitlines()]
-
-
-def _held_out(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    return [(r["step"], r["validation_accuracy"]) for r in records if r.get("event") == "validation"]
-
-
-def _why(records: list[dict[str, Any]]) -> str:
-    lines = ["step reward spread zero-adv gate"]
-    lines += [
-        f"{r['step']:>4} {r['reward_mean']:.3f} {r['reward_spread']:.3f} {r['zero_advantage_groups']:.3f} "
-        f"{r.get('gen_logprob_error')}"
-        for r in records
-        if r.get("event") == "step"
-    ]
-    return "\n".join([*lines, f"held-out: {_held_out(records)}"])
-
-
 @pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_a_warm_started_checkpoint_learns_to_call_the_calculator(
     tool_qwen2: Path, tmp_path: Path, backend: str
 ) -> None:
-    records = _run(tmp_path, _job(backend), tool_qwen2.parent)
-    held_out = _held_out(records)
-    assert held_out[0][0] == 0 and held_out[0][1] < 0.1, _why(records)  # before the first step
-    assert held_out[-1][0] == 80 and held_out[-1][1] >= 0.8, _why(records)
+    records = run_job(tmp_path, _job(backend), tool_qwen2.parent, timeout=3600)
+    accuracy = held_out(records)
+    assert accuracy[0][0] == 0 and accuracy[0][1] < 0.1, why(records)  # before the first step
+    assert accuracy[-1][0] == 80 and accuracy[-1][1] >= 0.8, why(records)
     first = next(r for r in records if r.get("event") == "step")
-    assert first["gen_logprob_error"] is None or first["gen_logprob_error"] <= 1.05, _why(records)
+    assert first["gen_logprob_error"] is None or first["gen_logprob_error"] <= 1.05, why(records)
