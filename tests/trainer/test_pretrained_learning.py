@@ -39,8 +39,10 @@ JOB = Path(__file__).with_name("learning_job.yaml")
 
 
 LORA_RECIPE = {"lora": {"rank": 16, "alpha": 16}, "learningRate": 3.0e-3}
-"""The LoRA variant's policy settings: the plain job's otherwise (docs/guides/trainer.md, LoRA, has
-the seed sweep behind them)."""
+"""The LoRA variant's policy settings: the plain job's otherwise (docs/guides/trainer.md, LoRA, says
+what they were measured to do). Run with the torch engine only: its sampling is seeded, so the case
+is the same run every time; vLLM's CPU build samples unseeded, and a LoRA recipe has no seed sweep
+yet to show that every draw learns (test_vllm_lora.py covers vLLM serving the adapters)."""
 
 
 def _job(backend: str, *, lora: bool = False) -> dict[str, Any]:
@@ -58,9 +60,8 @@ def _job(backend: str, *, lora: bool = False) -> dict[str, Any]:
         ("torch", False),
         ("torch", True),
         pytest.param("vllm", False, marks=pytest.mark.vllm),
-        pytest.param("vllm", True, marks=pytest.mark.vllm),
     ],
-    ids=["torch", "torch-lora", "vllm", "vllm-lora"],
+    ids=["torch", "torch-lora", "vllm"],
 )
 def test_a_warm_started_checkpoint_learns_reversal_in_an_async_job(
     warm_qwen2: Path, tmp_path: Path, backend: str, lora: bool
