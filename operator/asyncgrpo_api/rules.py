@@ -355,6 +355,30 @@ def refit_transport(job: AsyncGRPOJob) -> RefitTransport:
     return "broadcast" if gpus and not colocated else "object-store"
 
 
+def _sleep_while_training(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """An engine that sleeps while the policy trains must have nothing to generate then: sync mode
+    only; and vLLM's sleep mode exists only on GPUs."""
+    trainer = job.spec.trainer
+    if not trainer.generation.sleep_while_training:
+        return
+    path = f"{TRAINER}.generation.sleepWhileTraining"
+    if not trainer.is_sync:
+        yield Finding(
+            path,
+            "needs asyncRL sync mode (maxStalenessVersions 0): in the async modes the engine generates "
+            "the next steps' samples while the policy trains; set maxStalenessVersions 0 or remove this",
+        )
+    cluster = job.spec.cluster
+    serving = cluster.policy_workers if trainer.generation.colocated else cluster.generation_workers
+    if trainer.generation.backend == "vllm" and not serving.gpus_per_replica:
+        yield Finding(
+            path,
+            "needs GPUs with generation.backend vllm: vLLM's CPU build has no sleep mode; give the "
+            "generation pool (or, colocated, the policy pool) GPUs, use generation.backend torch, or "
+            "remove this",
+        )
+
+
 def _gpu_layout(job: AsyncGRPOJob) -> Iterator[Finding]:
     cluster = job.spec.cluster
     trainer = job.spec.trainer
@@ -775,6 +799,13 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 f"is ignored with {where} (it is the share of GPU memory vLLM takes; on CPU its KV cache "
                 f"is sized from the job's shape); remove it",
             )
+    if not trainer.generation.colocated:
+        for field in _non_default(trainer.generation, "sleep_while_training"):
+            yield Finding(
+                f"{TRAINER}.generation.{field}",
+                "frees memory that nothing else uses while generation has its own workers (colocated "
+                "false): each step pays the sleep and wake for nothing; set colocated true or remove it",
+            )
     transport = refit_transport(job)
     if transport != "broadcast":
         for field in _non_default(trainer.weight_sync, "bucket_size_mb"):
@@ -833,6 +864,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _batch_divides,
     _truncation_bounds,
     _gpu_layout,
+    _sleep_while_training,
     _gpus_not_in_resources,
     _requests_within_limits,
     _scheduler_queue,

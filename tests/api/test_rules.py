@@ -689,6 +689,28 @@ def test_a_replacement_cap_without_dynamic_sampling_is_accepted_with_a_warning()
     ]
 
 
+SLEEP = "spec.trainer.generation.sleepWhileTraining"
+
+
+def test_an_engine_cannot_sleep_while_training_in_an_async_mode_or_as_vllm_on_cpu() -> None:
+    asynchronous = validate_manifest(job_with(generation={"sleepWhileTraining": True, "colocated": True}))
+    assert [str(e) for e in asynchronous.errors if e.path == SLEEP] == [
+        f"{SLEEP}: needs asyncRL sync mode (maxStalenessVersions 0): in the async modes the engine "
+        "generates the next steps' samples while the policy trains; set maxStalenessVersions 0 or remove "
+        "this"
+    ]
+    job = job_with(
+        asyncRL={"maxStalenessVersions": 0},
+        generation={"backend": "vllm", "sleepWhileTraining": True},
+        model={"source": "pretrained", "path": "/models/qwen"},
+    )
+    assert [str(e) for e in validate_manifest(job).errors if e.path == SLEEP] == [
+        f"{SLEEP}: needs GPUs with generation.backend vllm: vLLM's CPU build has no sleep mode; give the "
+        "generation pool (or, colocated, the policy pool) GPUs, use generation.backend torch, or remove "
+        "this"
+    ]
+
+
 def test_a_gsm8k_job_with_a_data_file_keys_and_a_reward_function_is_accepted() -> None:
     report = validate_manifest(
         job_with(
@@ -755,6 +777,8 @@ def test_nccl_is_the_broadcast_on_gpus_or_on_cpu_and_refused_where_it_cannot_con
 GPU_POOLS = {"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"gpusPerReplica": 1}}
 COLOCATED_ON_GPU = {"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"replicas": 0}}
 VLLM = {"generation": {"backend": "vllm"}, "model": {"source": "pretrained", "path": "/models/qwen"}}
+SYNC = {"asyncRL": {"maxStalenessVersions": 0}}
+COLOCATED_ON_CPU = {"generationWorkers": {"replicas": 0}}
 
 # (field under spec.trainer, a value other than its default, configurations where the field does
 # nothing, configurations where it acts), a configuration being {"trainer": blocks, "cluster": pools}
@@ -829,6 +853,18 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
             {"trainer": {"generation": {"colocated": True}}, "cluster": COLOCATED_ON_GPU},  # CUDA IPC
         ],
         [{"cluster": GPU_POOLS}, {"trainer": {"weightSync": {"transport": "nccl"}}}],  # NCCL; gloo on CPU
+    ),
+    (
+        "generation.sleepWhileTraining",
+        True,
+        [{"trainer": SYNC}, {"trainer": SYNC, "cluster": GPU_POOLS}],
+        [
+            {"trainer": {**SYNC, "generation": {"colocated": True}}, "cluster": COLOCATED_ON_CPU},
+            {
+                "trainer": {**SYNC, **VLLM, "generation": {"backend": "vllm", "colocated": True}},
+                "cluster": COLOCATED_ON_GPU,
+            },
+        ],
     ),
     ("env.scoreTruncated", True, [{}], [{"trainer": {"env": {"function": "my_team.rewards:score"}}}]),
     ("logprobGate.steps", 3, [{"trainer": {"logprobGate": {"threshold": None}}}], [{}]),

@@ -3,35 +3,30 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import ray
+import torch
 
+from asyncgrpo_trainer import local_run
 from tests.trainer import pretrained_doc
-
-RAY_START_ATTEMPTS = 2
 
 
 @pytest.fixture(scope="session")
 def ray_address() -> Iterator[str]:
     """Address of a local Ray cluster; drivers started as subprocesses join it via RAY_ADDRESS.
 
-    A start that fails is tried once more. On the 2-core CI machine this half starts Ray while the
-    control plane's half starts its cluster and builds images, and once Ray's raylet gave up on its
-    metrics agent ("Timed out waiting for file ... metrics_agent_port" after its 30 s): the session
-    fixture failed, and with it every Ray test of the half (a clean-clone run on 2026-12-03)."""
-    for attempt in range(1, RAY_START_ATTEMPTS + 1):
-        try:
-            ray.init(num_cpus=8, include_dashboard=False, logging_level=logging.WARNING)
-            break
-        except Exception:  # Ray raises a bare Exception when its node does not come up
-            ray.shutdown()
-            if attempt == RAY_START_ATTEMPTS:
-                raise
+    Started as `asyncgrpo run` starts its own (`local_run.start_own_ray`: a new node whatever
+    RAY_ADDRESS says, and a start that times out tried again, as the product does). On the 2-core
+    CI machine this half starts Ray while the control plane's half starts its cluster and builds
+    images, and once Ray's raylet gave up on its metrics agent ("Timed out waiting for file ...
+    metrics_agent_port" after its 30 s), which Ray reports as a node that "timed out during
+    startup": the session fixture failed, and with it every Ray test of the half (a clean-clone run
+    on 2026-12-03)."""
+    local_run.start_own_ray(num_cpus=8, num_gpus=torch.cuda.device_count())
     address = ray.get_runtime_context().gcs_address
     os.environ.setdefault("ASYNCGRPO_EXIT_GRACE_SECONDS", "0")
     yield address

@@ -262,3 +262,31 @@ def test_ignore_eos_keeps_sampling_to_max_new_tokens_and_no_row_finishes(engine:
         for short, long, logprobs in zip(stop.response_ids, full.response_ids, full.logprobs, strict=True):
             assert len(long) == len(logprobs) == 12
             assert long[: len(short)] == short  # same greedy tokens up to the stop, then more
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("engine", ["batched", "per-group"])
+def test_an_engine_that_slept_frees_its_caches_and_samples_exactly_as_before(
+    engine: generation.Engine, device: str
+) -> None:
+    """generation.sleepWhileTraining on the torch engine: the prefix cache's KV and the batched
+    decoders (their KV caches, and on CUDA their graphs) are gone while it sleeps; after waking it
+    samples the same tokens and log-probs for the same seeds, as if it had never slept."""
+    w = _worker(engine, device)
+    _scaled(w.model, 5)
+    params = sampling.SamplingParams(max_new_tokens=12, temperature=1.0)
+
+    async def scenario() -> tuple[list[generation.Generated], list[generation.Generated]]:
+        await w.adopt_weights(1)
+        before = [await w.generate(p, 3, params, seed=i) for i, p in enumerate(PROMPTS)]
+        await w.sleep()
+        assert not w._prefix and not w._decoders  # nothing of the caches is left
+        await w.wake()
+        return before, [await w.generate(p, 3, params, seed=i) for i, p in enumerate(PROMPTS)]
+
+    before, after = _run(scenario)
+    for b, a in zip(before, after, strict=True):
+        assert a.response_ids == b.response_ids
+        for row_after, row_before in zip(a.logprobs, b.logprobs, strict=True):
+            assert row_after == pytest.approx(row_before, abs=1e-5)
+    assert _run(w.stats)["sleeps"] == 1

@@ -39,8 +39,11 @@ class FakeGeneration:
         self.resets = 0
         self.loads: list[int] = []
         self.calls = 0
+        self.asleep = False
+        self.sleeps = 0
 
     async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
+        assert not self.asleep, "asked to generate while asleep"
         self.calls += 1
         if self.calls <= self.fail_first:
             raise RuntimeError("engine error")
@@ -59,6 +62,7 @@ class FakeGeneration:
         )
 
     async def load_weights(self, ref: Any, version: int) -> list[float]:
+        assert not self.asleep, "refit while asleep"
         self.loads.append(version)
         self.version = version
         return [0.0]  # generation paused for it, per engine
@@ -66,20 +70,33 @@ class FakeGeneration:
     async def reset_cache(self) -> None:
         self.resets += 1
 
+    async def sleep(self) -> None:
+        await asyncio.sleep(0)
+        self.asleep = True
+        self.sleeps += 1
+
+    async def wake(self) -> None:
+        await asyncio.sleep(0)
+        self.asleep = False
+
     async def stats(self) -> list[dict[str, float]]:
         return [{"busy_seconds": 0.0}]
 
 
 class FakePolicy:
-    def __init__(self) -> None:
+    def __init__(self, generation: FakeGeneration | None = None) -> None:
         self.chunks: list[list[Any]] = []
         self.steps = 0
+        self.generation = generation
+        self.trained_while_engine_asleep: list[bool] = []
 
     async def reference_logprobs(self, rows: list[Any]) -> list[list[float]]:
         return [[0.0] * len(r) for _, r in rows]
 
     async def train_chunk(self, rows: list[Any]) -> None:
         self.chunks.append(rows)
+        if self.generation is not None:
+            self.trained_while_engine_asleep.append(self.generation.asleep)
 
     async def finish_step(self) -> dict[str, float]:
         self.steps += 1
@@ -121,6 +138,7 @@ def _controller(
     val_period: int = 0,
     validation_tokens: int = 2,
     dynamic_sampling: int | None = None,
+    sleep: bool = False,
 ) -> tuple[controller.SingleController, FakePolicy]:
     knobs = {
         "sync": (0, False, True, prompts, prompts),
@@ -165,6 +183,7 @@ def _controller(
         seed=0,
         logprob_gate=gate or logprob_gate.GateSettings(threshold=None),
         dynamic_sampling_max_extra_groups=dynamic_sampling,
+        sleep_generation_while_training=sleep,
         watchdog_interval_seconds=0.02,
     )
     args = controller.ControllerArgs(
@@ -208,6 +227,27 @@ def test_sync_mode_trains_only_fresh_data_and_resets_the_cache_after_every_refit
     assert gen.loads == [0, 1, 2, 3, 4, 5, 6]  # initial sync, then one version bump per step
     assert gen.resets == 7
     assert pol.steps == 6 and sum(len(c) for c in pol.chunks) == 6 * P * N
+
+
+def test_an_engine_that_sleeps_while_training_is_asleep_for_every_chunk_and_awake_for_every_refit(
+    tmp_path: Path,
+) -> None:
+    gen = FakeGeneration()
+    examples = envs.build("reverse").builtin_examples(split="validation", count=3, seed=1)
+    ctl, pol = _controller(
+        tmp_path, "sync", gen, policy=FakePolicy(gen), sleep=True, validation=examples, val_period=2
+    )
+    summary = asyncio.run(ctl.run())
+    # FakeGeneration refuses to generate or load weights asleep: every group, validation and refit
+    # ran on an awake engine, and the loss is the same data as without sleeping
+    assert gen.loads == [0, 1, 2, 3, 4, 5, 6] and pol.steps == 6
+    assert sum(len(c) for c in pol.chunks) == 6 * P * N
+    # a step trains asleep unless a validation still generates (steps 3 and 5 may start beside one)
+    assert pol.trained_while_engine_asleep.count(True) >= 4
+    steps = _steps(summary)
+    slept = [r for r in steps if "generation_sleep" in r]
+    assert gen.sleeps == len(slept) == summary["counters"]["generation_sleeps"] >= 4
+    assert all("generation_wake" in r for r in slept)
 
 
 def test_each_step_reports_the_fraction_of_exactly_correct_samples_next_to_the_reward(

@@ -1,8 +1,8 @@
 """The torch policy backend over two data-parallel Ray actors (gloo) gives the gradient of the
 whole batch: its grad_norm equals a direct single-process computation, and both ranks hold the
 same weights after the step, with rows split by count or packed and balanced by tokens
-(policy.maxTokensPerMicroBatch). Also: the colocated placement trains, and the drain gate leaves no
-rollout straddling a weight update."""
+(policy.maxTokensPerMicroBatch). Also: the colocated placement trains, the drain gate leaves no
+rollout straddling a weight update, and a colocated engine sleeps while the policy trains."""
 
 from __future__ import annotations
 
@@ -70,3 +70,24 @@ def test_colocated_pools_with_a_drain_gate_train_and_no_rollout_straddles_a_refi
     assert len(steps) == 8
     assert summary["counters"].get("groups_straddling_refit", 0) == 0
     assert summary["phases"].get("drain_wait", 0.0) > 0
+
+
+@pytest.mark.trainer
+def test_a_colocated_sync_job_whose_engine_sleeps_while_training_trains_every_step_on_its_samples(
+    ray_address: str, tmp_path: Path
+) -> None:
+    """generation.sleepWhileTraining with the torch engine and real Ray actors: every step's engine
+    sleeps before the policy trains and wakes for the refit, and the job trains on the samples it
+    generated (the first step's engine and policy log-probs agree, so the woken engine holds the
+    policy's weights: the gate's mean ratio is 1)."""
+    job = jobs.manifest("sync", steps=4, checkpoint_dir=str(tmp_path), name="sleep")
+    generation = job["spec"]["trainer"]["generation"]
+    generation.update(colocated=True, sleepWhileTraining=True)
+    job["spec"]["cluster"]["generationWorkers"]["replicas"] = 0
+    summary = driver.execute(job)
+    steps = [r for r in summary["records"] if "reward_mean" in r]
+    assert len(steps) == 4
+    assert summary["counters"]["generation_sleeps"] == 4
+    assert all(r["generation_sleep"] > 0 and r["generation_wake"] > 0 for r in steps)
+    assert all(r["max_staleness"] == 0 for r in steps)
+    assert steps[0]["gen_logprob_error"] == pytest.approx(1.0, abs=1e-4)  # exp(engine - policy)

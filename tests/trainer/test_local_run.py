@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ray._private import state as ray_state
 
 from asyncgrpo_api import rules
 from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT
@@ -190,6 +191,50 @@ def test_asyncgrpo_run_says_where_to_look_then_shows_a_bar_and_a_summary_and_no_
     assert "Token authentication" not in err, err  # the run set its own Ray's auth mode
 
 
+@pytest.mark.trainer
+def test_asyncgrpo_run_trains_on_its_own_ray_not_the_one_ray_address_names_and_without_rays_auth_warning(
+    ray_address: str, tmp_path: Path
+) -> None:
+    """Issue 34 item 5, with a real Ray at RAY_ADDRESS (the suite's, running): `asyncgrpo run`
+    starts its own node instead of joining it (a bare ray.init() would join it, then refuse the
+    run's num_cpus), says so in its banner, and picks its own node's auth mode, so Ray's "Token
+    authentication is enabled" warning is not printed. No driver of the run reaches the other Ray."""
+    drivers_before = _drivers_of_the_suites_ray()
+    unset = (driver.USAGE_STATS_ENV, local_run.RAY_AUTH_MODE_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in unset} | {"RAY_ADDRESS": ray_address}
+    code, out, err = _asyncgrpo_run([str(EXAMPLE), "--max-steps", "1"], tmp_path, env, timeout=600)
+    assert code == 0, (out, err)
+    assert f"  ray          its own on this machine; RAY_ADDRESS={ray_address} is not joined\n" in out, out
+    assert "trained 1/1 steps (async-in-order) in " in out, out
+    assert "Token authentication" not in out + err, err
+    assert _drivers_of_the_suites_ray() == drivers_before
+
+
+def _drivers_of_the_suites_ray() -> set[str]:
+    """The jobs (one per connected driver, ended ones included) of the Ray this process joined."""
+    return {job["JobID"] for job in ray_state.jobs()}  # type: ignore[no-untyped-call]
+
+
+def _asyncgrpo_run(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """`asyncgrpo run ARGS` as a user runs it: its exit code, stdout and stderr. It runs in a session
+    of its own, so its Ray processes are ended with it if the test fails midway."""
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "asyncgrpo"), "run", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err
+
+
 @pytest.mark.parametrize(
     ("requested", "needed", "available", "gpus"),
     [(None, 0, 0, 0), (None, 0, 2, 0), (None, 2, 2, 2), (None, 1, 8, 1), (2, 1, 2, 2), (0, 0, 0, 0)],
@@ -241,23 +286,10 @@ def test_asyncgrpo_run_without_the_gpus_it_needs_fails_at_once_naming_gpus_and_t
 ) -> None:
     """Issue 29 item 11: not the placement group's 180 s wait and Ray's resource dump."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"CUDA_VISIBLE_DEVICES": ""}
-    cmd = [str(Path(sys.executable).parent / "asyncgrpo"), "run", str(_gpu_job(tmp_path, gpus_per_replica))]
+    job = _gpu_job(tmp_path, gpus_per_replica)
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [*cmd, *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=90)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 1, (out, err)
+    code, out, err = _asyncgrpo_run([str(job), *args], tmp_path, env, timeout=90)
+    assert code == 1, (out, err)
     assert time.monotonic() - started < 90
     assert text in err and "--gpus" in err and "this machine has 0 GPUs" in err, err
     assert "embedded Ray" not in out, out

@@ -122,6 +122,7 @@ ALONG_WITH: dict[str, dict[str, Any]] = {
     "trainer.generation.colocated": {
         "cluster": {"policyWorkers": {"gpusPerReplica": 1}, "generationWorkers": {"replicas": 0}}
     },
+    "trainer.generation.sleepWhileTraining": {"trainer": {"asyncRL": {"maxStalenessVersions": 0}}},
 }
 
 

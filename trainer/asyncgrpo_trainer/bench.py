@@ -130,6 +130,8 @@ class Shape:
     """policy.sharding.strategy (none, fsdp)."""
     cpu_offload: bool = False
     activation_checkpointing: bool = False
+    sleep_while_training: bool = False
+    """generation.sleepWhileTraining (sync mode only)."""
 
     @property
     def samples_per_step(self) -> int:
@@ -212,6 +214,7 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                     "maxNewTokens": shape.max_new_tokens,
                     "ignoreEos": shape.ignore_eos,
                     "temperature": shape.temperature,
+                    "sleepWhileTraining": shape.sleep_while_training,
                     # vLLM's share of the GPU (colocated: leave the other half to the policy); the
                     # torch engine sizes its cache from the job's shape, and admission warns of the
                     # field there as ignored.
@@ -232,15 +235,17 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
 
 
 class GpuUtilization:
-    """Samples each GPU's utilization with `nvidia-smi -lms` while the block runs (no-op without it).
+    """Samples each GPU's utilization and memory in use with `nvidia-smi -lms` while the block runs
+    (no-op without it).
 
     nvidia-smi's utilization.gpu is the fraction of the sample period in which any kernel ran: an
-    upper bound on how busy the SMs were, but the right measure of "the GPU sat idle".
+    upper bound on how busy the SMs were, but the right measure of "the GPU sat idle". memory.used
+    counts every process on the GPU (the policy and a colocated engine together).
     """
 
     def __init__(self, period_ms: int = 200) -> None:
         self.period_ms = period_ms
-        self.samples: dict[int, list[tuple[float, float]]] = {}  # gpu -> (time.time(), busy %)
+        self.samples: dict[int, list[tuple[float, float, float]]] = {}  # gpu -> (time, busy %, MiB)
 
     @contextmanager
     def sampling(self) -> Iterator[GpuUtilization]:
@@ -251,7 +256,7 @@ class GpuUtilization:
         proc = subprocess.Popen(
             [
                 exe,
-                "--query-gpu=index,utilization.gpu",
+                "--query-gpu=index,utilization.gpu,memory.used",
                 "--format=csv,noheader,nounits",
                 f"-lms={self.period_ms}",
             ],
@@ -270,19 +275,28 @@ class GpuUtilization:
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            index, _, busy = line.partition(",")
             try:
-                self.samples.setdefault(int(index), []).append((time.time(), float(busy)))
+                index, busy, used = (float(field) for field in line.split(","))
             except ValueError:
                 continue
+            self.samples.setdefault(int(index), []).append((time.time(), busy, used))
 
     def mean(self, start: float, end: float) -> dict[str, float]:
         """Mean utilization (0-1) per GPU index over the samples taken in [start, end]."""
         out = {}
         for i, samples in sorted(self.samples.items()):
-            inside = [busy for t, busy in samples if start <= t <= end]
+            inside = [busy for t, busy, _ in samples if start <= t <= end]
             if inside:
                 out[f"gpu{i}"] = sum(inside) / len(inside) / 100
+        return out
+
+    def peak_gib(self, start: float, end: float) -> dict[str, float]:
+        """The most memory in use (GiB) per GPU index over the samples taken in [start, end]."""
+        out = {}
+        for i, samples in sorted(self.samples.items()):
+            inside = [used for t, _, used in samples if start <= t <= end]
+            if inside:
+                out[f"gpu{i}"] = max(inside) / 1024
         return out
 
 
@@ -400,9 +414,9 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
     if gpu:
         head += (
             " GPU util (policy, gen) | refit median (ms) | weight transfer median (ms) |"
-            " generation pause median (ms) | gen tokens/s | gen batches (rows each) |"
+            " generation pause median (ms) | gen tokens/s | gen batches (rows each) | GPU peak memory (GiB) |"
         )
-    lines = [head, "|" + "---|" * (23 if gpu else 17)]
+    lines = [head, "|" + "---|" * (24 if gpu else 17)]
     steady_base = results["sync"]["steady_samples_per_s"]
     for mode, m in results.items():
         line = (
@@ -421,6 +435,7 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
             line += f" {util} | {m['refit_median_s'] * 1e3:.1f} | {m['weight_transfer_median_s'] * 1e3:.1f} |"
             line += f" {m['generation_pause_median_s'] * 1e3:.1f} | {m['generated_tokens_per_s']:,.0f} |"
             line += f" {m['generation_batches']:.0f} ({m['rows_per_batch']:.0f}) |"
+            line += f" {', '.join(f'{v:.1f}' for v in m.get('gpu_peak_memory_gib', {}).values())} |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -474,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--activation-checkpointing", action="store_true", help="policy.activationCheckpointing"
     )
+    parser.add_argument(
+        "--sleep-while-training", action="store_true", help="generation.sleepWhileTraining (sync only)"
+    )
     parser.add_argument("--link-bytes-per-s", type=float, default=None, help="for the refit bound")
     parser.add_argument("--modes", nargs="*", default=list(MODES))
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode; the median-wall run is shown")
@@ -507,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         sharding=ns.sharding,
         cpu_offload=ns.cpu_offload,
         activation_checkpointing=ns.activation_checkpointing,
+        sleep_while_training=ns.sleep_while_training,
     )
     refit_bound = None
     if ns.link_bytes_per_s:
@@ -539,8 +558,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 m = measure(summary, shape)
                 # The controller's run without its final checkpoint: the window the wall covers.
-                busy = util.mean(summary["started_at"], summary["started_at"] + m["wall_s"])
-                runs.append({**m, "gpu_utilization": busy})
+                window = (summary["started_at"], summary["started_at"] + m["wall_s"])
+                runs.append(
+                    {
+                        **m,
+                        "gpu_utilization": util.mean(*window),
+                        "gpu_peak_memory_gib": util.peak_gib(*window),
+                    }
+                )
                 print(json.dumps({"mode": mode, "run": r, **runs[-1]}), file=sys.stderr, flush=True)
             runs.sort(key=lambda m: m["wall_s"])
             results[mode] = {**runs[len(runs) // 2], "wall_runs": [round(m["wall_s"], 2) for m in runs]}

@@ -146,6 +146,8 @@ class Settings:
     """spec.trainer.logprobGate (`logprob_gate`)."""
     dynamic_sampling_max_extra_groups: int | None = None
     """Replacements per step of DAPO's dynamic sampling; None when grpo.dynamicSampling is off."""
+    sleep_generation_while_training: bool = False
+    """generation.sleepWhileTraining: the engines sleep while the policy trains (`_sleep_generation`)."""
     log_level: str = "INFO"
     """spec.trainer.logLevel, for this actor's process (the driver sets its own)."""
     attempt: int | None = None
@@ -247,6 +249,9 @@ class SingleController:
         self.error: str | None = None
         self.stop_requested = False
         """Set by `stop` (the driver got SIGTERM): the step in progress is the last one."""
+        self.generation_asleep = False
+        self.sleep_lock = asyncio.Lock()
+        """Held across a sleep or a wake, so a wake asked for during a sleep waits for it to end."""
         restored_ready = 0
         if args.resume is not None:
             restored_ready = self._restore(args.resume)
@@ -423,6 +428,7 @@ class SingleController:
                 continue
             await self.capacity.acquire()
             await self.inflight_sem.acquire()
+            await self._wake_generation()  # a replacement group dispatched while the policy trains
             t0 = time.perf_counter()
             await self.permitted.wait()
             self.totals.add("rollout_gate_wait", time.perf_counter() - t0)
@@ -546,6 +552,7 @@ class SingleController:
         taken = tokens = chunks = uninformative = 0
         while taken < self.s.prompts_per_step:
             groups = await self._select_chunk(self.s.prompts_per_step - taken, step)
+            await self._sleep_generation(step)
             rows = self._rows(groups)
             if self.s.needs_reference_logprobs:
                 t0 = time.perf_counter()
@@ -653,6 +660,9 @@ class SingleController:
             t0 = time.perf_counter()
             await self.validation_pin.wait()
             self.totals.add("validation_pin_wait", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        if await self._wake_generation():
+            step["generation_wake"] += time.perf_counter() - t0
         timing = await self._refit_weights(self.version, reset=self.s.reset_cache_after_refit)
         # The weight transfer alone (`refit` also holds the aborts, a drain, a validation's pin
         # and the cache reset), and how long generation stopped for it.
@@ -660,6 +670,35 @@ class SingleController:
         step["generation_pause_seconds"] += timing.generation_pause_seconds
         self.permitted.set()
         self.changed.fire()
+
+    async def _sleep_generation(self, step: dict[str, float]) -> None:
+        """With sleepWhileTraining, put the engines to sleep before the policy trains, if nothing
+        generates: no group in flight or waiting to be dispatched, and no validation running (it
+        generates too). Sync mode (which admission requires) has generated the whole step by its
+        last chunk, so the engines sleep for at least that chunk and the step's update."""
+        if not self.s.sleep_generation_while_training or self.generation_asleep:
+            return
+        validating = self.validation_task is not None and not self.validation_task.done()
+        if self.inflight or self.pending or validating:
+            return
+        async with self.sleep_lock:
+            t0 = time.perf_counter()
+            self.generation_asleep = True  # before the await: a dispatch meanwhile waits to wake them
+            await self.a.generation.sleep()
+            step["generation_sleep"] += time.perf_counter() - t0
+            self.counters["generation_sleeps"] += 1
+
+    async def _wake_generation(self) -> bool:
+        """Wake sleeping engines (before a refit, or a dispatch while the policy trains); whether
+        they were asleep."""
+        if not self.generation_asleep:
+            return False
+        async with self.sleep_lock:
+            if not self.generation_asleep:
+                return False
+            await self.a.generation.wake()
+            self.generation_asleep = False
+            return True
 
     async def _refit_weights(self, version: int, *, reset: bool) -> RefitTiming:
         timing = await self.a.weights.sync(version)

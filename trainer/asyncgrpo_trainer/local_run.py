@@ -1,6 +1,7 @@
 """`asyncgrpo run job.yaml`: the same job file `kubectl apply` takes, run on this machine.
 
-Starts an embedded Ray and runs the driver in this process. A job that asks for GPUs
+Starts its own Ray node (`start_own_ray`: never the cluster RAY_ADDRESS names or a `ray start` one
+on this machine) and runs the driver in this process. A job that asks for GPUs
 (gpusPerReplica > 0) gets them without `--gpus` when this machine has as many (torch's device
 count); when it has fewer, or fewer than `--gpus N`, the run fails at once (`choose_gpus`) rather
 than wait for a placement group Ray cannot place.
@@ -141,18 +142,30 @@ def choose_gpus(requested: int | None, needed: int, available: int) -> int:
 
 
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
-def own_ray_auth() -> None:
-    """The Ray that `asyncgrpo run` starts is its own, so it picks the auth mode: token, Ray's
-    default for a new local cluster, said explicitly, which spares every run Ray's "Token
-    authentication is enabled for this Ray cluster" warning. A user's RAY_AUTH_MODE wins; a cluster
-    the driver joins (a pod's, RAY_ADDRESS) is never touched (driver.execute).
+def start_own_ray(*, num_cpus: int, num_gpus: int) -> None:
+    """Start this process's own Ray node, always: never join the cluster RAY_ADDRESS names or one
+    that `ray start` left running on this machine, as a bare ray.init() does (and then refuses the
+    num_cpus and num_gpus given here). `asyncgrpo run` runs a job on this machine; a cluster runs
+    it through the operator (`kubectl apply`).
 
-    Ray 2.60 reads the mode into its C++ config when it is imported, so setting the variable now is
-    not enough: this is Ray's own switch for a new cluster (environment, then a config reload)."""
+    The Ray is its own, so it picks the auth mode: token, Ray's default for a new local cluster,
+    said explicitly, which spares every run Ray's "Token authentication is enabled for this Ray
+    cluster" warning. A user's RAY_AUTH_MODE wins. Ray 2.60 reads the mode into its C++ config when
+    it is imported, so setting the variable now is not enough: this is Ray's own switch for a new
+    cluster (environment, then a config reload). The in-cluster driver joins its pod's Ray and
+    leaves its auth alone (driver.execute)."""
     if RAY_AUTH_MODE_ENV not in os.environ:
         ray_auth._enable_token_auth()
+    driver.init_ray(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,11 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         cpus = ns.num_cpus or max(os.cpu_count() or 1, required_cpus(manifest))
         server = progress.ProgressServer(ns.progress_port, host="127.0.0.1")
         _banner(human, manifest, cpus, gpus, server.port, chosen=ns.gpus is None)
-        own_ray_auth()
         try:
-            driver.init_ray(
-                num_cpus=cpus, num_gpus=gpus, include_dashboard=False, logging_level=logging.WARNING
-            )
+            start_own_ray(num_cpus=cpus, num_gpus=gpus)
             return driver.run_job(manifest, server=server, reporters=reporters, grace_seconds=0)
         finally:
             ray.shutdown()
@@ -236,8 +246,9 @@ def reporters_for(
 def _banner(
     out: TextIO, manifest: dict[str, Any], cpus: int, gpus: int, port: int, *, chosen: bool = False
 ) -> None:
-    """What runs, and where to look: the checkpoint directory and the /progress URL. `chosen`: the
-    GPUs were taken from the job, not from --gpus."""
+    """What runs, and where to look: the checkpoint directory and the /progress URL; with
+    RAY_ADDRESS set, that the run does not train there (`start_own_ray`). `chosen`: the GPUs were
+    taken from the job, not from --gpus."""
     spec = manifest.get("spec", {})
     name = manifest.get("metadata", {}).get("name", "job")
     steps = spec.get("trainer", {}).get("grpo", {}).get("maxNumSteps")
@@ -249,6 +260,9 @@ def _banner(
         f"  checkpoints  {spec.get('checkpoint', {}).get('path')}\n"
         f"  progress     http://127.0.0.1:{port}/progress (and /metrics)\n"
     )
+    address = os.environ.get(RAY_ADDRESS_ENV)
+    if address:
+        out.write(f"  ray          its own on this machine; {RAY_ADDRESS_ENV}={address} is not joined\n")
     out.flush()
 
 

@@ -16,6 +16,11 @@ from asyncgrpo_trainer.backends import policy, sampling, vllm_engine
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
+OWN_GPU_MEMORY_UTILIZATION = 0.8
+"""vLLM's share of a GPU of its own when generation.gpuMemoryUtilization is unset."""
+COLOCATED_GPU_MEMORY_UTILIZATION = 0.4
+"""vLLM's share of a GPU it shares with a policy rank (generation.colocated) when unset."""
+
 
 def settings(job: AsyncGRPOJob) -> controller.Settings:
     """The controller's knobs."""
@@ -45,6 +50,7 @@ def settings(job: AsyncGRPOJob) -> controller.Settings:
         checkpoint_every=job.spec.checkpoint.every_steps,
         checkpoint_keep=job.spec.checkpoint.keep_last,
         seed=t.grpo.seed,
+        sleep_generation_while_training=t.generation.sleep_while_training,
         logprob_gate=logprob_gate.GateSettings(
             threshold=t.logprob_gate.threshold, steps=t.logprob_gate.steps, fail=t.logprob_gate.fail_job
         ),
@@ -152,8 +158,12 @@ def vllm_options(t: TrainerSpec) -> vllm_engine.VLLMOptions:
     """The vLLM engine's knobs: at most the rows the controller can have generating at once."""
     g = t.generation
     rows = min(t.max_inflight_prompts, t.max_buffered_rollouts) * t.grpo.num_generations_per_prompt
+    share = g.gpu_memory_utilization
+    if share is None:  # colocated, the policy rank keeps its state in the rest of the GPU
+        share = COLOCATED_GPU_MEMORY_UTILIZATION if g.colocated else OWN_GPU_MEMORY_UTILIZATION
     return vllm_engine.VLLMOptions(
         tensor_parallel_size=g.tensor_parallel_size,
-        gpu_memory_utilization=g.gpu_memory_utilization,
+        gpu_memory_utilization=share,
+        sleep_mode=g.sleep_while_training,
         max_num_seqs=min(max(rows, t.data.num_validation_prompts, 1), 1024),
     )

@@ -250,6 +250,12 @@ class GenerationGroup:
     async def reset_cache(self) -> None:
         await asyncio.gather(*(a.reset_cache.remote() for a in self.actors))
 
+    async def sleep(self) -> None:
+        await asyncio.gather(*(a.sleep.remote() for a in self.actors))
+
+    async def wake(self) -> None:
+        await asyncio.gather(*(a.wake.remote() for a in self.actors))
+
     async def stats(self) -> list[dict[str, float]]:
         return list(await asyncio.gather(*(a.stats.remote() for a in self.actors)))
 

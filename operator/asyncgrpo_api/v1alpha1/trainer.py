@@ -410,12 +410,25 @@ class GenerationSpec(ApiModel):
     tensor_parallel_size: int = Field(
         default=1, ge=1, le=64, description="Tensor-parallel size of one generation engine (vllm)."
     )
-    gpu_memory_utilization: float = Field(
-        default=0.8, gt=0, le=1, description="Fraction of GPU memory vllm may take."
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of GPU memory vllm may take. Unset: 0.8 on GPUs of its own, 0.4 colocated "
+        "(the policy rank keeps its weights, gradients and optimizer state in the rest).",
     )
     colocated: bool = Field(
         default=False,
         description="Run generation on the policy workers' GPUs (time-shared) instead of its own pool.",
+    )
+    sleep_while_training: bool = Field(
+        default=False,
+        description="Free the engine's memory while the policy trains, for a policy that shares its GPUs "
+        "(colocated): vLLM sleeps (level 1: its KV cache is discarded and its weights move to host "
+        "memory) and wakes before the refit; the torch engine drops its KV caches and batched decoders "
+        "(rebuilt, CUDA graphs recaptured, by the next batch). The engine sleeps only while nothing "
+        "generates (a validation in progress keeps it awake), so it needs asyncRL sync mode "
+        "(maxStalenessVersions 0), and vLLM's sleep needs GPUs.",
     )
 
 

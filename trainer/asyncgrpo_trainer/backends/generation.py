@@ -115,6 +115,16 @@ class GenerationWorker(abc.ABC):
     async def reset_cache(self) -> None: ...
 
     @abc.abstractmethod
+    async def sleep(self) -> None:
+        """Free the engine's memory while the policy trains (generation.sleepWhileTraining); the
+        controller calls it only while nothing generates, and calls `wake` before the next refit or
+        generation. The weights stay valid: what the engine generates after `wake` is what it would
+        have generated without the sleep."""
+
+    @abc.abstractmethod
+    async def wake(self) -> None: ...
+
+    @abc.abstractmethod
     async def stats(self) -> dict[str, float]: ...
 
 
@@ -170,6 +180,7 @@ class TorchGenerationWorker(GenerationWorker):
         self.tokens_generated = 0
         self.prefix_hits = 0
         self.cache_resets = 0
+        self.sleeps = 0
 
     def _budget(self, params: sampling.SamplingParams) -> int:
         """New tokens a batched decoder of these params reserves (a prompt needs at least one slot)."""
@@ -333,6 +344,19 @@ class TorchGenerationWorker(GenerationWorker):
         self._prefix.clear()
         self.cache_resets += 1
 
+    async def sleep(self) -> None:
+        """Drop the prefix cache's KV and the batched decoders (their KV caches and CUDA graphs):
+        the next batch builds its decoder again, recapturing its graphs (seconds on a GPU)."""
+        async with self.weights_lock:
+            self._prefix.clear()
+            self._decoders.clear()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.sleeps += 1
+
+    async def wake(self) -> None:
+        """Nothing to restore: the weights never left, and the caches refill on use."""
+
     async def stats(self) -> dict[str, float]:
         b = self._batcher
         return {
@@ -340,6 +364,7 @@ class TorchGenerationWorker(GenerationWorker):
             "tokens_generated": float(self.tokens_generated + (b.tokens_generated if b else 0)),
             "prefix_hits": float(self.prefix_hits),
             "cache_resets": float(self.cache_resets),
+            "sleeps": float(self.sleeps),
             "batches": float(b.batches if b else 0),
             "version": float(self.version),
         }

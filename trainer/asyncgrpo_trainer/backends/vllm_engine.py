@@ -63,6 +63,9 @@ class VLLMOptions:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.8
     max_num_seqs: int = 256
+    sleep_mode: bool = False
+    """generation.sleepWhileTraining: start the engine with vLLM's sleep mode (its CuMem allocator),
+    which `sleep` and `wake` need (GPUs only: admission refuses it for vLLM on CPU)."""
 
 
 def kv_cache_bytes(build: ModelBuild, rows: int) -> int:
@@ -95,7 +98,10 @@ def engine_args(build: ModelBuild, options: VLLMOptions, device: str) -> Any:
             "compilation_config": {"mode": 0},
         }
         if device == "cpu"
-        else {"gpu_memory_utilization": options.gpu_memory_utilization}
+        else {
+            "gpu_memory_utilization": options.gpu_memory_utilization,
+            "enable_sleep_mode": options.sleep_mode,
+        }
     )
     return AsyncEngineArgs(
         dtype=cast(Any, build.dtype),
@@ -146,6 +152,7 @@ class VLLMGenerationWorker(GenerationWorker):
         self.busy_seconds = 0.0
         self.tokens_generated = 0
         self.cache_resets = 0
+        self.sleeps = 0
 
     # --- generation ----------------------------------------------------------------------------
 
@@ -273,12 +280,22 @@ class VLLMGenerationWorker(GenerationWorker):
         self._reset_at = self.version
         self.cache_resets += 1
 
+    async def sleep(self) -> None:
+        """vLLM's sleep level 1: its KV cache (and prefix cache) is discarded and its weights move
+        to host memory, so the policy on this GPU can use both; `wake` brings the weights back."""
+        await self.engine.sleep(level=1)
+        self.sleeps += 1
+
+    async def wake(self) -> None:
+        await self.engine.wake_up()
+
     async def stats(self) -> dict[str, float]:
         return {
             "busy_seconds": self.busy_seconds,
             "tokens_generated": float(self.tokens_generated),
             "prefix_hits": 0.0,
             "cache_resets": float(self.cache_resets),
+            "sleeps": float(self.sleeps),
             "batches": 0.0,
             "version": float(self.version),
         }
