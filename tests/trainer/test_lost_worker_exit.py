@@ -7,6 +7,8 @@ errors raised by the controller actor.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -33,12 +35,26 @@ class Controller:
         raise ValueError("reward must be finite")
 
 
+def _wait_until_dead(worker: ray.actor.ActorHandle) -> None:
+    """ray.kill only asks for the kill: a call made just after it can still be answered (a CI run
+    at load 10 saw the controller's next step succeed), so wait until a call fails."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(worker.ping.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        assert time.monotonic() < deadline, "the killed worker still answers after 60 s"
+        time.sleep(0.1)
+
+
 @pytest.mark.trainer
 def test_a_killed_worker_under_the_controller_is_classified_as_lost(ray_address: str) -> None:
     worker = Worker.remote()  # type: ignore[attr-defined]
     controller = Controller.remote(worker)  # type: ignore[attr-defined]
     assert ray.get(controller.step.remote()) == 1
     ray.kill(worker)
+    _wait_until_dead(worker)
     with pytest.raises(ray.exceptions.RayError) as caught:
         ray.get(controller.step.remote(), timeout=60)
     assert lost_ray_worker(caught.value)
