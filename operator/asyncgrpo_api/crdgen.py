@@ -104,8 +104,9 @@ def build_crd() -> Schema:
     """The AsyncGRPOJob CustomResourceDefinition, as a dict ready to dump."""
     spec_schema = _structural(AsyncGRPOJobSpec.model_json_schema(by_alias=True), with_defaults=True)
     status_schema = _structural(AsyncGRPOJobStatus.model_json_schema(by_alias=True), with_defaults=False)
-    for volume in spec_schema["properties"]["storage"]["properties"].values():
-        volume["x-kubernetes-validations"] = VOLUME_RULES
+    for storage in spec_schema["properties"]["storage"]["properties"].values():
+        if "pvc" in storage.get("properties", {}):  # a volume (not objectStore, a bucket)
+            storage["x-kubernetes-validations"] = VOLUME_RULES
     root = _root(KIND, "An asynchronous GRPO training job run on a KubeRay RayCluster.", spec_schema)
     root["properties"]["status"] = status_schema
     root["x-kubernetes-validations"] = ROOT_RULES

@@ -33,7 +33,7 @@ from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, 
 def test_versions_toml_matches_every_gomod() -> None:
     check_pins()
     default = {"kubernetes", "etcd", "kwok", "kuberay", "helm"}
-    optional = {"kueue", *NODE_COMPONENTS}
+    optional = {"kueue", "seaweedfs", *NODE_COMPONENTS}
     assert set(components()) == default | optional
     assert {c.name for c in components().values() if c.optional} == optional
     assert kubernetes_version().startswith("v1.")
