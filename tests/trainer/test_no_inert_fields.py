@@ -53,6 +53,7 @@ OPERATOR_ONLY = {
     "startupDeadlineSeconds": "plan: DeadlineExceeded before the driver runs",
     "progress": "plan: /progress polling period and Stalled",
     "cleanupPolicy": "plan: what is deleted after the job finishes",
+    "managedBy": "plan: a MultiKueue manager keeps only the Workload of a job it dispatched",
     "terminationGracePeriodSeconds": "manifests: the pods' grace period and the Ray containers' preStop wait",
 }
 """Subtrees read by the operator alone, with where."""
