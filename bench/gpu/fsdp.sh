@@ -14,28 +14,11 @@
 #                    refitted by the NCCL broadcast, which every FSDP rank joins to gather the weights
 # GPUS defaults to the visible GPUs. Needs Ray for the trainer parts (docs/guides/gpu.md, "Reproduce").
 #   set -o pipefail; OUT=/tmp/out PARTS=one-gpu bash bench/gpu/fsdp.sh 2>&1 | tee $OUT/fsdp-log.txt
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-gpu-bench-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-# NVLink multicast stays off on the shared hosts (device KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=trainer:operator${PYTHONPATH:+:$PYTHONPATH}
+source "$(dirname "$0")/common.sh"
 GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 RANKS_SHAPE=${RANKS_SHAPE:-qwen2.5-3b}
 PARTS=${PARTS:-one-gpu}
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 free -g || true
-date -u +"start %FT%TZ"
-run() {  # name, timeout seconds, command...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name"
-  local t0=$SECONDS
-  timeout "$limit" "$@" || { echo "!!! $name failed ($?)"; status=1; }
-  echo "=== $name took $((SECONDS - t0)) s"
-}
 needs_ranks() {
   if [ "$GPUS" -lt 2 ]; then echo "!!! $1 needs 2 or more GPUs, $GPUS visible"; status=1; return 1; fi
 }

@@ -10,28 +10,7 @@
 #             sync only: with async-in-order beside it (each mode its own driver, compile and 1.5B
 #             checkpoint) the part did not fit one 10-minute call
 #   set -o pipefail; OUT=/tmp/out PARTS="mfu job-1.5b" bash bench/gpu/peers.sh 2>&1 | tee $OUT/log.txt
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-gpu-bench-out}
-ROOT=${ROOT:-/tmp/asyncgrpo-bench-checkpoints}
-mkdir -p "$OUT" "$ROOT"
-PY=${PYTHON:-python3}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=trainer:operator:.:bench/gpu${PYTHONPATH:+:$PYTHONPATH}
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-date -u +"start %FT%TZ"
-run() {  # name, timeout seconds, command...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name"
-  local t0=$SECONDS
-  timeout "$limit" "$@" || { echo "!!! $name failed ($?)"; status=1; }
-  echo "=== $name took $((SECONDS - t0)) s"
-}
-checkpoint() {  # shape -> path (made once)
-  "$PY" -c "import sys; from pathlib import Path; from vllm_vs_torch import checkpoint; \
-print(checkpoint(sys.argv[1], Path(sys.argv[2]), 'bfloat16'))" "$1" "$ROOT" | tail -1
-}
+source "$(dirname "$0")/common.sh"
 PARTS=${PARTS:-mfu}
 if [[ " $PARTS " == *" mfu "* ]]; then
   Q05=$(checkpoint qwen2.5-0.5b)

@@ -5,25 +5,8 @@
 # "Reproduce"); the checkpoints are made on the machine with random weights (make_tiny_checkpoint):
 # the 387M reference shape and Qwen2.5-0.5B's shape (vocabulary 151,936, tied embeddings), bfloat16.
 #   set -o pipefail; OUT=/tmp/out PARTS=engines bash bench/gpu/real_models.sh 2>&1 | tee $OUT/log.txt
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-gpu-bench-out}
-ROOT=${ROOT:-/tmp/asyncgrpo-bench-checkpoints}
-mkdir -p "$OUT" "$ROOT"
-PY=${PYTHON:-python3}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=trainer:operator:.:bench/gpu${PYTHONPATH:+:$PYTHONPATH}
+source "$(dirname "$0")/common.sh"
 Q05="$ROOT/qwen2.5-0.5b-bfloat16"
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-date -u +"start %FT%TZ"
-run() {  # name, timeout seconds, command...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name"
-  local t0=$SECONDS
-  timeout "$limit" "$@" || { echo "!!! $name failed ($?)"; status=1; }
-  echo "=== $name took $((SECONDS - t0)) s"
-}
 PARTS=${PARTS:-engines}
 if [[ " $PARTS " == *" engines "* ]]; then
   run cuda-ipc 120 "$PY" -m pytest -q -p no:cacheprovider --noconftest tests/trainer/test_cuda_ipc.py

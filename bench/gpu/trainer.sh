@@ -5,25 +5,8 @@
 # go to $OUT. Needs Ray (and megatron-core for the second part) importable: on the H200 machine they
 # travel as wheels (docs/guides/gpu.md, "Reproduce").
 #   set -o pipefail; OUT=/tmp/out bash bench/gpu/trainer.sh 2>&1 | tee $OUT/trainer-log.txt
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-gpu-bench-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-# NVLink multicast stays off on the shared hosts (device KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=trainer:operator${PYTHONPATH:+:$PYTHONPATH}
+source "$(dirname "$0")/common.sh"
 STEPS=${STEPS:-20}
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-date -u +"start %FT%TZ"
-run() {  # name, timeout seconds, command...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name"
-  local t0=$SECONDS
-  timeout "$limit" "$@" || { echo "!!! $name failed ($?)"; status=1; }
-  echo "=== $name took $((SECONDS - t0)) s"
-}
 PARTS=${PARTS:-modes megatron}
 # The Qwen2 shape of issue 8 (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864) with
 # the digit-reversal task's character vocabulary; 16 prompts x 16 samples a step, every response 128

@@ -7,28 +7,10 @@
 #   awake, sleeping  the whole job, vLLM colocated with the torch policy at Qwen2.5-0.5B's shape (random weights,
 #      bf16), sync mode, without and then with sleepWhileTraining: samples/s and the GPU's peak memory
 #   set -o pipefail; OUT=/tmp/out bash bench/gpu/vllm_sleep.sh 2>&1 | tee $OUT/log.txt
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-gpu-bench-out}
-ROOT=${ROOT:-/tmp/asyncgrpo-bench-checkpoints}
-mkdir -p "$OUT" "$ROOT"
-PY=${PYTHON:-python3}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=trainer:operator:.:bench/gpu${PYTHONPATH:+:$PYTHONPATH}
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-date -u +"start %FT%TZ"
-run() {  # name, timeout seconds, command...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name"
-  local t0=$SECONDS
-  timeout "$limit" "$@" || { echo "!!! $name failed ($?)"; status=1; }
-  echo "=== $name took $((SECONDS - t0)) s"
-}
+source "$(dirname "$0")/common.sh"
 PARTS=${PARTS:-test awake sleeping}
 [[ " $PARTS " == *" test "* ]] && run test-vllm-sleep 200 "$PY" -m pytest -q -p no:cacheprovider --noconftest tests/trainer/test_vllm_sleep.py -rA
-Q05=$("$PY" -c "import sys; from pathlib import Path; from vllm_vs_torch import checkpoint; \
-print(checkpoint('qwen2.5-0.5b', Path(sys.argv[1]), 'bfloat16'))" "$ROOT" | tail -1)
+Q05=$(checkpoint qwen2.5-0.5b)
 JOB="--gpus 1 --colocated --model-path $Q05 --dtype bfloat16 --prompts 16 --generations 16 --max-new-tokens 128 \
   --ignore-eos --max-prompt-length 48 --micro-batch 64 --learning-rate 1e-6 --generation-backend vllm --steps 6 \
   --warmup-steps 0 --modes sync --markdown"
