@@ -13,7 +13,6 @@ that parameter or takes **kwargs; it returns a finite float.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncgrpo_trainer.datafiles import InvalidDataError
+from asyncgrpo_trainer.user_code import import_named
 
 CHECK_SECONDS = 300
 """How long the driver's check may take to import the function's module."""
@@ -53,18 +53,10 @@ class RewardFunction:
 def load(spec: str) -> RewardFunction:
     """The function named by env.function ("package.module:function"), imported in this process, or
     InvalidDataError saying why it cannot be used."""
-    module_name, _, name = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import runs arbitrary code: any error means "cannot be used"
-        raise InvalidDataError(
-            f"env.function: cannot import {module_name!r} ({type(exc).__name__}: {exc}); install the "
-            f"module in the trainer image or put it on its PYTHONPATH"
-        ) from exc
-    function = getattr(module, name, None)
+    function = import_named("env.function", spec)
     if not callable(function):
         found = "is not callable" if function is not None else "does not exist"
-        raise InvalidDataError(f"env.function: {spec}: {module_name}.{name} {found}")
+        raise InvalidDataError(f"env.function: {spec}: {spec.replace(':', '.', 1)} {found}")
     return RewardFunction(spec, function, _takes_stop_reason(function))
 
 

@@ -3,12 +3,11 @@ user's own named by `env.class` ("package.module:Class", importable in the train
 
 from __future__ import annotations
 
-import importlib
-
 from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.envs import calculator, gsm8k, math, reverse
 from asyncgrpo_trainer.envs.base import Environment, Example, Score
 from asyncgrpo_trainer.envs.multiturn import MultiTurnEnvironment, Reply
+from asyncgrpo_trainer.user_code import import_named
 
 REGISTRY: dict[str, type[Environment]] = {
     "math": math.MathEnvironment,
@@ -31,20 +30,12 @@ def build(name: str, class_path: str | None = None) -> Environment:
 
 def load_class(class_path: str) -> type[Environment]:
     """The Environment subclass named "package.module:Class", imported in this process."""
-    module_name, _, name = class_path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import runs arbitrary code: any error means "cannot be used"
-        raise InvalidDataError(
-            f"env.class: cannot import {module_name!r} ({type(exc).__name__}: {exc}); install the module "
-            "in the trainer image or put it on its PYTHONPATH"
-        ) from exc
-    found = getattr(module, name, None)
+    found = import_named("env.class", class_path)
     if not (isinstance(found, type) and issubclass(found, Environment)):
         what = (
             "does not exist" if found is None else "is not a subclass of asyncgrpo_trainer.envs.Environment"
         )
-        raise InvalidDataError(f"env.class: {class_path}: {module_name}.{name} {what}")
+        raise InvalidDataError(f"env.class: {class_path}: {class_path.replace(':', '.', 1)} {what}")
     return found
 
 
