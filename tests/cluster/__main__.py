@@ -1,4 +1,4 @@
-"""CLI: python -m tests.cluster build|images|up|down|status|logs|env|restart|prune|import-image.
+"""CLI: python -m tests.cluster build|align|images|up|down|status|logs|env|restart|prune|import-image.
 
 `up` builds first when the binaries are missing, so `python -m tests.cluster up` is the one command
 a developer or the demo needs. The processes outlive the CLI; `down` stops them by recorded PID.
@@ -15,6 +15,7 @@ from pathlib import Path
 from tests.cluster.build import BuildError, build, build_node, build_optional, layout, stale_layouts
 from tests.cluster.buildah import ImageError
 from tests.cluster.cluster import ClusterError, LocalCluster
+from tests.cluster.gomod_align import align, drift
 from tests.cluster.images import build_all
 from tests.cluster.processes import log_tail
 
@@ -28,6 +29,19 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(build_node(force=args.force).bin)
     if args.s3:
         print(build_optional("seaweedfs", force=args.force).bin)
+    return 0
+
+
+def _cmd_align(args: argparse.Namespace) -> int:
+    if args.check:
+        out_of_line = drift()
+        for name, wanted in out_of_line.items():
+            print(f"{name}: " + ", ".join(f"{m} {v}" for m, v in sorted(wanted.items())))
+        if out_of_line:
+            print("run `python -m tests.cluster align` to write these replaces", file=sys.stderr)
+        return 1 if out_of_line else 0
+    for name, count in align().items():
+        print(f"{name}: {count} replaces written, go.mod tidied")
     return 0
 
 
@@ -149,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         "--s3", action="store_true", help="also build SeaweedFS, the S3 server of the object-store tests"
     )
     p.set_defaults(fn=_cmd_build)
+    p = sub.add_parser(
+        "align",
+        help="one version of each shared Go module across the wrappers (tests/cluster/gomod_align.py)",
+    )
+    p.add_argument("--check", action="store_true", help="list what is out of line; exit 1 if anything is")
+    p.set_defaults(fn=_cmd_align)
     p = sub.add_parser(
         "images", help="build the operator and CPU trainer images (cached); prints `<ref> <archive>`"
     )

@@ -287,7 +287,7 @@ def check_pins(names: list[str] | None = None) -> None:
             )
 
 
-def _go_env() -> dict[str, str]:
+def go_env() -> dict[str, str]:
     env = dict(os.environ)
     env["CGO_ENABLED"] = "0"  # static binaries; also what the warm GOCACHE was built with
     env["GOTOOLCHAIN"] = "local"  # never download a toolchain
@@ -384,7 +384,7 @@ def build_target(t: Target, bin_dir: Path, progress: Progress, go_log: Path) -> 
     with go_log.open("a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=comp.gomod_dir, env=_go_env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=comp.gomod_dir, env=go_env(), stdout=log, stderr=subprocess.STDOUT)
         while True:
             try:
                 code = proc.wait(timeout=PROGRESS_EVERY_SECONDS)
@@ -407,7 +407,7 @@ def module_dir(component: str) -> Path:
     out = subprocess.run(
         ["go", "mod", "download", "-json", comp.module],
         cwd=comp.gomod_dir,
-        env=_go_env(),
+        env=go_env(),
         check=True,
         capture_output=True,
         text=True,
