@@ -2,7 +2,13 @@
 
 A RUN_DIR is a job's checkpoint path (or its `tensorboard` directory, or any directory holding a
 run's TensorBoard event files, `tracking`); each is one run, labelled with its directory name (or
-`--label`). Two panels: exact-match accuracy (held-out greedy as lines with markers, the training
+`--label`). A run may also be a job's root in spec.storage.objectStore,
+`s3://BUCKET/<prefix>/<namespace>/<job name>`, read after the pods and the volume are gone: every
+attempt's event files are fetched from its logs/ (`fetch_curves`), with the key pair in
+AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a private CA in AWS_CA_BUNDLE, and the endpoint from
+`--endpoint` or AWS_ENDPOINT_URL.
+
+Two panels: exact-match accuracy (held-out greedy as lines with markers, the training
 samples' as thin lines of the same color) and the mean reward of the training samples.
 The x axis is trained samples, so runs with different asynchrony compare at equal data.
 """
@@ -10,11 +16,22 @@ The x axis is trained samples, so runs with different asynchrony compare at equa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+if TYPE_CHECKING:
+    from asyncgrpo_trainer.object_store import Store
 
 EVENTS_PREFIX = "events.out.tfevents."
+STORE_SCHEME = "s3://"
+ENDPOINT_ENV = "AWS_ENDPOINT_URL"
+"""boto3's own variable for the endpoint, so one setting serves this command and the AWS CLI."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +56,57 @@ def event_dir(path: Path) -> Path:
             f"{path}: event files in several directories ({', '.join(map(str, found))}); name one"
         )
     return found[0]
+
+
+def store_location(url: str) -> tuple[str, str]:
+    """(bucket, the job's root) of `s3://BUCKET/<prefix>/<namespace>/<job name>`."""
+    bucket, _, root = url.removeprefix(STORE_SCHEME).partition("/")
+    root = root.strip("/")
+    if not bucket or not root:
+        raise ValueError(
+            f"{url}: expected s3://BUCKET/<prefix>/<namespace>/<job name>, the job's root under "
+            "spec.storage.objectStore (its bucket, then its prefix if any)"
+        )
+    return bucket, root
+
+
+def fetch_curves(store: Store, into: Path) -> Path:
+    """Every attempt's TensorBoard event files (logs/attempt-N/tensorboard/), side by side in `into`.
+
+    Their names carry the writer's start time, so they load oldest first and a step that a resumed
+    attempt trained again takes the newer attempt's value, as in a local run's directory. A file
+    that two attempts uploaded (the volume survived) is the same file: the newer upload is kept."""
+    keys = sorted(
+        key
+        for key in store.list_keys("logs/")
+        if "/tensorboard/" in key and PurePosixPath(key).name.startswith(EVENTS_PREFIX)
+    )
+    if not keys:
+        config = store.config
+        raise FileNotFoundError(
+            f"s3://{config.bucket}/{config.root}/logs/ at {config.endpoint}: no TensorBoard event files "
+            "(the driver uploads them every logUploadIntervalSeconds and at its end)"
+        )
+    into.mkdir(parents=True, exist_ok=True)
+    for key in keys:
+        store.download_file(key, into / PurePosixPath(key).name)
+    return into
+
+
+def load_from_store(url: str, endpoint: str, region: str, into: Path, label: str | None = None) -> Run:
+    """The curves of the job whose root in the object store is `url` (see the module's docstring)."""
+    from asyncgrpo_api.object_store_env import CA_BUNDLE_ENV  # noqa: PLC0415
+    from asyncgrpo_trainer.object_store import Store, StoreConfig  # noqa: PLC0415 (boto3: only here)
+
+    bucket, root = store_location(url)
+    config = StoreConfig(
+        endpoint=endpoint.rstrip("/"),
+        bucket=bucket,
+        root=root,
+        region=region,
+        verify=os.environ.get(CA_BUNDLE_ENV) or True,
+    )
+    return load(fetch_curves(Store(config), into), label or PurePosixPath(root).name)
 
 
 def load(path: Path, label: str | None = None) -> Run:
@@ -84,7 +152,9 @@ def draw(runs: list[Run], out: Path, *, title: str | None = None) -> None:
             ax_acc.plot(x, y, "-o", color=color, markersize=3, label=run.label)
         if run.accuracy:
             x, y = zip(*run.accuracy, strict=True)
-            ax_acc.plot(x, y, "-", color=color, alpha=0.3, linewidth=1)
+            # Labelled here only when the run has no held-out line to carry its label.
+            label = None if run.validation_accuracy else run.label
+            ax_acc.plot(x, y, "-", color=color, alpha=0.3, linewidth=1, label=label)
         if run.reward:
             x, y = zip(*run.reward, strict=True)
             ax_rew.plot(x, y, "-", color=color, linewidth=1.2, label=run.label)
@@ -109,19 +179,45 @@ def draw(runs: list[Run], out: Path, *, title: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncgrpo plot", description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (a job's checkpoint path)")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        help="run directories (a job's checkpoint path), or s3://BUCKET/<prefix>/<namespace>/<job name>",
+    )
     parser.add_argument("-o", "--out", type=Path, default=Path("curves.png"), help="PNG to write")
     parser.add_argument("--label", action="append", default=[], help="a label per run, in order")
     parser.add_argument("--title", default=None, help="figure title")
+    parser.add_argument(
+        "--endpoint",
+        default=os.environ.get(ENDPOINT_ENV),
+        help=f"the object store URL for s3:// runs (spec.storage.objectStore.endpoint; ${ENDPOINT_ENV})",
+    )
+    parser.add_argument("--region", default="us-east-1", help="the region s3:// requests are signed for")
     ns = parser.parse_args(argv)
+    stored = [run for run in ns.runs if run.startswith(STORE_SCHEME)]
+    if stored and not ns.endpoint:
+        parser.error(f"{stored[0]}: name the object store with --endpoint URL or {ENDPOINT_ENV}")
     if ns.label and len(ns.label) != len(ns.runs):
         parser.error(f"--label given {len(ns.label)} times for {len(ns.runs)} runs")
     labels = ns.label or [None] * len(ns.runs)
-    try:
-        runs = [load(path, label) for path, label in zip(ns.runs, labels, strict=True)]
-    except (OSError, ValueError) as exc:
-        print(f"asyncgrpo plot: {exc}", file=sys.stderr)
-        return 1
+    with tempfile.TemporaryDirectory(prefix="asyncgrpo-plot-") as fetched:
+        try:
+            runs = [
+                load_from_store(run, ns.endpoint, ns.region, Path(fetched) / str(i), label)
+                if run.startswith(STORE_SCHEME)
+                else load(Path(run), label)
+                for i, (run, label) in enumerate(zip(ns.runs, labels, strict=True))
+            ]
+        except (OSError, ValueError) as exc:
+            print(f"asyncgrpo plot: {exc}", file=sys.stderr)
+            return 1
+        except (BotoCoreError, ClientError) as exc:  # a refused key pair, no such bucket, no server
+            print(
+                f"asyncgrpo plot: the object store {ns.endpoint} refused the read: {exc} (set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY to a key pair that may read the bucket)",
+                file=sys.stderr,
+            )
+            return 1
     draw(runs, ns.out, title=ns.title)
     print(f"wrote {ns.out}")
     return 0
