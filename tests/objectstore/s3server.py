@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -103,6 +104,30 @@ class S3Server:
             aws_secret_access_key=SECRET_KEY,
         )
         client.create_bucket(Bucket=name)
+
+    def set_quota(self, bucket: str, size_mb: int) -> None:
+        """Set the bucket's quota (`weed shell`'s s3.bucket.quota). SeaweedFS enforces it by turning
+        the whole bucket read-only once its stored size is over the quota (writes are then refused
+        with AccessDenied), and writable again once it is under: the gateway checks every minute,
+        `enforce_quotas` at once."""
+        self._shell(f"s3.bucket.quota -name={bucket} -op=set -sizeMB={size_mb}")
+
+    def enforce_quotas(self) -> str:
+        """Apply every bucket's quota now; the shell's report names each bucket whose state changed
+        ("changing bucket B to read only!" / "... to writable."). A bucket's size reaches the master
+        with the volume server's heartbeat, seconds after a write."""
+        return self._shell("s3.bucket.quota.enforce -apply")
+
+    def _shell(self, command: str) -> str:
+        weed = build_optional("seaweedfs").binary("weed")
+        done = subprocess.run(
+            [str(weed), "shell", f"-master=127.0.0.1:{self.ports['master']}",
+             f"-filer=127.0.0.1:{self.ports['filer']}"],
+            input=command + "\n", capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"weed shell {command!r} failed: {done.stderr[-2000:]}")
+        return done.stdout
 
     def kill(self) -> None:
         """SIGKILL the server (its data folder stays, as after a crash)."""

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from asyncgrpo_api.object_store_keys import logs_prefix
 from asyncgrpo_trainer import checkpoint, durable_checkpoints
 from asyncgrpo_trainer.checkpoint_mirror import CheckpointMirror
@@ -66,3 +68,28 @@ def test_a_checkpoint_pruned_locally_while_it_uploads_still_uploads_whole(
     assert state.durable_step == 1
     assert durable_checkpoints.restore_newest(store, tmp_path / "fresh") == CheckpointId(1, 1)
     assert (checkpoint.step_dir(tmp_path / "fresh", 1) / "policy.pt").stat().st_size == 32 * 2**20
+
+
+def test_an_error_no_one_expected_is_counted_and_retried_not_the_end_of_uploads(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mirror thread that died would leave training going on with nothing made durable."""
+    real_upload = durable_checkpoints.upload
+    calls: list[int] = []
+
+    def upload_failing_once(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in some library")
+        real_upload(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(durable_checkpoints, "upload", upload_failing_once)
+    local = tmp_path / "ckpt"
+    write_checkpoint(local, 1)
+    mirror = CheckpointMirror(store, local, attempt=1, keep_last=2, log_files=dict, poll_seconds=0.05).start()
+    try:
+        _wait(lambda: mirror.state.durable_step == 1)  # after one backoff of 2 s
+    finally:
+        state = mirror.close(deadline_seconds=30)
+    assert state.failures == 1 and "RuntimeError: a bug in some library" in state.last_error
+    assert durable_checkpoints.complete_checkpoints(store) == [CheckpointId(1, 1)]

@@ -1,6 +1,7 @@
 """Faults against the real S3 server: the server killed mid-upload (training goes on, the upload is
-retried, no partial checkpoint is ever resumed) and the driver killed mid-upload (the next attempt
-resumes the previous complete checkpoint). docs/reliability.md records these runs."""
+retried, no partial checkpoint is ever resumed), the driver killed mid-upload (the next attempt
+resumes the previous complete checkpoint) and a full bucket quota (uploads are refused until it is
+raised, then the waiting checkpoint becomes durable). docs/reliability.md records these runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,25 @@ from tests.trainer import jobs
 
 BIG = 160 * 2**20
 """Weights large enough that the upload takes a while (three multipart parts)."""
+
+
+def _wait_until(what: str, predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.1)
+
+
+def _enforced(s3_server: S3Server, change: str) -> Callable[[], bool]:
+    """A predicate: apply the quotas and say whether the bucket's state changed to `change`."""
+
+    def check() -> bool:
+        if change in s3_server.enforce_quotas():
+            return True
+        time.sleep(1.0)  # the bucket's size reaches the master with the next heartbeat
+        return False
+
+    return check
 
 
 def _wait_for_path(path: Path, timeout: float = 60.0) -> None:
@@ -91,3 +112,38 @@ def test_a_driver_killed_mid_upload_leaves_the_previous_complete_checkpoint_to_r
         .read_bytes()
         .startswith(b"attempt 1 step 1")
     )
+
+
+def test_a_full_bucket_quota_holds_durability_back_until_it_is_raised_and_never_leaves_a_torn_checkpoint(
+    s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """The bucket fills up (its quota set below what it holds: SeaweedFS turns it read-only) while
+    the driver writes its next checkpoint: the upload is refused and retried, training is not held
+    up, the store keeps only the complete first checkpoint; once the quota is raised the retry makes
+    the second durable, whole."""
+    store = Store(store_config(s3_server, bucket), timeout_seconds=5.0)
+    local = tmp_path / "ckpt"
+    write_checkpoint(local, 1, payload=os.urandom(4 * 2**20))
+    mirror = CheckpointMirror(store, local, attempt=1, keep_last=5, log_files=dict, poll_seconds=0.05).start()
+    try:
+        _wait_until("step 1 durable", lambda: mirror.state.durable_step == 1)
+        s3_server.set_quota(bucket, size_mb=1)
+        _wait_until("the bucket read-only", _enforced(s3_server, f"changing bucket {bucket} to read only"))
+        started = time.monotonic()
+        second = os.urandom(4 * 2**20)
+        write_checkpoint(local, 2, payload=second)  # training goes on meanwhile
+        assert time.monotonic() - started < 30.0
+        _wait_until("a refused upload", lambda: mirror.state.failures >= 1)
+        assert mirror.state.durable_step == 1
+        assert durable_checkpoints.complete_checkpoints(store) == [CheckpointId(1, 1)]
+
+        s3_server.set_quota(bucket, size_mb=1024)
+        _wait_until("the bucket writable", _enforced(s3_server, f"changing bucket {bucket} to writable"))
+        _wait_until("step 2 durable", lambda: mirror.state.durable_step == 2, timeout=90.0)  # backoff <= 30 s
+    finally:
+        state = mirror.close(deadline_seconds=60)
+
+    assert state.failures >= 1 and "AccessDenied" in state.last_error
+    assert sorted(durable_checkpoints.complete_checkpoints(store)) == [CheckpointId(1, 1), CheckpointId(1, 2)]
+    assert durable_checkpoints.restore_newest(store, tmp_path / "fresh") == CheckpointId(1, 2)
+    assert (checkpoint.step_dir(tmp_path / "fresh", 2) / "policy.pt").read_bytes() == second

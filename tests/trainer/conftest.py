@@ -34,26 +34,26 @@ def ray_address() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pretrained_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder laid out like the clone's root where the first of the pretrained CPU example's
-    documented commands (docs/guides/models.md, `make-tiny-checkpoint --warm-start`) has run as
-    written: made once per session, since the warm start takes minutes. Its checkpoint must answer
+def pretrained_example(tmp_path_factory: pytest.TempPathFactory) -> pretrained_doc.Place:
+    """Where the first of the pretrained CPU example's documented commands (docs/guides/models.md,
+    `make-tiny-checkpoint --warm-start`) has run as written, in a folder outside the clone: made once
+    per session, since the warm start takes minutes. Its checkpoint must answer
     the taught lengths and not the RL task's 4 digits, which the RL tests start below 0.1 from.
 
     The command runs in a fresh interpreter: in-process, after other tests had run, the same seed
     once carried reversal over to 4 digits (0.38 exact) where a fresh process gets 0.0."""
-    root = pretrained_doc.clone_root(tmp_path_factory.mktemp("example"))
+    where = pretrained_doc.place(tmp_path_factory.mktemp("example"))
     command = pretrained_doc.documented_commands()[0]
     assert "make-tiny-checkpoint" in command and "--warm-start" in command, command
-    out = pretrained_doc.run(root, command)
+    out = pretrained_doc.run(where, command)
     accuracy = json.loads(out.stdout.strip().splitlines()[-1])["warm_start"]["accuracy_by_digits"]
     assert accuracy["3"] >= 0.9 and accuracy["5"] >= 0.9 and accuracy["4"] < 0.1, accuracy
     assert "warm start: step 600/600" in out.stderr, out.stderr  # it shows progress
-    return root
+    return where
 
 
 @pytest.fixture(scope="session")
-def warm_qwen2(pretrained_example: Path) -> Path:
+def warm_qwen2(pretrained_example: pretrained_doc.Place) -> Path:
     """The tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal that the example's first
     command made: the pretrained-path tests' stand-in for a pretrained model (copy it to write)."""
-    return pretrained_example / ".asyncgrpo" / "models" / "tiny-qwen2"
+    return pretrained_example.work / "models" / "tiny-qwen2"

@@ -1,14 +1,17 @@
 """The pretrained CPU example's commands as docs/guides/models.md documents them, for CI to run.
 
 They are read from the guide (the fenced block after MARKER), so what CI runs is what a reader
-copies, and run as written in a folder laid out like the clone's root (its .venv and docs linked
-in), where their relative paths resolve and their outputs (.asyncgrpo/) stay out of the checkout.
+copies, and run as written by the shell in an empty folder outside the clone, with ASYNCGRPO naming
+a folder laid out like the clone (its .venv, this interpreter's, and docs linked in): so they work
+from any folder, and their outputs stay out of the checkout.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,18 +25,35 @@ def documented_commands() -> list[str]:
     return [" ".join(line.split()) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
-def clone_root(folder: Path) -> Path:
-    """`folder` with the clone's .venv (this interpreter's) and docs linked in."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ".venv").symlink_to(sys.prefix)
-    (folder / "docs").symlink_to(REPO / "docs")
-    return folder
+@dataclass(frozen=True)
+class Place:
+    """Where the commands run: `work`, an empty folder, with ASYNCGRPO set to `clone`."""
+
+    clone: Path
+    work: Path
 
 
-def run(root: Path, command: str) -> subprocess.CompletedProcess[str]:
-    """One documented command in `root`, by the shell; fails the test with its output's tail."""
+def place(folder: Path) -> Place:
+    """`folder/clone` with the clone's .venv (this interpreter's) and docs linked in, and an empty
+    `folder/work` beside it to run in."""
+    clone, work = folder / "clone", folder / "work"
+    clone.mkdir(parents=True)
+    work.mkdir()
+    (clone / ".venv").symlink_to(sys.prefix)
+    (clone / "docs").symlink_to(REPO / "docs")
+    return Place(clone, work)
+
+
+def run(where: Place, command: str) -> subprocess.CompletedProcess[str]:
+    """One documented command, by the shell; fails the test with its output's tail."""
     out = subprocess.run(
-        ["bash", "-c", command], cwd=root, capture_output=True, text=True, timeout=1800, check=False
+        ["bash", "-c", command],
+        cwd=where.work,
+        env={**os.environ, "ASYNCGRPO": str(where.clone)},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
     )
     assert out.returncode == 0, f"$ {command}\n{out.stdout[-3000:]}\n{out.stderr[-4000:]}"
     return out

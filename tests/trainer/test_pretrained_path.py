@@ -102,8 +102,8 @@ def test_make_tiny_checkpoint_writes_a_checkpoint_transformers_and_the_trainer_l
 
 
 @pytest.mark.slow
-def test_the_guides_pretrained_cpu_commands_run_as_written_and_the_model_learns(
-    pretrained_example: Path,
+def test_the_guides_pretrained_cpu_commands_run_as_written_from_any_folder_and_the_model_learns(
+    pretrained_example: pretrained_doc.Place,
 ) -> None:
     """The rest of the guide's block, after the session's warm start (its first command): the run
     trains the example's 60 steps and export writes a Hugging Face directory."""
@@ -112,10 +112,10 @@ def test_the_guides_pretrained_cpu_commands_run_as_written_and_the_model_learns(
     accuracy = re.search(r"^  validation accuracy +([0-9.]+)$", out.stdout, re.MULTILINE)
     assert accuracy is not None and float(accuracy.group(1)) >= 0.5, out.stdout
     assert (
-        pretrained_example / ".asyncgrpo" / "pretrained-cpu" / "checkpoints" / "final" / "config.json"
+        pretrained_example.work / ".asyncgrpo" / "pretrained-cpu" / "checkpoints" / "final" / "config.json"
     ).is_file()
     pretrained_doc.run(pretrained_example, export)
-    assert (pretrained_example / ".asyncgrpo" / "exported-qwen2" / "config.json").is_file()
+    assert (pretrained_example.work / "exported-qwen2" / "config.json").is_file()
 
 
 def test_the_examples_comment_gives_the_guides_commands() -> None:

@@ -84,10 +84,15 @@ class CheckpointMirror:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):
-            self._sync_checkpoint()
-            if time.monotonic() >= self._logs_at:
-                self._sync_logs()
-                self._logs_at = time.monotonic() + self.log_interval_seconds
+            try:
+                self._sync_checkpoint()
+                if time.monotonic() >= self._logs_at:
+                    self._sync_logs()
+                    self._logs_at = time.monotonic() + self.log_interval_seconds
+            except Exception as exc:  # an error no one expected must not end durability
+                # A dead thread would stop every later upload while training goes on unaware;
+                # counted and retried like a failed request, it shows in Durable-Ckpt and the log.
+                self._failed(f"{type(exc).__name__}: {exc}")
 
     def _sync_checkpoint(self) -> bool:
         """Upload the newest local checkpoint if it is newer than the durable one; True when

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -29,8 +30,10 @@ TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=64
 _REFUSED_CODES = frozenset(
     {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "403", "404"}
 )
-TransientError = (BotoCoreError, ClientError, OSError)
-"""What a request may raise when the server is away or busy (the mirror retries these)."""
+TransientError = (BotoCoreError, ClientError, S3UploadFailedError, OSError)
+"""What a request may raise when the server is away, busy or refuses it (the mirror retries these).
+`upload_file` reports a refused upload (AccessDenied from a bucket over its quota, say) as boto3's
+S3UploadFailedError, not as the ClientError behind it."""
 
 
 class ObjectStoreRefusedError(RuntimeError):
