@@ -321,7 +321,9 @@ def test_heads_that_hang_or_flood_do_not_delay_a_healthy_jobs_progress() -> None
     assert changed[0] < 1.5, changed
     gaps = [b - a for a, b in itertools.pairwise(changed)]
     assert len(changed) >= 6 and max(gaps) < 2.5, gaps
-    assert len(served) == len(changed)
+    # Each answer served changed the status, but the last: one still in flight when the poller was
+    # cancelled was served and never recorded (seen in a clean-clone CI run: 13 served, 12 changes).
+    assert len(served) - 1 <= len(changed) <= len(served), (served, changed)
     assert lag < 2.0, f"the event loop stalled for {lag:.2f} s"  # reading 1 GiB on it took 6.8 s
 
 
