@@ -24,8 +24,11 @@ import torch
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, nccl_sync, policy, sampling
 from asyncgrpo_trainer.backends.vllm_engine import VLLMGenerationWorker, VLLMOptions
+from asyncgrpo_trainer.conversation import Budget, Conversation, converse
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
+from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
+from tests.trainer.custom_envs import TURNS, EchoEnvironment
 
 pytestmark = pytest.mark.vllm
 
@@ -39,9 +42,9 @@ class Engine:
     not a bare loop: closing it cancels the engine's leftover tasks, which a closed loop would leave
     to print `Task was destroyed but it is pending!` at exit."""
 
-    def __init__(self, build: recipe.ModelBuild, stop_token: int) -> None:
+    def __init__(self, build: recipe.ModelBuild, stop_token: int, tokenizer: CheckpointTokenizer) -> None:
         self.runner = asyncio.Runner()
-        self.build, self.stop_token = build, stop_token
+        self.build, self.stop_token, self.tokenizer = build, stop_token, tokenizer
         self.worker = self.run(self._start())
 
     async def _start(self) -> VLLMGenerationWorker:
@@ -65,14 +68,14 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     path = make_tiny_checkpoint(
         tmp_path_factory.mktemp("vllm") / "qwen2", family="qwen2", tie_word_embeddings=False, seed=3
     )
-    base, _ = recipe.pretrained_build(
+    base, tokenizer = recipe.pretrained_build(
         str(path), max_sequence_length=512, dtype="float32", seed=0, chat_template=None, system_prompt=None
     )
     tokens = _greedy_reference(base, 12)
     stop = max(set(tokens), key=tokens.index)  # the token greedy decoding reaches last
     assert tokens.index(stop) > 0, tokens
     build = dataclasses.replace(base, eos_ids=(*base.eos_ids, stop))
-    eng = Engine(build, stop)
+    eng = Engine(build, stop, tokenizer)
     yield eng
     eng.run(eng.worker.shutdown())
     eng.runner.close()
@@ -233,3 +236,59 @@ def test_every_refit_of_a_policy_that_keeps_training_lands_in_vllm(engine: Engin
         older = _policy(engine.build)
         older.model.load_state_dict(before)
         assert gate <= 1.05 and _gate(older, out) > gate, (version, gate)
+
+
+def test_a_multi_turn_conversation_on_vllm_samples_what_the_policy_recomputes_turn_after_turn(
+    engine: Engine,
+) -> None:
+    """The conversation loop (`conversation.converse`) on vLLM, as on the torch engine
+    (tests/trainer/test_multiturn.py): each policy turn is one generate call on the conversation so
+    far, the environment's replies are appended as the checkpoint's chat template encodes them, and
+    every policy token's log-prob is the one the policy recomputes from the same prefix, on the
+    later turns too (issue 31 item 1)."""
+    env = EchoEnvironment()
+    worker, weights = _changed(engine.build, seed=31)
+    engine.run(engine.worker.load_weights(weights, version=100))
+    examples = env.builtin_examples(split="train", count=16, seed=0)
+    params = sampling.SamplingParams(max_new_tokens=64, temperature=1.0)
+    budget = Budget(max_turns=TURNS, tokens_per_turn=64, max_new_tokens=240)
+
+    async def conversations() -> list[Conversation]:
+        return list(
+            await asyncio.gather(
+                *(
+                    converse(
+                        engine.worker,
+                        tokenizer=engine.tokenizer,
+                        env=env,
+                        example=e,
+                        params=params,
+                        budget=budget,
+                        seed=i,
+                    )
+                    for i, e in enumerate(examples)
+                )
+            )
+        )
+
+    convs = engine.run(conversations())
+    later = [c for c in convs if len(c.turns) >= 2]
+    assert later, "no conversation got past its first turn"
+    for c in later:
+        replies = [engine.tokenizer.encode_turn("user", f">{k}") for k in range(1, len(c.turns))]
+        env_tokens = [t for t, m in zip(c.response_ids, c.loss_mask, strict=True) if not m]
+        assert env_tokens == [t for r in replies for t in r]
+    rows = [
+        (engine.tokenizer.encode_prompt(e.model_prompt), c.response_ids)
+        for e, c in zip(examples, convs, strict=True)
+    ]
+    with torch.no_grad():
+        recomputed, _ = worker.logprobs(worker.model, rows, worker.device)
+    errors = [
+        math.exp(abs(float(recomputed[i, j]) - c.logprobs[j]))
+        for i, c in enumerate(convs)
+        for j, trained in enumerate(c.loss_mask)
+        if trained and len(c.turns) >= 2 and j >= c.loss_mask.index(0)  # a later turn's tokens
+    ]
+    assert errors, "no policy token after an environment turn"
+    assert sum(errors) / len(errors) <= 1.05, sum(errors) / len(errors)
