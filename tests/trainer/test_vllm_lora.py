@@ -32,11 +32,11 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     path = make_tiny_checkpoint(
         tmp_path_factory.mktemp("vllm-lora") / "qwen2", family="qwen2", tie_word_embeddings=False, seed=3
     )
-    base, _ = recipe.pretrained_build(
+    base, tokenizer = recipe.pretrained_build(
         str(path), max_sequence_length=512, dtype="float32", seed=0, chat_template=None, system_prompt=None
     )
     build = dataclasses.replace(base, lora=lora.LoraConfig(rank=8, alpha=16.0))
-    eng = Engine(build, stop_token=-1)
+    eng = Engine(build, stop_token=-1, tokenizer=tokenizer)
     yield eng
     eng.run(eng.worker.shutdown())
     eng.runner.close()
