@@ -16,15 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from asyncgrpo_api.v1alpha1.placement import ClusterSpec
 from tests.cluster.buildah import buildah
-from tests.cluster.images import Built, build_all
+from tests.cluster.images import Built
 
 pytestmark = pytest.mark.images
 
 
 @pytest.fixture(scope="module")
-def built() -> dict[str, Built]:
-    return {b.name: b for b in build_all()}
+def built(built_images: dict[str, Built]) -> dict[str, Built]:
+    return built_images
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,12 @@ def test_trainer_image_runs_as_uid_1000_with_a_writable_home(run: dict[str, list
 
 def test_trainer_image_has_the_tests_ray_on_path_and_the_driver_module(run: dict[str, list[str]]) -> None:
     """KubeRay runs `ray start` and probes with wget; the operator runs `python -m asyncgrpo_trainer`
-    and sets rayVersion to the API's default, which is the Ray the tests run."""
-    assert metadata.version("ray") in _run(run, "trainer-cpu", "ray", "--version")
+    and sets rayVersion to the API's default, which must be the image's Ray (KubeRay picks
+    version-specific defaults by it) and the Ray the tests run."""
+    image_ray = _run(run, "trainer-cpu", "ray", "--version")
+    assert metadata.version("ray") in image_ray
+    default = ClusterSpec().ray_version
+    assert f"version {default}" in image_ray, f"spec.cluster.rayVersion defaults to {default}: {image_ray}"
     _run(run, "trainer-cpu", "wget", "--version")
     versions = _run(
         run,

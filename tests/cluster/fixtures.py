@@ -11,6 +11,7 @@ folder and shows what each component logged during that test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -22,6 +23,7 @@ import pytest
 
 from tests.cluster.build import build
 from tests.cluster.cluster import LocalCluster
+from tests.cluster.images import Built, build_all
 from tests.cluster.rest import Api, ApiError
 
 TEST_NS_LABEL = "asyncgrpo.dev/test-namespace"
@@ -35,6 +37,16 @@ def local_cluster() -> Iterator[LocalCluster]:
     cluster.join(build)
     yield cluster
     cluster.leave(keep=os.environ.get("ASYNCGRPO_KEEP_CLUSTER", "") not in ("", "0"))
+
+
+@pytest.fixture(scope="session")
+def built_images(pytestconfig: pytest.Config) -> dict[str, Built]:
+    """The operator and CPU trainer images by name, built when their archives are missing. A cold
+    build takes 7-13 minutes: its output goes to the console as it runs, where pytest's capture
+    would hold it until the test ended and the run would sit silent (issue 34)."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")  # None with `-p no:capture`
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        return {b.name: b for b in build_all()}
 
 
 @pytest.fixture(scope="session")

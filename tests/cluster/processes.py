@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,6 +69,32 @@ def rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+class RssSampler:
+    """A process's resident memory read every `interval` seconds on a thread, from `start` until
+    `stop`: the peak a test bounds, which one reading before and one after would miss."""
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.pid, self.interval = pid, interval
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(rss_bytes(self.pid))
+            self._stop.wait(self.interval)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """The peak VmRSS in bytes (0 when the process was gone throughout)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return max(self.samples, default=0)
 
 
 class PidFile:

@@ -26,7 +26,7 @@ from tests.chart.helm import CHART, helm
 from tests.cluster import node
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.fixtures import TEST_NS_LABEL
-from tests.cluster.images import Built, build_all
+from tests.cluster.images import Built
 from tests.cluster.rest import JSON, Api, ApiError
 from tests.cluster.samples import pod_ready, pods, wait_until
 from tests.e2e.whole_path import tiny_job
@@ -54,13 +54,11 @@ def placement(**extra: Any) -> dict[str, Any]:
     }
 
 
-def import_images(cluster: LocalCluster, timed: Callable[..., None]) -> dict[str, Built]:
-    """The operator and CPU trainer images (built when their archives are missing), imported into
-    the running node's containerd once per archive. `timed(what, seconds, **extra)` hears each
-    step's time."""
-    t0 = time.monotonic()
-    built = {b.name: b for b in build_all()}
-    timed("images (build_all, cached when unchanged)", time.monotonic() - t0)
+def import_images(
+    cluster: LocalCluster, built: dict[str, Built], timed: Callable[..., None]
+) -> dict[str, Built]:
+    """The built images (`build_all`'s, by name) imported into the running node's containerd once
+    per archive; returns `built`. `timed(what, seconds, **extra)` hears each import's time."""
     marks = cluster.paths.node / "imported"
     marks.mkdir(exist_ok=True)
     for image in built.values():

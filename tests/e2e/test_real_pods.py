@@ -72,8 +72,8 @@ def real_node(local_cluster: LocalCluster) -> LocalCluster:
 
 
 @pytest.fixture(scope="module")
-def images(real_node: LocalCluster) -> dict[str, Built]:
-    return import_images(real_node, record)
+def images(real_node: LocalCluster, built_images: dict[str, Built]) -> dict[str, Built]:
+    return import_images(real_node, built_images, record)
 
 
 @pytest.fixture(scope="module")

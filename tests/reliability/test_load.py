@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import secrets
 import statistics
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.nodes import spare_node
+from tests.cluster.processes import RssSampler, rss_bytes
 from tests.cluster.rest import JSON, Api, ApiError
 from tests.cluster.samples import wait_until
 from tests.e2e.test_operator import (
@@ -64,13 +63,6 @@ def load_nodes(kube_api: Api) -> Iterator[str]:
         except ApiError as err:
             if err.status != 404:
                 raise
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _alive(url: str) -> bool | None:
@@ -114,22 +106,12 @@ def test_many_jobs_at_once_all_run_with_bounded_memory_and_latency(
     )
     op.start()
     assert op.proc is not None
-    rss: list[int] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            with suppress(OSError):
-                rss.append(_rss(op.proc.pid))  # type: ignore[union-attr]
-            stop.wait(0.5)
-
-    sampler = threading.Thread(target=sample, daemon=True)
     try:
         # The baseline: the operator started and serving (liveness answers), before any job.
         wait_until(lambda: _alive(op.liveness), "operator liveness", timeout=120)
         time.sleep(2)
-        idle_rss = _rss(op.proc.pid)
-        sampler.start()
+        idle_rss = rss_bytes(op.proc.pid)
+        sampler = RssSampler(op.proc.pid).start()
         created: dict[str, float] = {}
         first_status: dict[str, float] = {}
         running: dict[str, float] = {}
@@ -154,11 +136,9 @@ def test_many_jobs_at_once_all_run_with_bounded_memory_and_latency(
         try:
             wait_until(all_running, f"{jobs} jobs Running", timeout=timeout, interval=0.5)
         finally:
-            stop.set()
-            sampler.join(timeout=5)
+            peak = sampler.stop()
         first = [first_status[n] - created[n] for n in created if n in first_status]
         to_running = [running[n] - created[n] for n in created if n in running]
-        peak = max(rss, default=0)
         report = {
             "jobs": jobs,
             "applied_s": round(applied, 1),
