@@ -20,6 +20,9 @@ How:
 - Every line either half prints is relayed as it ends, prefixed with the half's name; each half's
   own summary (failures, slowest durations) closes its lines, and the exit status is the first
   non-zero of the two (pytest's own codes: 5 still means a half collected nothing).
+- The log ends with both halves' verdicts: each half's short test summary (its failed and errored
+  tests) and final count line, printed again once both have exited. The half that ends first
+  would otherwise have its failures somewhere in the middle of a long log.
 
     python -m tests.halves [pytest args...]    # what `make test` runs after building
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,8 +69,24 @@ def commands(pytest_args: list[str]) -> dict[str, list[str]]:
     }
 
 
-def _relay(name: str, stream: IO[str], lock: threading.Lock) -> None:
+SHORT_SUMMARY = re.compile(r"^=+ short test summary info =+$")
+FINAL_COUNTS = re.compile(r"\b(passed|failed|errors?|skipped|deselected|no tests ran)\b.* in [0-9.]+s\b")
+
+
+def verdict(lines: list[str]) -> list[str]:
+    """What a pytest run's output ends on: its short test summary (from its header) and its final
+    count line; just the count line when nothing failed; the last line when neither is there (a
+    crash before pytest summarised)."""
+    start = next((i for i in range(len(lines) - 1, -1, -1) if SHORT_SUMMARY.match(lines[i])), None)
+    end = next((i for i in range(len(lines) - 1, -1, -1) if FINAL_COUNTS.search(lines[i])), None)
+    if end is None:
+        return lines[-1:]
+    return lines[start : end + 1] if start is not None and start < end else [lines[end]]
+
+
+def _relay(name: str, stream: IO[str], lock: threading.Lock, kept: list[str]) -> None:
     for line in stream:
+        kept.append(line.rstrip("\n"))
         with lock:
             sys.stdout.write(f"[{name}] {line}")
             sys.stdout.flush()
@@ -75,7 +95,7 @@ def _relay(name: str, stream: IO[str], lock: threading.Lock) -> None:
 def run(pytest_args: list[str]) -> int:
     """Both halves at once; the exit status of the first that failed (in the order started)."""
     lock = threading.Lock()
-    started: list[tuple[str, subprocess.Popen[str], threading.Thread]] = []
+    started: list[tuple[str, subprocess.Popen[str], threading.Thread, list[str]]] = []
     temps: list[Path] = []
     compile_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(
         Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
@@ -93,18 +113,22 @@ def run(pytest_args: list[str]) -> int:
                 bufsize=1,
             )
             assert proc.stdout is not None
-            relay = threading.Thread(target=_relay, args=(name, proc.stdout, lock), daemon=True)
+            kept: list[str] = []
+            relay = threading.Thread(target=_relay, args=(name, proc.stdout, lock, kept), daemon=True)
             relay.start()
-            started.append((name, proc, relay))
+            started.append((name, proc, relay, kept))
         codes = []
-        for name, proc, relay in started:
+        for _, proc, relay, _ in started:
             codes.append(proc.wait())
             relay.join()
-            with lock:
-                print(f"[{name}] pytest exited {codes[-1]}", flush=True)
+        print("=== both halves, as each ended ===", flush=True)
+        for (name, _, _, kept), code in zip(started, codes, strict=True):
+            for line in verdict(kept):
+                print(f"[{name}] {line}")
+            print(f"[{name}] pytest exited {code}", flush=True)
         return next((code for code in codes if code), 0)
     finally:
-        for _, proc, _ in started:
+        for _, proc, _, _ in started:
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait()

@@ -149,3 +149,30 @@ def test_the_two_halves_of_make_test_run_every_test_folder_once() -> None:
     assert in_operator == ignored == set(halves.OPERATOR_HALF) <= folders
     assert "tests/trainer" in folders - in_operator  # the trainer's half runs what is left
     assert "tests" in trainer and trainer[-1] == operator[-1] == "-q"
+
+
+
+MIXED = """
+def test_that_fails():
+    assert 1 == 2, "one is not two"
+
+def test_that_passes():
+    print("some output " * 3)
+"""
+
+
+def test_a_half_ends_the_log_on_its_failed_tests_and_its_counts(tmp_path: Path) -> None:
+    """The log of `make test` ends with each half's verdict (tests/halves.py): read from real
+    pytest output, as CI runs it, it is the failed test's line and the final counts, and not the
+    traceback or the durations before them."""
+    lines = run_pytest(tmp_path, MIXED, "-rfE", "--durations=5").stdout.splitlines()
+    ending = halves.verdict(lines)
+    assert "short test summary info" in ending[0], ending
+    assert any(line.startswith("FAILED test_sample.py::test_that_fails") for line in ending), ending
+    assert "1 failed, 1 passed" in ending[-1], ending
+    assert not any("assert 1 == 2" in line or "slowest" in line for line in ending), ending
+
+
+def test_a_green_half_ends_the_log_on_its_counts_alone(tmp_path: Path) -> None:
+    lines = run_pytest(tmp_path, "def test_ok():\n    pass\n", "--durations=5").stdout.splitlines()
+    assert [line.strip("= ").split(" in ")[0] for line in halves.verdict(lines)] == ["1 passed"]

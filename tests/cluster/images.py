@@ -131,7 +131,7 @@ def build_image(image: Image, base: str, pins: str) -> Path:
     """Build the image and export its archive (the caller holds the build lock)."""
     archive = archive_path(image, base, pins)
     config = _build_config(pins)
-    log(f"building {image.ref} from {image.dockerfile}{_estimate(image)} ...")
+    log(f"building {image.ref} from {image.dockerfile}{estimate(image)} ...")
     start = time.monotonic()
     args = [f"--build-arg={image.base_arg}={base}"] + [f"--build-arg={k}={v}" for k, v in image.args]
     buildah(
@@ -170,21 +170,20 @@ def _remove_older(image: Image, keep: Path) -> None:
             old.unlink()
 
 
-COLD_BUILD_SECONDS = {"operator": 60.0, "trainer-cpu": 530.0}
-"""A cold build and export of each on the project's 2-core machine under load (docs/benchmarks.md);
-only the progress line uses them, and this machine's slower records win."""
-
-
-def _estimate(image: Image) -> str:
-    """`(at most about N min)` for the progress line: the slowest build of this image recorded
-    here (a cold one), else COLD_BUILD_SECONDS; the layer cache makes most builds much shorter."""
-    seconds = [COLD_BUILD_SECONDS[image.name]]
+def estimate(image: Image) -> str:
+    """`(at most about N min ...)` for the progress line: the slowest build of this image recorded
+    on this machine (a cold one; the layer cache makes most builds much shorter), or nothing when
+    there is no record here: another machine's time would say what this one does not know
+    (issue 34: an estimate of 23 min for a build that took 12)."""
     records = images_root() / "build-times.jsonl"
-    for line in records.read_text().splitlines() if records.is_file() else []:
-        record = json.loads(line)
-        if record.get("image") == image.ref:
-            seconds.append(float(record["total_seconds"]))
-    return f" (at most about {max(seconds) / 60:.0f} min: a cold build here; cached layers cut it)"
+    seconds = [
+        float(record["total_seconds"])
+        for record in map(json.loads, records.read_text().splitlines() if records.is_file() else [])
+        if record.get("image") == image.ref
+    ]
+    if not seconds:
+        return " (its first build on this machine: minutes)"
+    return f" (at most about {max(seconds) / 60:.0f} min: the slowest build here; cached layers cut it)"
 
 
 def _record(image: Image, archive: Path, built: float, total: float) -> None:

@@ -27,6 +27,7 @@ from tests.cluster.build import (
 from tests.cluster.cluster import STAGES_FILE
 from tests.cluster.config import components, kubernetes_version
 from tests.cluster.fixtures import log_sizes, logged_during
+from tests.cluster.images import estimate, images
 from tests.cluster.processes import PidFile, ProcRecord, is_alive, port_in_use, spawn, stop
 
 
@@ -212,6 +213,19 @@ def test_build_progress_without_a_measured_time_says_only_what_it_knows() -> Non
     )
     assert progress.started("etcd") == "[1 of 2]"
     assert progress.running("etcd", 30.0) == "etcd: 30 s so far"
+
+
+def test_an_image_builds_estimate_is_this_machines_slowest_build_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASYNCGRPO_CACHE", str(tmp_path))
+    [trainer] = [image for image in images() if image.name == "trainer-cpu"]
+    assert estimate(trainer) == " (its first build on this machine: minutes)"
+    (tmp_path / "images").mkdir()
+    records = [{"image": trainer.ref, "total_seconds": s} for s in (95.0, 300.0)]
+    records.append({"image": "another/image:1", "total_seconds": 9000.0})
+    (tmp_path / "images" / "build-times.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert estimate(trainer).startswith(" (at most about 5 min: the slowest build here")
 
 
 def test_a_failed_tests_report_shows_only_what_components_logged_during_it(tmp_path: Path) -> None:
