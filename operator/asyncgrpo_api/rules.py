@@ -861,6 +861,13 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
             "is ignored without env.function (the environments reward a truncated response 0); set "
             "env.function or remove it",
         )
+    if trainer.env.function is None:
+        for field in _non_default(trainer.env, "function_scope"):
+            yield Finding(
+                f"{TRAINER}.env.{field}",
+                "is ignored without env.function (it says how that function is called); set "
+                "env.function or remove it",
+            )
 
 
 def _warn_inert_sharding(job: AsyncGRPOJob) -> Iterator[Finding]:

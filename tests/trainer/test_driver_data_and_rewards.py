@@ -2,7 +2,8 @@
 (as in test_driver_exit): unusable data or an unimportable reward function fails before Ray with
 the InvalidData exit code and a message naming the field and the file; a GSM8K-shaped file trains by key
 mapping with a user's reward function, its skipped rows reported once; a reward function that
-always fails stops the run with that reason and is counted, never trained on as 0."""
+always fails (raising, or a group function returning too few rewards) stops the run with that
+reason and is counted, never trained on as 0."""
 
 from __future__ import annotations
 
@@ -122,11 +123,24 @@ def test_gsm8k_rows_train_with_a_user_reward_function_and_the_skipped_rows_are_r
     assert err.count("data: data.trainPath") == 1  # the driver log names the skipped rows once
 
 
+@pytest.mark.parametrize(
+    ("function", "scope", "error"),
+    [
+        ("always_raises", "response", "ValueError: no reward for you"),
+        (
+            "one_reward_short",
+            "group",
+            f"ValueError: env.function {FUNCTIONS}:one_reward_short returned 1 rewards for 2 responses; with "
+            "env.functionScope group it must return one float per response, in their order",
+        ),
+    ],
+)
 def test_a_reward_function_that_always_fails_stops_the_run_and_is_counted_never_trained_on(
-    ray_address: str, tmp_path: Path
+    ray_address: str, tmp_path: Path, function: str, scope: str, error: str
 ) -> None:
     port = _free_port()
-    job = _gsm8k_job(tmp_path, GSM8K, steps=3, function=f"{FUNCTIONS}:always_raises")
+    job = _gsm8k_job(tmp_path, GSM8K, steps=3, function=f"{FUNCTIONS}:{function}")
+    job["spec"]["trainer"]["env"]["functionScope"] = scope
     # The untrained tiny model's responses run to maxNewTokens; truncated ones reach the function
     # only with scoreTruncated (otherwise they are rewarded 0 without a call).
     job["spec"]["trainer"]["env"]["scoreTruncated"] = True
@@ -135,7 +149,7 @@ def test_a_reward_function_that_always_fails_stops_the_run_and_is_counted_never_
         last = _until(proc, "asyncgrpo: training failed")[-1]
         assert "RewardFailuresError: 5 of the last 5 prompt groups scored were dropped" in last
         assert "(10% of 4 x numPromptsPerStep 4, at least 4); the last, for step " in last
-        assert last.rstrip().endswith("scoring failed 2 times; last: ValueError: no reward for you")
+        assert last.rstrip().endswith(f"scoring failed 2 times; last: {error}")
         doc = json.loads(_get(port, "/progress"))
         assert doc["state"] == "failed" and doc["rewardFailures"] >= 1 and doc["step"] == 0
         assert f"asyncgrpo_reward_failures_total {doc['rewardFailures']}" in _get(port, "/metrics")

@@ -1,12 +1,14 @@
 """docs/guides/environments.md's worked examples, run: every job in it passes admission, the
-single-turn reward function's job and the calculator's job train (two small steps each, through
-the real driver, controller and workers), and the environment class of the guide holds
+reward functions it shows are those the jobs name, the single-turn reward functions' jobs (per
+response, with the data row, per group) and the calculator's job train (two small steps each,
+through the real driver, controller and workers), and the environment class of the guide holds
 conversations on the torch engine."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,12 @@ from asyncgrpo_trainer.conversation import Budget, converse
 from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
+from tests.trainer import reward_functions
 
-GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "environments.md"
+REPO = Path(__file__).parents[2]
+GUIDE = REPO / "docs" / "guides" / "environments.md"
+DATA = "/data/"
+"""Where the guide's jobs find their data files: docs/examples/data in the repository."""
 
 
 def _blocks(language: str) -> list[str]:
@@ -36,16 +42,35 @@ def _jobs() -> dict[str, dict[str, Any]]:
 
 def test_every_job_of_the_guide_passes_admission() -> None:
     jobs = _jobs()
-    assert set(jobs) == {"reverse-own-reward", "calculator-cpu", "guess-cpu"}
+    assert set(jobs) == {
+        "reverse-own-reward",
+        "reverse-row-reward",
+        "reverse-group-reward",
+        "calculator-cpu",
+        "guess-cpu",
+    }
     for name, job in jobs.items():
         report = validate_manifest(job)
         assert report.ok, (name, [str(e) for e in report.errors])
 
 
+def test_the_reward_functions_the_guide_shows_are_those_its_jobs_run() -> None:
+    shown = [b for b in _blocks("python") if b.startswith("def ")]
+    assert len(shown) == 2
+    for source in shown:
+        name = source.partition("(")[0].removeprefix("def ")
+        assert source == inspect.getsource(getattr(reward_functions, name))
+
+
 @pytest.mark.trainer
-@pytest.mark.parametrize("name", ["reverse-own-reward", "calculator-cpu"])
+@pytest.mark.parametrize(
+    "name", ["reverse-own-reward", "reverse-row-reward", "reverse-group-reward", "calculator-cpu"]
+)
 def test_the_guides_jobs_train(name: str, ray_address: str, tmp_path: Path) -> None:
     job = copy.deepcopy(_jobs()[name])
+    data = job["spec"]["trainer"].get("data", {})
+    if "trainPath" in data:
+        data["trainPath"] = str(REPO / "docs/examples/data" / data["trainPath"].removeprefix(DATA))
     job["spec"]["checkpoint"] = {"path": str(tmp_path), "everySteps": 1000, "keepLast": 1}
     t = job["spec"]["trainer"]
     t["grpo"] = {"numPromptsPerStep": 4, "numGenerationsPerPrompt": 4, "maxNumSteps": 2, "valAtEnd": True}
@@ -59,7 +84,7 @@ def test_the_guides_jobs_train(name: str, ray_address: str, tmp_path: Path) -> N
 
 
 def test_the_guides_environment_class_holds_conversations() -> None:
-    (source,) = _blocks("python")
+    (source,) = [b for b in _blocks("python") if "class GuessEnvironment" in b]
     namespace: dict[str, Any] = {}
     exec(compile(source, str(GUIDE), "exec"), namespace)
     env = namespace["GuessEnvironment"]()

@@ -249,7 +249,7 @@ def read_inputs(job: AsyncGRPOJob) -> Inputs:
     model, tokenizer = model_of(job, env)
     prompts = load_prompts(job, env, tokenizer)
     if t.env.function is not None:
-        reward_function.check(t.env.function)
+        reward_function.check(t.env.function, t.env.function_scope)
     return Inputs(model, tokenizer, prompts, env)
 
 
@@ -285,6 +285,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             t.env.timeout_seconds,
             score_truncated=t.env.score_truncated,
             env_class=t.env.env_class,
+            function_scope=t.env.function_scope,
         )
         rollout = RolloutManager(
             generation_group,

@@ -17,6 +17,8 @@ DataKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 """A column of a data file (a key of a JSON row)."""
 RewardFunction = Annotated[str, StringConstraints(min_length=3, max_length=512)]
 EnvClass = Annotated[str, StringConstraints(min_length=3, max_length=512)]
+FunctionScope = Literal["response", "group"]
+"""How env.function is called: once per response, or once per prompt group with all its responses."""
 DEFAULT_MAX_TURNS = 4
 """env.maxTurns of a multi-turn environment when the job leaves it unset."""
 """\"package.module:function\"; its shape is checked by asyncgrpo_api.rules (with a message that says how)."""
@@ -592,11 +594,19 @@ class EnvSpec(ApiModel):
     function: RewardFunction | None = Field(
         default=None,
         description='A reward function of your own, "package.module:function", importable in the trainer '
-        "image: called as function(prompt, response, reference_answer) -> float in the reward workers "
-        '(only there), with the keyword stop_reason ("finished" or "truncated") when its signature takes '
-        "it. It replaces the environment's reward; the environment still reads the data and measures "
-        "accuracy. A response cut at generation.maxNewTokens is rewarded 0 without calling it, as the "
-        "environments score it, unless scoreTruncated.",
+        "image, run in the reward workers (only there): function(prompt, response, reference_answer) -> "
+        "float, or per group (functionScope). Keywords its signature names are passed: stop_reason "
+        '("finished" or "truncated"; stop_reasons per group) and row (the prompt\'s whole data row). It '
+        "replaces the environment's reward; the environment still reads the data and measures accuracy. A "
+        "response cut at generation.maxNewTokens is rewarded 0 without calling it, as the environments "
+        "score it, unless scoreTruncated (docs/guides/environments.md).",
+    )
+    function_scope: FunctionScope = Field(
+        default="response",
+        description="How env.function is called. response: once per response. group: once per prompt group, "
+        "function(prompt, responses, reference_answer) -> a list of one float per response, in their "
+        "order, so a reward can compare a response with its siblings; it is shown the finished responses "
+        "only (the others are rewarded 0), or all of them under scoreTruncated.",
     )
     score_truncated: bool = Field(
         default=False,
