@@ -1,9 +1,9 @@
 """The driver with data files and reward functions, as real subprocesses joining the session's Ray
-(as in test_driver_exit): unusable data or an unimportable reward function fails before Ray with
-the InvalidData exit code and a message naming the field and the file; a GSM8K-shaped file trains by key
-mapping with a user's reward function, its skipped rows reported once; a reward function that
-always fails (raising, or a group function returning too few rewards) stops the run with that
-reason and is counted, never trained on as 0."""
+(as in test_driver_exit): unusable data, an unimportable reward function or a missing reward model
+fails before Ray with the InvalidData exit code and a message naming the field and the file; a
+GSM8K-shaped file trains by key mapping with a user's reward function, its skipped rows reported
+once; a reward function that always fails (raising, or a group function returning too few
+rewards) stops the run with that reason and is counted, never trained on as 0."""
 
 from __future__ import annotations
 
@@ -87,6 +87,20 @@ def test_a_reward_function_that_cannot_be_imported_fails_at_start_with_invalid_d
     last = err.strip().splitlines()[-1]
     assert last.startswith(
         "asyncgrpo: training failed: InvalidDataError: env.function: cannot import 'no_such_package.rewards'"
+    )
+
+
+def test_a_reward_model_whose_checkpoint_is_missing_fails_at_start_with_invalid_data(tmp_path: Path) -> None:
+    job = _gsm8k_job(tmp_path, GSM8K, steps=2, function=f"{FUNCTIONS}:exact")
+    del job["spec"]["trainer"]["env"]["function"]
+    job["spec"]["trainer"]["rewardModel"] = {"path": str(tmp_path / "no-judge")}
+    proc = _start(job, tmp_path, NO_RAY, port=0)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == exitcodes.INVALID_DATA
+    assert err.strip().splitlines()[-1] == (
+        f"asyncgrpo: training failed: InvalidDataError: rewardModel.path: {tmp_path / 'no-judge'} does not "
+        "exist (is the models volume mounted there?); point it at the judge's Hugging Face checkpoint "
+        "directory"
     )
 
 

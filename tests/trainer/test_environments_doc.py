@@ -1,8 +1,8 @@
 """docs/guides/environments.md's worked examples, run: every job in it passes admission, the
 reward functions it shows are those the jobs name, the single-turn reward functions' jobs (per
-response, with the data row, per group) and the calculator's job train (two small steps each,
-through the real driver, controller and workers), and the environment class of the guide holds
-conversations on the torch engine."""
+response, with the data row, per group), the reward model's job (with the tests' taught judge) and
+the calculator's job train (two small steps each, through the real driver, controller and workers),
+and the environment class of the guide holds conversations on the torch engine."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ import pytest
 import yaml
 
 from asyncgrpo_api.rules import validate_manifest
+from asyncgrpo_api.v1alpha1.trainer import DEFAULT_JUDGE_TEMPLATE
 from asyncgrpo_trainer import driver, envs
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.conversation import Budget, converse
 from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
-from tests.trainer import reward_functions
+from tests.trainer import judge_checkpoint, reward_functions
 
 REPO = Path(__file__).parents[2]
 GUIDE = REPO / "docs" / "guides" / "environments.md"
@@ -46,6 +47,7 @@ def test_every_job_of_the_guide_passes_admission() -> None:
         "reverse-own-reward",
         "reverse-row-reward",
         "reverse-group-reward",
+        "reverse-judge",
         "calculator-cpu",
         "guess-cpu",
     }
@@ -62,15 +64,30 @@ def test_the_reward_functions_the_guide_shows_are_those_its_jobs_run() -> None:
         assert source == inspect.getsource(getattr(reward_functions, name))
 
 
+def test_the_guide_shows_the_reward_models_default_template() -> None:
+    (shown,) = re.findall(r"the default template is\n\n```\n(.*?)\n```", GUIDE.read_text(), flags=re.DOTALL)
+    assert shown == DEFAULT_JUDGE_TEMPLATE
+
+
+def test_the_guides_judge_is_the_one_the_tests_teach() -> None:
+    assert _jobs()["reverse-judge"]["spec"]["trainer"]["rewardModel"]["template"] == judge_checkpoint.TEMPLATE
+
+
 @pytest.mark.trainer
 @pytest.mark.parametrize(
-    "name", ["reverse-own-reward", "reverse-row-reward", "reverse-group-reward", "calculator-cpu"]
+    "name",
+    ["reverse-own-reward", "reverse-row-reward", "reverse-group-reward", "reverse-judge", "calculator-cpu"],
 )
-def test_the_guides_jobs_train(name: str, ray_address: str, tmp_path: Path) -> None:
+def test_the_guides_jobs_train(
+    name: str, ray_address: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     job = copy.deepcopy(_jobs()[name])
-    data = job["spec"]["trainer"].get("data", {})
+    t = job["spec"]["trainer"]
+    data = t.get("data", {})
     if "trainPath" in data:
         data["trainPath"] = str(REPO / "docs/examples/data" / data["trainPath"].removeprefix(DATA))
+    if "rewardModel" in t:
+        t["rewardModel"]["path"] = str(request.getfixturevalue("taught_judge"))
     job["spec"]["checkpoint"] = {"path": str(tmp_path), "everySteps": 1000, "keepLast": 1}
     t = job["spec"]["trainer"]
     t["grpo"] = {"numPromptsPerStep": 4, "numGenerationsPerPrompt": 4, "maxNumSteps": 2, "valAtEnd": True}
@@ -81,6 +98,7 @@ def test_the_guides_jobs_train(name: str, ray_address: str, tmp_path: Path) -> N
     assert summary["validation_accuracy"] is not None
     steps = [r for r in summary["records"] if "reward_mean" in r]
     assert len(steps) == 2 and all(r["tokens"] > 0 for r in steps)
+    assert all(r["reward_failures"] == 0 for r in steps)
 
 
 def test_the_guides_environment_class_holds_conversations() -> None:

@@ -119,7 +119,7 @@ def _actor(
     function: str, *, score_truncated: bool = False, scope: FunctionScope = "response"
 ) -> rewards.RewardActor:
     """The reward actor's class in this process (Ray only hosts it)."""
-    return rewards.RewardActor("reverse", f"{FUNCTIONS}:{function}", score_truncated, None, scope)
+    return rewards.RewardActor("reverse", f"{FUNCTIONS}:{function}", score_truncated, function_scope=scope)
 
 
 def test_a_truncated_response_is_rewarded_0_without_the_function_that_ignores_truncation() -> None:

@@ -627,6 +627,60 @@ class EnvSpec(ApiModel):
     )
 
 
+JUDGE_PLACEHOLDERS = ("{prompt}", "{response}", "{reference}")
+"""What rewardModel.template may name; each is replaced by its text (nothing else in it is special)."""
+DEFAULT_JUDGE_TEMPLATE = (
+    "Question: {prompt}\nReference answer: {reference}\nResponse: {response}\n"
+    "Is the response correct? Answer yes or no."
+)
+
+
+class RewardModelSpec(ApiModel):
+    """A reward model: a checkpoint that reads each response and writes a verdict, run by a generation
+    engine of its own (docs/guides/environments.md#a-reward-model)."""
+
+    path: AbsolutePath = Field(
+        description="Directory of the judge's Hugging Face checkpoint (config, tokenizer, weights), loaded "
+        "as model.path is, usually under storage.models.mountPath. Nothing is downloaded.",
+    )
+    template: str = Field(
+        default=DEFAULT_JUDGE_TEMPLATE,
+        min_length=1,
+        max_length=65536,
+        description="What the judge reads for one response: {prompt}, {response} and {reference} are "
+        "replaced by the prompt's text, the response and the reference answer (nothing else is special, "
+        "so other braces stay as written). It must name {response}.",
+    )
+    chat_template: bool | None = Field(
+        default=None,
+        description="Wrap the rendered template in the judge tokenizer's chat template (one user turn, "
+        "generation prompt appended). Unset: true when the tokenizer has a template.",
+    )
+    max_new_tokens: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Tokens of the judge's verdict at most (greedy). The verdict is its text's first word: "
+        "yes or no (any case) is 1 or 0, a number in [0, 1] is itself; anything else fails the group's "
+        "scoring, as an env.function that raises does.",
+    )
+    max_sequence_length: int = Field(
+        default=1024,
+        ge=8,
+        le=1_048_576,
+        description="The judge's tokens at most: the rendered template plus maxNewTokens. A longer one "
+        "fails the group's scoring.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype of the judge."
+    )
+    backend: Literal["torch", "vllm"] = Field(
+        default="torch",
+        description="The judge's engine: torch, or vllm (a trainer image with vLLM). It runs on the Ray "
+        "cluster's CPUs, in an actor of its own that batches the verdicts it is asked for concurrently.",
+    )
+
+
 class TrainerSpec(ApiModel):
     """Everything the driver needs besides the cluster: model, algorithm, asynchrony and backends."""
 
@@ -641,6 +695,11 @@ class TrainerSpec(ApiModel):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Refit transport.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training and validation prompts.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="The reward environment.")
+    reward_model: RewardModelSpec | None = Field(
+        default=None,
+        description="A reward model: its verdicts are the reward trained on, in place of the environment's "
+        "(the environment still reads the data and measures accuracy). Not with env.function.",
+    )
     logprob_gate: LogprobGateSpec = Field(
         default_factory=LogprobGateSpec,
         description="Whether the generation engine samples the policy's distribution, checked every step.",
