@@ -65,6 +65,9 @@ ANSWER_KEY = _t("data.answerKey")
 ENV_NAME = _t("env.name")
 ENV_FUNCTION = _t("env.function")
 ENV_CLASS = _t("env.class")
+REWARD_MODEL_PATH = _t("rewardModel.path")
+"""Set exactly when rewardModel is (path is its one required field)."""
+JUDGE_TEMPLATE = _t("rewardModel.template")
 MAX_TURNS = _t("env.maxTurns")
 TURN_TOKENS = _t("env.maxTokensPerTurn")
 
@@ -404,6 +407,25 @@ INVARIANTS: tuple[Invariant, ...] = (
             "function name); got '",
             ENV_FUNCTION,
             "'",
+        ),
+    ),
+    Invariant(
+        "twoRewardSources",
+        ENV_FUNCTION.path,
+        ENV_FUNCTION.is_set() & REWARD_MODEL_PATH.is_set(),
+        (
+            "cannot be set together with rewardModel (",
+            REWARD_MODEL_PATH,
+            "): each would be the reward trained on; remove env.function or rewardModel",
+        ),
+    ),
+    Invariant(
+        "judgeTemplateWithoutResponse",
+        JUDGE_TEMPLATE.path,
+        JUDGE_TEMPLATE.is_set() & ~JUDGE_TEMPLATE.matches(r"^[\s\S]*\{response\}[\s\S]*$"),
+        (
+            "must name {response}, which is replaced by the response to judge (and {prompt}, {reference} "
+            "by the prompt and the reference answer); without it the judge never sees the response",
         ),
     ),
     Invariant(

@@ -855,12 +855,19 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 f"{TRAINER}.policy.{field}",
                 "is ignored with learningRateSchedule constant; set learningRateSchedule cosine or remove it",
             )
-    if trainer.env.score_truncated and trainer.env.function is None:
+    if trainer.env.score_truncated and trainer.env.function is None and trainer.reward_model is None:
         yield Finding(
             f"{TRAINER}.env.scoreTruncated",
-            "is ignored without env.function (the environments reward a truncated response 0); set "
-            "env.function or remove it",
+            "is ignored without env.function or rewardModel (the environments reward a truncated response "
+            "0); set one of them or remove it",
         )
+    if trainer.env.function is None:
+        for field in _non_default(trainer.env, "function_scope"):
+            yield Finding(
+                f"{TRAINER}.env.{field}",
+                "is ignored without env.function (it says how that function is called); set "
+                "env.function or remove it",
+            )
 
 
 def _warn_inert_sharding(job: AsyncGRPOJob) -> Iterator[Finding]:

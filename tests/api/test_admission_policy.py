@@ -229,6 +229,14 @@ TABLE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"env": {"function": "my_rewards.scoring:score"}},
         {"env": {"function": "my_rewards.scoring.score"}},
     ),
+    "twoRewardSources": (
+        {"rewardModel": {"path": "/models/judge"}},
+        {"rewardModel": {"path": "/models/judge"}, "env": {"function": "my_rewards.scoring:score"}},
+    ),
+    "judgeTemplateWithoutResponse": (
+        {"rewardModel": {"path": "/models/judge", "template": "Q: {prompt}\nA: {response}\nRight?"}},
+        {"rewardModel": {"path": "/models/judge", "template": "Q: {prompt}\nRight?"}},
+    ),
     "environmentClassShape": (
         {"env": {"class": "my_envs.tools:Calculator"}},
         {"env": {"class": "my_envs.tools.Calculator"}},

@@ -1,4 +1,6 @@
-"""The admission rules of multi-turn environments (env.class, env.maxTurns, env.maxTokensPerTurn)."""
+"""The admission rules of environments and reward sources: multi-turn environments (env.class,
+env.maxTurns, env.maxTokensPerTurn), env.functionScope, and rewardModel (one reward source; a
+template that names the response)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,31 @@ REJECTED: list[tuple[str, dict[str, Any], str, str]] = [
         f"{ENV}.maxTokensPerTurn",
         "(17) must be at most generation.maxNewTokens (16)",
     ),
+    (
+        "function-scope-not-a-scope",
+        job_with(env={"function": "my_team.rewards:score", "functionScope": "batch"}),
+        f"{ENV}.functionScope",
+        "input should be 'response' or 'group'; got 'batch'",
+    ),
+    (
+        "two-reward-sources",
+        job_with(env={"function": "my_team.rewards:score"}, rewardModel={"path": "/models/judge"}),
+        f"{ENV}.function",
+        "cannot be set together with rewardModel (/models/judge): each would be the reward trained on; "
+        "remove env.function or rewardModel",
+    ),
+    (
+        "judge-template-without-the-response",
+        job_with(rewardModel={"path": "/models/judge", "template": "Is {prompt} answered by {reference}?"}),
+        "spec.trainer.rewardModel.template",
+        "must name {response}",
+    ),
+    (
+        "judge-path-relative",
+        job_with(rewardModel={"path": "models/judge"}),
+        "spec.trainer.rewardModel.path",
+        "should match pattern",
+    ),
 ]
 
 
@@ -75,3 +102,13 @@ def test_a_multi_turn_environment_with_its_budgets_is_accepted_without_data_file
     assert report.ok, [str(e) for e in report.errors]
     assert report.job is not None
     assert report.job.spec.trainer.env.env_class == env.get("class")
+
+
+def test_a_reward_model_with_its_defaults_is_accepted_and_keeps_the_environment() -> None:
+    report = validate_manifest(job_with(rewardModel={"path": "/models/judge"}, env={"scoreTruncated": True}))
+    assert report.ok, [str(e) for e in report.errors]
+    assert not [w for w in report.warnings if "env." in w.path]  # scoreTruncated acts on the judge
+    assert report.job is not None
+    judge = report.job.spec.trainer.reward_model
+    assert judge is not None and judge.max_new_tokens == 4 and "{response}" in judge.template
+    assert report.job.spec.trainer.env.name == "reverse"  # still reads the data and decides correct

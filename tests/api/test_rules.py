@@ -866,7 +866,16 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
             },
         ],
     ),
-    ("env.scoreTruncated", True, [{}], [{"trainer": {"env": {"function": "my_team.rewards:score"}}}]),
+    (
+        "env.scoreTruncated",
+        True,
+        [{}],
+        [
+            {"trainer": {"env": {"function": "my_team.rewards:score"}}},
+            {"trainer": {"rewardModel": {"path": "/models/judge"}}},
+        ],
+    ),
+    ("env.functionScope", "group", [{}], [{"trainer": {"env": {"function": "my_team.rewards:score"}}}]),
     ("logprobGate.steps", 3, [{"trainer": {"logprobGate": {"threshold": None}}}], [{}]),
     ("logprobGate.failJob", True, [{"trainer": {"logprobGate": {"threshold": None}}}], [{}]),
     ("policy.minLearningRateRatio", 0.1, [{}], [{"trainer": {"policy": {"learningRateSchedule": "cosine"}}}]),

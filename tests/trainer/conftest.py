@@ -12,7 +12,7 @@ import ray
 import torch
 
 from asyncgrpo_trainer import local_run
-from tests.trainer import pretrained_doc
+from tests.trainer import judge_checkpoint, pretrained_doc
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +57,10 @@ def warm_qwen2(pretrained_example: pretrained_doc.Place) -> Path:
     """The tiny Qwen2 checkpoint warm-started on 3- and 5-digit reversal that the example's first
     command made: the pretrained-path tests' stand-in for a pretrained model (copy it to write)."""
     return pretrained_example.work / "models" / "tiny-qwen2"
+
+
+@pytest.fixture(scope="session")
+def taught_judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny judge checkpoint taught to answer 1 when the response it reads is the reference answer
+    and 0 otherwise (`judge_checkpoint`): made once per session, since teaching it takes a minute."""
+    return judge_checkpoint.teach_judge(tmp_path_factory.mktemp("judge"))

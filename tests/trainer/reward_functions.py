@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 def exact(prompt: str, response: str, reference: str) -> float:
@@ -43,6 +45,31 @@ def returns_text(prompt: str, response: str, reference: str) -> str:
 
 def always_raises(prompt: str, response: str, reference: str) -> float:
     raise ValueError("no reward for you")
+
+
+def best_in_group(prompt: str, responses: list[str], reference: str) -> list[float]:
+    """A group function (env.functionScope group) that ranks the responses against each other: 1 for
+    those with the most positions of the reference right in their group (when any has one), else 0."""
+    right = [sum(a == b for a, b in zip(r, reference, strict=False)) for r in responses]
+    best = max(right)
+    return [float(best > 0 and n == best) for n in right]
+
+
+def finished_one_truncated_half(
+    prompt: str, responses: list[str], reference: str, stop_reasons: list[str]
+) -> list[float]:
+    """A group function that takes the stop reasons: 1 for a finished response, 0.5 for a truncated one."""
+    return [1.0 if reason == "finished" else 0.5 for reason in stop_reasons]
+
+
+def one_reward_short(prompt: str, responses: list[str], reference: str) -> list[float]:
+    """A broken group function: one reward fewer than the responses."""
+    return [1.0] * (len(responses) - 1)
+
+
+def points_from_row(prompt: str, response: str, reference: str, row: Mapping[str, Any]) -> float:
+    """The row's own `points` column (metadata the data file carries) for exactly the reference, else 0."""
+    return float(row["points"]) if response.strip() == reference else 0.0
 
 
 NOT_A_FUNCTION = 3

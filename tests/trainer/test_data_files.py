@@ -87,7 +87,9 @@ def _as_jsonl_named_json(rows: list[dict[str, Any]], tmp: Path) -> Path:
 def test_every_format_gives_the_examples_of_the_jsonl_file(writer: Any, tmp_path: Path) -> None:
     expected = _load("gsm8k", GSM8K, prompt_key="question").train
     path = writer(_rows(GSM8K), tmp_path)
-    assert _load("gsm8k", path, prompt_key="question").train == expected
+    got = _load("gsm8k", path, prompt_key="question").train
+    assert got == expected
+    assert [e.row for e in got] == [e.row for e in expected] == _rows(GSM8K)  # whole rows, plain data
 
 
 def test_bad_rows_are_skipped_counted_and_the_first_is_named_in_one_line(tmp_path: Path) -> None:
@@ -115,7 +117,8 @@ def test_a_string_answer_stays_the_string_written_even_when_other_rows_hold_numb
     # The datasets JSON loader turns "007" into 7 in a column of mixed types; the rows are read exactly.
     path = _write(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "007"}, {"prompt": "b", "answer": 7}])
     prompts = _load("reverse", path)
-    assert prompts.train == [Example("a", "007"), Example("b", "7")]
+    assert [(e.prompt, e.answer) for e in prompts.train] == [("a", "007"), ("b", "7")]
+    assert prompts.train[1].row == {"prompt": "b", "answer": 7}  # the row as written, for a reward function
 
 
 def test_a_file_with_no_usable_row_fails_naming_the_field_the_file_and_the_first_bad_row(
@@ -234,7 +237,12 @@ def test_verls_gsm8k_parquet_is_used_directly_with_a_nested_answer_key(tmp_path:
     assert [e.answer for e in prompts.train] == ["72", "12"] and prompts.summary(1000) is None
     # The tiny model's tokenizer has no chat template: a single user turn is encoded as its text.
     assert TOKENIZER.encode_prompt(prompts.train[0].model_prompt) == TOKENIZER.encode_prompt(text)
-    assert dataclasses.asdict(prompts.train[0]) == {"prompt": text, "answer": "72", "chat": (("user", text),)}
+    assert dataclasses.asdict(prompts.train[0]) == {
+        "prompt": text,
+        "answer": "72",
+        "chat": (("user", text),),
+        "row": rows[0],  # verl's whole row (data_source, extra_info, ...), for a reward function
+    }
 
 
 def test_verls_math_parquet_is_used_directly(tmp_path: Path) -> None:

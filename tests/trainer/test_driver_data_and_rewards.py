@@ -1,8 +1,9 @@
 """The driver with data files and reward functions, as real subprocesses joining the session's Ray
-(as in test_driver_exit): unusable data or an unimportable reward function fails before Ray with
-the InvalidData exit code and a message naming the field and the file; a GSM8K-shaped file trains by key
-mapping with a user's reward function, its skipped rows reported once; a reward function that
-always fails stops the run with that reason and is counted, never trained on as 0."""
+(as in test_driver_exit): unusable data, an unimportable reward function or a missing reward model
+fails before Ray with the InvalidData exit code and a message naming the field and the file; a
+GSM8K-shaped file trains by key mapping with a user's reward function, its skipped rows reported
+once; a reward function that always fails (raising, or a group function returning too few
+rewards) stops the run with that reason and is counted, never trained on as 0."""
 
 from __future__ import annotations
 
@@ -89,6 +90,20 @@ def test_a_reward_function_that_cannot_be_imported_fails_at_start_with_invalid_d
     )
 
 
+def test_a_reward_model_whose_checkpoint_is_missing_fails_at_start_with_invalid_data(tmp_path: Path) -> None:
+    job = _gsm8k_job(tmp_path, GSM8K, steps=2, function=f"{FUNCTIONS}:exact")
+    del job["spec"]["trainer"]["env"]["function"]
+    job["spec"]["trainer"]["rewardModel"] = {"path": str(tmp_path / "no-judge")}
+    proc = _start(job, tmp_path, NO_RAY, port=0)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == exitcodes.INVALID_DATA
+    assert err.strip().splitlines()[-1] == (
+        f"asyncgrpo: training failed: InvalidDataError: rewardModel.path: {tmp_path / 'no-judge'} does not "
+        "exist (is the models volume mounted there?); point it at the judge's Hugging Face checkpoint "
+        "directory"
+    )
+
+
 def test_gsm8k_rows_train_with_a_user_reward_function_and_the_skipped_rows_are_reported_once(
     ray_address: str, tmp_path: Path
 ) -> None:
@@ -122,11 +137,24 @@ def test_gsm8k_rows_train_with_a_user_reward_function_and_the_skipped_rows_are_r
     assert err.count("data: data.trainPath") == 1  # the driver log names the skipped rows once
 
 
+@pytest.mark.parametrize(
+    ("function", "scope", "error"),
+    [
+        ("always_raises", "response", "ValueError: no reward for you"),
+        (
+            "one_reward_short",
+            "group",
+            f"ValueError: env.function {FUNCTIONS}:one_reward_short returned 1 rewards for 2 responses; with "
+            "env.functionScope group it must return one float per response, in their order",
+        ),
+    ],
+)
 def test_a_reward_function_that_always_fails_stops_the_run_and_is_counted_never_trained_on(
-    ray_address: str, tmp_path: Path
+    ray_address: str, tmp_path: Path, function: str, scope: str, error: str
 ) -> None:
     port = _free_port()
-    job = _gsm8k_job(tmp_path, GSM8K, steps=3, function=f"{FUNCTIONS}:always_raises")
+    job = _gsm8k_job(tmp_path, GSM8K, steps=3, function=f"{FUNCTIONS}:{function}")
+    job["spec"]["trainer"]["env"]["functionScope"] = scope
     # The untrained tiny model's responses run to maxNewTokens; truncated ones reach the function
     # only with scoreTruncated (otherwise they are rewarded 0 without a call).
     job["spec"]["trainer"]["env"]["scoreTruncated"] = True
@@ -135,7 +163,7 @@ def test_a_reward_function_that_always_fails_stops_the_run_and_is_counted_never_
         last = _until(proc, "asyncgrpo: training failed")[-1]
         assert "RewardFailuresError: 5 of the last 5 prompt groups scored were dropped" in last
         assert "(10% of 4 x numPromptsPerStep 4, at least 4); the last, for step " in last
-        assert last.rstrip().endswith("scoring failed 2 times; last: ValueError: no reward for you")
+        assert last.rstrip().endswith(f"scoring failed 2 times; last: {error}")
         doc = json.loads(_get(port, "/progress"))
         assert doc["state"] == "failed" and doc["rewardFailures"] >= 1 and doc["step"] == 0
         assert f"asyncgrpo_reward_failures_total {doc['rewardFailures']}" in _get(port, "/metrics")

@@ -1,12 +1,14 @@
 """docs/guides/environments.md's worked examples, run: every job in it passes admission, the
-single-turn reward function's job and the calculator's job train (two small steps each, through
-the real driver, controller and workers), and the environment class of the guide holds
-conversations on the torch engine."""
+reward functions it shows are those the jobs name, the single-turn reward functions' jobs (per
+response, with the data row, per group), the reward model's job (with the tests' taught judge) and
+the calculator's job train (two small steps each, through the real driver, controller and workers),
+and the environment class of the guide holds conversations on the torch engine."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -15,14 +17,19 @@ import pytest
 import yaml
 
 from asyncgrpo_api.rules import validate_manifest
+from asyncgrpo_api.v1alpha1.trainer import DEFAULT_JUDGE_TEMPLATE
 from asyncgrpo_trainer import driver, envs
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.conversation import Budget, converse
 from asyncgrpo_trainer.models.config import tiny_config
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
+from tests.trainer import judge_checkpoint, reward_functions
 
-GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "environments.md"
+REPO = Path(__file__).parents[2]
+GUIDE = REPO / "docs" / "guides" / "environments.md"
+DATA = "/data/"
+"""Where the guide's jobs find their data files: docs/examples/data in the repository."""
 
 
 def _blocks(language: str) -> list[str]:
@@ -36,16 +43,51 @@ def _jobs() -> dict[str, dict[str, Any]]:
 
 def test_every_job_of_the_guide_passes_admission() -> None:
     jobs = _jobs()
-    assert set(jobs) == {"reverse-own-reward", "calculator-cpu", "guess-cpu"}
+    assert set(jobs) == {
+        "reverse-own-reward",
+        "reverse-row-reward",
+        "reverse-group-reward",
+        "reverse-judge",
+        "calculator-cpu",
+        "guess-cpu",
+    }
     for name, job in jobs.items():
         report = validate_manifest(job)
         assert report.ok, (name, [str(e) for e in report.errors])
 
 
+def test_the_reward_functions_the_guide_shows_are_those_its_jobs_run() -> None:
+    shown = [b for b in _blocks("python") if b.startswith("def ")]
+    assert len(shown) == 2
+    for source in shown:
+        name = source.partition("(")[0].removeprefix("def ")
+        assert source == inspect.getsource(getattr(reward_functions, name))
+
+
+def test_the_guide_shows_the_reward_models_default_template() -> None:
+    (shown,) = re.findall(r"the default template is\n\n```\n(.*?)\n```", GUIDE.read_text(), flags=re.DOTALL)
+    assert shown == DEFAULT_JUDGE_TEMPLATE
+
+
+def test_the_guides_judge_is_the_one_the_tests_teach() -> None:
+    assert _jobs()["reverse-judge"]["spec"]["trainer"]["rewardModel"]["template"] == judge_checkpoint.TEMPLATE
+
+
 @pytest.mark.trainer
-@pytest.mark.parametrize("name", ["reverse-own-reward", "calculator-cpu"])
-def test_the_guides_jobs_train(name: str, ray_address: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "name",
+    ["reverse-own-reward", "reverse-row-reward", "reverse-group-reward", "reverse-judge", "calculator-cpu"],
+)
+def test_the_guides_jobs_train(
+    name: str, ray_address: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     job = copy.deepcopy(_jobs()[name])
+    t = job["spec"]["trainer"]
+    data = t.get("data", {})
+    if "trainPath" in data:
+        data["trainPath"] = str(REPO / "docs/examples/data" / data["trainPath"].removeprefix(DATA))
+    if "rewardModel" in t:
+        t["rewardModel"]["path"] = str(request.getfixturevalue("taught_judge"))
     job["spec"]["checkpoint"] = {"path": str(tmp_path), "everySteps": 1000, "keepLast": 1}
     t = job["spec"]["trainer"]
     t["grpo"] = {"numPromptsPerStep": 4, "numGenerationsPerPrompt": 4, "maxNumSteps": 2, "valAtEnd": True}
@@ -56,10 +98,11 @@ def test_the_guides_jobs_train(name: str, ray_address: str, tmp_path: Path) -> N
     assert summary["validation_accuracy"] is not None
     steps = [r for r in summary["records"] if "reward_mean" in r]
     assert len(steps) == 2 and all(r["tokens"] > 0 for r in steps)
+    assert all(r["reward_failures"] == 0 for r in steps)
 
 
 def test_the_guides_environment_class_holds_conversations() -> None:
-    (source,) = _blocks("python")
+    (source,) = [b for b in _blocks("python") if "class GuessEnvironment" in b]
     namespace: dict[str, Any] = {}
     exec(compile(source, str(GUIDE), "exec"), namespace)
     env = namespace["GuessEnvironment"]()

@@ -1,10 +1,15 @@
-"""The shipped environments, the tokenizer and the resumable prompt loader."""
+"""The shipped environments, the tokenizer, the resumable prompt loader, and the data row an
+example carries through a checkpoint."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
+import torch
 
 from asyncgrpo_trainer import data, envs
+from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
@@ -61,3 +66,24 @@ def test_loader_resumes_exactly_where_it_stopped_across_epochs() -> None:
     b.load_state_dict(a.state_dict())
     assert [a.next_batch() for _ in range(4)] == [b.next_batch() for _ in range(4)]
     assert sorted(e.prompt for batch in seen for e in batch[:]) != []  # epochs wrap without error
+
+
+def test_a_checkpointed_buffer_keeps_each_examples_row_and_one_written_before_rows_still_loads() -> None:
+    row = {"prompt": "1234=", "answer": "4321", "meta": {"source": "web", "tags": ["a", 1, None]}}
+    buf = ReplayBuffer()
+    buf.reserve(Example("1234=", "4321", row=row), start_version=0, target_step=0)
+    buf.reserve(Example("5678=", "8765"), start_version=0, target_step=0)
+    saved = io.BytesIO()
+    torch.save(buf.state_dict(), saved)  # as the controller's checkpoint holds it
+    saved.seek(0)
+    back = ReplayBuffer.from_state_dict(torch.load(saved, weights_only=False))
+    first, second = (s.example for s in back.ordered())
+    assert first.row == row
+    assert second.row == {"prompt": "5678=", "answer": "8765"}  # a built-in prompt's small row
+    old = buf.state_dict()
+    for slot in old["slots"]:
+        del slot["example"]["row"]  # a checkpoint from before examples kept their row
+    assert [s.example.row for s in ReplayBuffer.from_state_dict(old).ordered()] == [
+        {"prompt": "1234=", "answer": "4321"},
+        {"prompt": "5678=", "answer": "8765"},
+    ]

@@ -25,7 +25,16 @@ from pydantic import BaseModel
 
 from asyncgrpo_api import rules
 from asyncgrpo_api.v1alpha1.job import AsyncGRPOJobSpec
-from asyncgrpo_trainer import cluster, data, driver, megatron_workers, reward_function, weights, workers
+from asyncgrpo_trainer import (
+    cluster,
+    data,
+    driver,
+    judge,
+    megatron_workers,
+    reward_function,
+    weights,
+    workers,
+)
 from asyncgrpo_trainer import rewards as reward_workers
 from asyncgrpo_trainer.envs.base import Example
 from asyncgrpo_trainer.models import recipe
@@ -101,6 +110,7 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "trainer.generation.gpuMemoryUtilization": VLLM_ON_GPUS,
     "trainer.grpo.dynamicSamplingMaxExtraGroups": {"trainer": {"grpo": {"dynamicSampling": True}}},
     "trainer.env.maxTurns": {"trainer": {"env": {"name": "calculator"}}},
+    "trainer.rewardModel.": {"trainer": {"rewardModel": {"path": "/models/judge"}}},
     "trainer.env.maxTokensPerTurn": {"trainer": {"env": {"name": "calculator"}}},
     # maxBufferedRollouts must be exactly P x (S+1) unless overSampling.
     "trainer.asyncRL.maxBufferedRollouts": {"trainer": {"asyncRL": {"overSampling": True}}},
@@ -174,7 +184,13 @@ def candidates(annotation: Any, current: Any) -> list[Any]:
             base = [current * 2, current / 2, current + 0.5, *base]
         return [v for v in base if v != current]
     if annotation is str:
-        return ["/data/walk.jsonl", "walk", "tests.trainer.custom_envs:EchoEnvironment", "walk_rewards:score"]
+        return [
+            "/data/walk.jsonl",
+            "walk",
+            "tests.trainer.custom_envs:EchoEnvironment",
+            "walk_rewards:score",
+            "Is {response} right?",  # a judge's template (rewardModel.template must name the response)
+        ]
     return []
 
 
@@ -273,6 +289,8 @@ def derived(manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
         m.setattr(workers, "start_generation_group", rec.stub("generation", (Stub("generation"), [])))
         m.setattr(reward_workers, "RewardPool", rec.stub("rewards", StubRewards("rewards")))
         m.setattr(reward_function, "check", rec.stub("function", None))
+        m.setattr(judge, "read", rec.stub("judge", Stub("judge")))
+        m.setattr(judge, "start", rec.stub("judge-engine", (Stub("reward-model"), Stub("judge-ready"))))
         m.setattr(data, "load_prompts", rec.stub("data", data.Prompts([Example("1234=", "4321")], [], [])))
         m.setattr(driver, "RolloutManager", rec.stub("rollout", Stub("rollout")))
         m.setattr(weights, "build", rec.stub("weights", Stub("weights")))

@@ -4,6 +4,7 @@ the one retry, and a failure that ends as RewardFailedError (the group is droppe
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sys
 import time
@@ -12,18 +13,24 @@ from pathlib import Path
 import pytest
 import ray
 
-from asyncgrpo_trainer import reward_function, rewards
+from asyncgrpo_api.v1alpha1.trainer import FunctionScope
+from asyncgrpo_trainer import data, envs, reward_function, rewards
 from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.envs.base import Example, Score
+from asyncgrpo_trainer.models.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.trainer
 FUNCTIONS = "tests.trainer.reward_functions"
 
 
-def _pool(function: str, workers: int, timeout_seconds: float) -> rewards.RewardPool:
+def _pool(
+    function: str, workers: int, timeout_seconds: float, scope: FunctionScope = "response"
+) -> rewards.RewardPool:
     """A started pool: the driver waits for its workers too (`RewardPool.ready`), so that a deadline
     never covers a worker's start."""
-    pool = rewards.RewardPool("reverse", f"{FUNCTIONS}:{function}", workers, timeout_seconds)
+    pool = rewards.RewardPool(
+        "reverse", f"{FUNCTIONS}:{function}", workers, timeout_seconds, function_scope=scope
+    )
     ray.get(pool.ready(), timeout=300)
     return pool
 
@@ -108,9 +115,11 @@ def test_the_driver_checks_the_function_without_running_user_code_in_its_process
     assert FUNCTIONS not in sys.modules  # imported in a child process, not here
 
 
-def _actor(function: str, *, score_truncated: bool = False) -> rewards.RewardActor:
+def _actor(
+    function: str, *, score_truncated: bool = False, scope: FunctionScope = "response"
+) -> rewards.RewardActor:
     """The reward actor's class in this process (Ray only hosts it)."""
-    return rewards.RewardActor("reverse", f"{FUNCTIONS}:{function}", score_truncated)
+    return rewards.RewardActor("reverse", f"{FUNCTIONS}:{function}", score_truncated, function_scope=scope)
 
 
 def test_a_truncated_response_is_rewarded_0_without_the_function_that_ignores_truncation() -> None:
@@ -133,3 +142,103 @@ def test_a_function_that_takes_the_stop_reason_gets_finished_or_truncated() -> N
     assert [s.reward for s in scores] == [1.0, 0.5]
     assert reward_function.load(f"{FUNCTIONS}:takes_keywords").takes_stop_reason
     assert not reward_function.load(f"{FUNCTIONS}:exact").takes_stop_reason
+
+
+def test_a_group_function_ranks_each_response_against_its_siblings(ray_address: str) -> None:
+    pool = _pool("best_in_group", 2, timeout_seconds=30, scope="group")
+    example = Example("1234=", "4321")
+    # "4329" has three positions right: the worst of a group with the answer, the best of one without
+    assert _score(pool, example, ["4321", "4329", "x"]) == [
+        Score(1.0, True),
+        Score(0.0, False),
+        Score(0.0, False),
+    ]
+    assert _score(pool, example, ["4329", "4300", "x"]) == [
+        Score(1.0, False),
+        Score(0.0, False),
+        Score(0.0, False),
+    ]
+
+
+def test_a_group_function_sees_only_the_finished_responses_unless_score_truncated() -> None:
+    example = Example("1234=", "4321")
+    responses, finished = ["4321", "4321", "43"], [True, False, False]
+    ranked = _actor("best_in_group", scope="group").score(example, responses, finished)
+    assert [s.reward for s in ranked] == [1.0, 0.0, 0.0]  # the truncated ones: 0, never shown
+    seen = _actor("finished_one_truncated_half", score_truncated=True, scope="group").score(
+        example, responses, finished
+    )
+    assert [s.reward for s in seen] == [1.0, 0.5, 0.5]  # shown, with their stop reasons
+    none_finished = _actor("one_reward_short", scope="group").score(example, ["43", "4"], [False, False])
+    assert [s.reward for s in none_finished] == [0.0, 0.0]  # not called: it would have failed
+
+
+def test_a_group_function_returning_the_wrong_number_of_rewards_fails_the_group_naming_the_field(
+    ray_address: str,
+) -> None:
+    pool = _pool("one_reward_short", 1, timeout_seconds=30, scope="group")
+    with pytest.raises(rewards.RewardFailedError) as failed:
+        _score(pool, Example("1234=", "4321"), ["4321", "4329", "1"])
+    assert str(failed.value) == (
+        f"scoring failed 2 times; last: ValueError: env.function {FUNCTIONS}:one_reward_short returned 2 "
+        "rewards for 3 responses; with env.functionScope group it must return one float per response, in "
+        "their order"
+    )
+
+
+def test_a_function_reads_a_metadata_column_of_its_data_row(ray_address: str, tmp_path: Path) -> None:
+    train = tmp_path / "train.jsonl"
+    rows = [
+        {"prompt": "1234=", "answer": "4321", "points": 3},
+        {"prompt": "5678=", "answer": "8765", "points": 7},
+    ]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = data.load_prompts(
+        envs.build("reverse"),
+        CharTokenizer("0123456789="),
+        train_path=str(train),
+        validation_path=None,
+        prompt_key="prompt",
+        answer_key="answer",
+        num_validation=0,
+        max_prompt_length=16,
+        seed=0,
+    )
+    pool = _pool("points_from_row", 1, timeout_seconds=30)
+    first, second = prompts.train
+    assert [s.reward for s in _score(pool, first, ["4321", "4320"])] == [3.0, 0.0]
+    assert [s.reward for s in _score(pool, second, ["8765"])] == [7.0]
+
+
+@pytest.mark.parametrize(
+    ("function", "scope", "message"),
+    [
+        (
+            "exact",
+            "group",
+            f"env.function: {FUNCTIONS}:exact: its parameter 'response' is annotated str, but "
+            "env.functionScope group passes the list of a group's responses; set env.functionScope response "
+            "or change the function",
+        ),
+        (
+            "best_in_group",
+            "response",
+            f"env.function: {FUNCTIONS}:best_in_group: its parameter 'responses' is annotated list, "
+            "but env.functionScope response passes one response's text; set env.functionScope group or "
+            "change the function",
+        ),
+    ],
+)
+def test_a_function_annotated_for_the_other_scope_is_invalid_data(
+    function: str, scope: FunctionScope, message: str
+) -> None:
+    with pytest.raises(InvalidDataError) as err:
+        reward_function.check(f"{FUNCTIONS}:{function}", scope)
+    assert str(err.value) == message
+
+
+def test_a_function_that_cannot_take_three_arguments_is_invalid_data() -> None:
+    with pytest.raises(
+        InvalidDataError, match=r"cannot be called as function\(prompt, responses, reference_answer\)"
+    ):
+        reward_function.load("builtins:len", "group")

@@ -3,7 +3,8 @@
 Sources. data.trainPath / data.validationPath name data files (`datafiles` reads them); a row
 becomes an Example through data.promptKey and data.answerKey, and the environment takes the
 reference answer out of the answer text (`Environment.reference`: gsm8k the number after ####,
-math the last \\boxed{}). Without trainPath the environment's built-in set is used. The held-out set
+math the last \\boxed{}). The Example keeps the whole row (`Example.row`), which a reward function
+may read. Without trainPath the environment's built-in set is used. The held-out set
 is validationPath's first numValidationPrompts usable rows; without validationPath but with
 trainPath, numValidationPrompts rows of the training file drawn with the job seed, which are then
 never trained on; with neither, the environment's built-in validation set.
@@ -99,11 +100,29 @@ class RowMapping:
                 _lookup(row.value, self.answer_key, "answerKey", "reference answer"), self.answer_key
             )
             try:
-                return Example(prompt, self.reference(answer), chat)
+                return Example(prompt, self.reference(answer), chat, plain_row(row.value))
             except ValueError as exc:
                 raise _BadRowError(f"{self.answer_key!r} {exc}") from None
         except _BadRowError as exc:
             return str(exc)
+
+
+def plain_row(value: Mapping[Any, Any]) -> dict[str, Any]:
+    """The row as JSON data (`Example.row`): objects with text keys, lists, text, numbers, booleans
+    and null; anything else (the dates or bytes a Parquet column may hold) as its text. So a reward
+    function gets the same types whichever file format the row came from, and checkpoints hold plain
+    data."""
+    return {str(k): _plain(v) for k, v in value.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return plain_row(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
 
 
 class _BadRowError(Exception):

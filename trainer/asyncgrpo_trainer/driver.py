@@ -2,11 +2,11 @@
 
 Setup order (nothing heavy is built inside the controller actor, which only receives built
 objects): validate the job with asyncgrpo_api.rules (the webhook's rules) -> tokenizer and model
-recipe, the data files and the reward function's check (`read_inputs`, no Ray needed) -> Ray ->
-placement groups -> policy (per `POLICY_BACKENDS`) and generation worker groups (in parallel) and
-reward workers -> data loader -> replay buffer and sampler -> rollout manager ->
-weight synchronizer (its transport per `rules.refit_transport`) ->
-restore the latest checkpoint if there is one -> SingleControllerActor.
+recipe, the data files, the reward function's check and the reward model's checkpoint
+(`read_inputs`, no Ray needed) -> Ray -> placement groups -> policy (per `POLICY_BACKENDS`) and
+generation worker groups (in parallel), the reward model's engine and reward workers -> data
+loader -> replay buffer and sampler -> rollout manager -> weight synchronizer (its transport per
+`rules.refit_transport`) -> restore the latest checkpoint if there is one -> SingleControllerActor.
 
 Exit codes are the operator's contract (asyncgrpo_api.exitcodes, `exit_code`): 0 when training
 finished; 3 when the model files are unusable (InvalidModelError); 4 when the data files or the
@@ -48,6 +48,7 @@ from asyncgrpo_trainer import (
     data,
     durable_run,
     envs,
+    judge,
     megatron_workers,
     progress,
     reward_function,
@@ -235,11 +236,14 @@ class Inputs:
     prompts: data.Prompts
     env: envs.Environment
     """The environment (env.name or env.class): a multi-turn one answers the policy's turns."""
+    judge: judge.Judge | None = None
+    """The reward model's checkpoint (rewardModel), read like the policy's."""
 
 
 def read_inputs(job: AsyncGRPOJob) -> Inputs:
-    """The model, tokenizer and data files, and a check (in a child process) that env.function loads:
-    all that only the files can show to be wrong (InvalidModelError, InvalidDataError). No Ray is
+    """The model, tokenizer and data files, a check (in a child process) that env.function loads, and
+    the reward model's checkpoint: all that only the files can show to be wrong (InvalidModelError,
+    InvalidDataError). No Ray is
     needed, so `execute` calls it before Ray starts and such a job fails in seconds, whatever the
     state of the cluster."""
     check_supported(job)
@@ -249,8 +253,9 @@ def read_inputs(job: AsyncGRPOJob) -> Inputs:
     model, tokenizer = model_of(job, env)
     prompts = load_prompts(job, env, tokenizer)
     if t.env.function is not None:
-        reward_function.check(t.env.function)
-    return Inputs(model, tokenizer, prompts, env)
+        reward_function.check(t.env.function, t.env.function_scope)
+    judged = judge.read(t.reward_model, t.grpo.seed) if t.reward_model is not None else None
+    return Inputs(model, tokenizer, prompts, env, judged)
 
 
 def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
@@ -278,6 +283,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             max_prefix_age=t.async_rl.max_staleness_versions,
             vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
+        reward_model, judge_ready = judge.start(inputs.judge) if inputs.judge is not None else (None, None)
         rewards = reward_workers.RewardPool(
             t.env.name,
             t.env.function,
@@ -285,6 +291,8 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             t.env.timeout_seconds,
             score_truncated=t.env.score_truncated,
             env_class=t.env.env_class,
+            function_scope=t.env.function_scope,
+            reward_model=reward_model,
         )
         rollout = RolloutManager(
             generation_group,
@@ -320,7 +328,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
         return Built(
             args,
             pools,
-            [*policy_ready, *generation_ready, *rewards.ready()],
+            [*policy_ready, *generation_ready, *rewards.ready(), *([judge_ready] if judge_ready else [])],
             prompts.summary(t.data.max_prompt_length),
         )
     except BaseException:

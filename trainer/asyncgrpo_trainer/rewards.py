@@ -2,12 +2,16 @@
 
 A reward actor scores with the environment (`env.name`, or the user's `env.class`; a conversation is
 scored on its last policy turn, `envs.multiturn`); with `env.function` set, the reward is
-the user's function instead (`reward_function`: how it is called, with the stop reason when it
-takes one), while the environment still says whether a response is correct (the accuracy every run
-reports). The environment's truncation rule holds for a function too: a response cut at
-maxNewTokens is rewarded 0 without calling it, unless env.scoreTruncated hands it to the function.
-Without that rule a function that only compares answers rewards a policy that writes the answer
-and never stops (tried: reward 0.995, exact-match accuracy 0.01).
+the user's function instead (`reward_function`: how it is called, per response or per group, with
+the stop reason and the data row when it takes them), while the environment still says whether a
+response is correct (the accuracy every run reports). The environment's truncation rule holds for a
+function too: a response cut at maxNewTokens is rewarded 0 without calling it, unless
+env.scoreTruncated hands it to the function. Without that rule a function that only compares
+answers rewards a policy that writes the answer and never stops (tried: reward 0.995, exact-match
+accuracy 0.01). A group function therefore sees the group's finished responses only (the others
+are rewarded 0), or all of them with their stop reasons under scoreTruncated; a group with no
+finished response is not handed to it at all. A reward model (spec.trainer.rewardModel,
+`reward_model`) is the other reward source, used in the function's place by the same rules.
 
 One scoring call is one prompt group's N responses. The pool gives each call to an idle actor, so
 its deadline (env.timeoutSeconds) measures the scoring and not a queue. A call that raises is
@@ -30,8 +34,11 @@ from typing import Any
 
 import ray
 
+from asyncgrpo_api.v1alpha1.trainer import FunctionScope
 from asyncgrpo_trainer import envs, reward_function
 from asyncgrpo_trainer.envs.base import Example, Score
+from asyncgrpo_trainer.reward_function import RewardFunction
+from asyncgrpo_trainer.reward_model import RewardModel
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +54,19 @@ class RewardActor:
     """Scores responses with the environment and, when set, the user's function (module docstring)."""
 
     def __init__(
-        self, env_name: str, function: str | None, score_truncated: bool, env_class: str | None = None
+        self,
+        env_name: str,
+        function: str | None,
+        score_truncated: bool,
+        env_class: str | None = None,
+        *,
+        function_scope: FunctionScope = "response",
+        reward_model: RewardModel | None = None,
     ) -> None:
         self.env = envs.build(env_name, env_class)
-        self.function = reward_function.load(function) if function is not None else None
+        self.source: RewardFunction | RewardModel | None = reward_model
+        if function is not None:
+            self.source = reward_function.load(function, function_scope)
         self.score_truncated = score_truncated
         # A throwaway scoring imports what the environment loads on first use (math-verify takes
         # seconds), here at start and not inside the first call's deadline.
@@ -58,24 +74,36 @@ class RewardActor:
 
     def score(self, example: Example, responses: list[str], finished: list[bool]) -> list[Score]:
         scores = [self.env.score(example, r, finished=f) for r, f in zip(responses, finished, strict=True)]
-        if self.function is None:
+        if self.source is None:
             return scores
-        return [
-            Score(self._reward(self.function, example, r, f), s.correct)
-            for r, f, s in zip(responses, finished, scores, strict=True)
-        ]
-
-    def _reward(
-        self, function: reward_function.RewardFunction, example: Example, response: str, finished: bool
-    ) -> float:
-        if not finished and not self.score_truncated:
-            return 0.0  # the environments' truncation rule (module docstring)
-        return function(example.prompt, response, example.answer, finished=finished)
+        # The environments' truncation rule (module docstring): what the source is not shown is 0.
+        shown = [i for i, f in enumerate(finished) if f or self.score_truncated]
+        rewards = [0.0] * len(responses)
+        if shown:
+            got = self.source.rewards(example, [responses[i] for i in shown], [finished[i] for i in shown])
+            for i, reward in zip(shown, got, strict=True):
+                rewards[i] = reward
+        return [Score(r, s.correct) for r, s in zip(rewards, scores, strict=True)]
 
 
-def start_actor(env_name: str, function: str | None, score_truncated: bool, env_class: str | None) -> Any:
+def start_actor(
+    env_name: str,
+    function: str | None,
+    score_truncated: bool,
+    env_class: str | None,
+    *,
+    function_scope: FunctionScope,
+    reward_model: RewardModel | None,
+) -> Any:
     """A new reward actor (no CPU reserved: scoring is short and bursty)."""
-    return ray.remote(num_cpus=0)(RewardActor).remote(env_name, function, score_truncated, env_class)
+    return ray.remote(num_cpus=0)(RewardActor).remote(
+        env_name,
+        function,
+        score_truncated,
+        env_class,
+        function_scope=function_scope,
+        reward_model=reward_model,
+    )
 
 
 class RewardPool:
@@ -90,9 +118,12 @@ class RewardPool:
         *,
         score_truncated: bool = False,
         env_class: str | None = None,
+        function_scope: FunctionScope = "response",
+        reward_model: RewardModel | None = None,
     ) -> None:
         self.env_name, self.function, self.timeout = env_name, function, timeout_seconds
         self.score_truncated, self.env_class = score_truncated, env_class
+        self.function_scope, self.reward_model = function_scope, reward_model
         self.actors = [self._start() for _ in range(num_workers)]
         self._idle: asyncio.Queue[Any] | None = None
 
@@ -143,7 +174,18 @@ class RewardPool:
         return fresh
 
     def _start(self) -> Any:
-        return start_actor(self.env_name, self.function, self.score_truncated, self.env_class)
+        return start_actor(
+            self.env_name,
+            self.function,
+            self.score_truncated,
+            self.env_class,
+            function_scope=self.function_scope,
+            reward_model=self.reward_model,
+        )
+
+    def owned_actors(self) -> list[Any]:
+        """Every actor the pool started or uses alone: its reward actors and the judge's engine."""
+        return [*self.actors, *([self.reward_model.engine] if self.reward_model is not None else [])]
 
     def ready(self) -> list[Any]:
         """Refs that resolve when every reward actor has started."""

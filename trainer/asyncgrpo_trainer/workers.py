@@ -322,5 +322,6 @@ def start_generation_group(
 
 def kill(*groups: PolicyGroup | GenerationGroup | rewards.RewardPool) -> None:
     for group in groups:
-        for actor in group.actors:
+        actors = group.owned_actors() if isinstance(group, rewards.RewardPool) else group.actors
+        for actor in actors:
             ray.kill(actor, no_restart=True)

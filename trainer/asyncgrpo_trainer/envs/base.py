@@ -14,20 +14,32 @@ can collect shaped reward, but it cannot be correct on many prompts.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from asyncgrpo_trainer.models.tokenizer import Chat, Prompt
 
 
 @dataclass(frozen=True)
 class Example:
-    """One prompt and its reference answer."""
+    """One prompt and its reference answer, with the data row it came from."""
 
     prompt: str
     """The prompt's text: what reward functions get (for a chat prompt, its last user turn)."""
     answer: str
     chat: Chat = ()
     """The prompt as the row gave it when that was chat messages; empty for a text prompt."""
+    row: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The whole data row, as plain JSON data (`data.plain_row`), so a reward function can read
+    the row's other columns (`reward_function`: `row=`). An example made without one (a built-in
+    set, an environment class's prompts, a checkpoint from before rows were kept) gets
+    {"prompt": ..., "answer": ...}, so a function that reads the row works with every source.
+    Context, not identity: two examples of the same prompt and answer are equal whatever it holds."""
+
+    def __post_init__(self) -> None:
+        if not self.row:
+            object.__setattr__(self, "row", {"prompt": self.prompt, "answer": self.answer})
 
     @property
     def model_prompt(self) -> Prompt:
