@@ -151,7 +151,6 @@ def test_the_two_halves_of_make_test_run_every_test_folder_once() -> None:
     assert "tests" in trainer and trainer[-1] == operator[-1] == "-q"
 
 
-
 MIXED = """
 def test_that_fails():
     assert 1 == 2, "one is not two"
