@@ -212,6 +212,8 @@ def test_an_eviction_suspends_in_place_and_gives_the_quota_back_once_the_pods_ar
 
     held = replace(live, suspended=True, suspend_complete=True, provisioned=False)
     gone = step(stopping.status, seen(110, held, workload=evicted), kueue_job(suspend=True))
+    # the next passes keep saying why it stopped and that it resumes (no flip to "starts once admitted")
+    assert gone.condition(plan.RUNNING) == running_cond
     (release,) = actions(gone, plan.PatchWorkloadStatus)
     status = release.status
     assert status["admission"] is None
@@ -235,6 +237,8 @@ def test_readmission_resumes_the_same_cluster_from_its_checkpoint_without_a_retr
     )
     queued = step(running.status, seen(120, held, workload=requeued), kueue_job(suspend=True))
     assert (queued.status.phase, queued.status.reason) == ("Queued", "Requeued")
+    running_cond = queued.condition(plan.RUNNING)
+    assert running_cond is not None and "resumes from the latest checkpoint" in running_cond.message
     back = step(
         queued.status, seen(300, held, workload=admitted_at(300, accumulated=100)), kueue_job(suspend=True)
     )
@@ -388,6 +392,7 @@ def test_a_deactivated_workload_stops_the_job_in_place_until_it_is_active_again(
     )
     still = step(gone.status, seen(5000, held, workload=released), kueue_job(suspend=True))
     assert (still.status.phase, still.status.reason) == ("Queued", "Deactivated")
+    assert still.condition(plan.RUNNING) == running_cond
     assert still.status.restarts == 0 and still.status.ray_cluster_name == live.name
     assert not [a for a in still.actions if not isinstance(a, plan.Event)]  # nothing to do but wait
 
