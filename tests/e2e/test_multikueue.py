@@ -175,6 +175,16 @@ def test_a_job_applied_to_the_manager_runs_on_the_worker_and_its_status_comes_ba
     assert on_manager["phase"] == "Running"
     assert on_manager["rayClusterName"] == on_worker["rayClusterName"]
     assert shown(kube_api, namespace, "dispatched") == shown(worker.api, namespace, "dispatched")
+
+    def conditions(api: Api) -> dict[str, tuple[str, str]]:
+        status = get_job(api, namespace, "dispatched").get("status") or {}
+        return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions") or []}
+
+    wait_until(
+        lambda: conditions(kube_api) == conditions(worker.api) or None,
+        "the worker's conditions on the manager",
+        timeout=30,
+    )
     # The manager's Workload is queued and admitted as any other, through the MultiKueue check.
     [dispatched_wl] = kube_api.get(f"{kueue.BASE}/namespaces/{namespace}/workloads")["items"]
     assert (
