@@ -628,6 +628,13 @@ def _kueue_reason(current: WorkloadView | None, queue: str) -> tuple[str, str]:
     return current.reason, message
 
 
+EVICTED_WHILE_RUNNING = (
+    "Kueue evicted the job; the driver resumes from the latest checkpoint when it is admitted again "
+    "(no backoffLimit is spent)"
+)
+"""The Running condition's message from the eviction of a running job until its readmission."""
+
+
 def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, message: str) -> None:
     """The job is not admitted (not yet, or evicted): suspended, its RayCluster suspended in place
     (KubeRay deletes the pods), Queued with Kueue's reason; an evicted Workload's quota is given back
@@ -657,16 +664,12 @@ def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, me
     where = f"RayCluster {cluster.name} is suspended" if cluster is not None else "no pod runs"
     draft.set(PODS_SCHEDULED, False, "WaitingForAdmission", f"{where} until Kueue admits the job")
     draft.drop(PODS_READY)
+    running = draft.conditions.get(RUNNING)
     if was_running:
-        draft.set(
-            RUNNING,
-            False,
-            reason,
-            "Kueue evicted the job; the driver resumes from the latest checkpoint when it is admitted again "
-            "(no backoffLimit is spent)",
-        )
-    elif draft.has(RUNNING):
+        draft.set(RUNNING, False, reason, EVICTED_WHILE_RUNNING)
+    elif running is not None and running.message != EVICTED_WHILE_RUNNING:
         draft.set(RUNNING, False, "Queued", "the driver starts once Kueue admits the job")
+    # else: evicted while its driver ran, it says so (with the eviction's reason) until readmitted
     if draft.has(STALLED):
         draft.set(STALLED, False, reason, "the job is queued")
     draft.set_field("attempt_start_time", None)

@@ -46,6 +46,8 @@ NAMESPACE = "kueue-system"
 FLAVOR = "default-flavor"
 CLUSTER_QUEUE = "gpu-pool"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""A job's WorkloadPriorityClass."""
 FRAMEWORKS = ("ray.io/raycluster",)
 EXTERNAL_FRAMEWORKS = ("AsyncGRPOJob.v1alpha1.asyncgrpo.dev",)
 """The operator manages these jobs' Workloads itself (Kueue's externalFrameworks)."""

@@ -20,6 +20,8 @@ from tests.cluster.pki import Pki
 
 JSON = dict[str, Any]
 APPLY_MANAGER = "asyncgrpo-localcluster"
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+"""The Accept type kubectl asks with: the server renders the resource's printer columns."""
 
 
 class ApiError(RuntimeError):
@@ -70,6 +72,7 @@ class Api:
         *,
         content_type: str = "application/json",
         query: dict[str, str] | None = None,
+        accept: str = "application/json",
     ) -> JSON:
         """Send one request and decode the JSON answer; raise ApiError on a non-2xx status."""
         url = self.base_url + path
@@ -79,7 +82,7 @@ class Api:
         if body is not None:
             data = (body if isinstance(body, str) else json.dumps(body)).encode()
         req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Accept", "application/json")
+        req.add_header("Accept", accept)
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
@@ -99,6 +102,13 @@ class Api:
 
     def get(self, path: str, **query: str) -> JSON:
         return self.request("GET", path, query=query or None)
+
+    def table(self, path: str, **query: str) -> list[JSON]:
+        """What `kubectl get` prints for `path`: the API server's Table (the resource's printer
+        columns, `-o wide`'s included), one dict per row from column name to cell."""
+        table = self.request("GET", path, query=query or None, accept=TABLE)
+        names = [str(c["name"]) for c in table.get("columnDefinitions") or []]
+        return [dict(zip(names, row["cells"], strict=True)) for row in table.get("rows") or []]
 
     def create(self, path: str, obj: JSON) -> JSON:
         return self.request("POST", path, obj)

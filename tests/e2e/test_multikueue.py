@@ -25,7 +25,14 @@ from tests.cluster.private import PrivateCluster, private_control_plane
 from tests.cluster.rest import JSON, Api, ApiError, condition
 from tests.cluster.samples import wait_until
 from tests.e2e import test_operator
-from tests.e2e.test_kueue import GPUS_PER_JOB, LOCAL_QUEUE, kueue_on, queued_job  # noqa: F401 - fixture
+from tests.e2e.test_kueue import (  # noqa: F401 - kueue_on: the fixture, reused
+    GPUS_PER_JOB,
+    LOCAL_QUEUE,
+    kueue_on,
+    queued_job,
+    shown,
+    state,
+)
 from tests.e2e.test_operator import (
     CRD_FILE,
     OperatorProcess,
@@ -167,6 +174,24 @@ def test_a_job_applied_to_the_manager_runs_on_the_worker_and_its_status_comes_ba
     )
     assert on_manager["phase"] == "Running"
     assert on_manager["rayClusterName"] == on_worker["rayClusterName"]
+    assert shown(kube_api, namespace, "dispatched") == shown(worker.api, namespace, "dispatched")
+
+    def conditions(api: Api) -> dict[str, tuple[str, str]]:
+        status = get_job(api, namespace, "dispatched").get("status") or {}
+        return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions") or []}
+
+    wait_until(
+        lambda: conditions(kube_api) == conditions(worker.api) or None,
+        "the worker's conditions on the manager",
+        timeout=30,
+    )
+    # The manager's Workload is queued and admitted as any other, through the MultiKueue check.
+    [dispatched_wl] = kube_api.get(f"{kueue.BASE}/namespaces/{namespace}/workloads")["items"]
+    assert (
+        state(dispatched_wl, "QuotaReserved")[0] == "True" and state(dispatched_wl, "Admitted")[0] == "True"
+    )
+    checks = {c["name"]: c["state"] for c in dispatched_wl["status"].get("admissionChecks") or []}
+    assert checks == {multikueue.CHECK: "Ready"}, checks
 
     # Once the worker's job finished, MultiKueue copies its status, finishes the manager's Workload
     # and deletes the worker's copy.
@@ -185,6 +210,9 @@ def test_a_job_applied_to_the_manager_runs_on_the_worker_and_its_status_comes_ba
     assert live_rayclusters(kube_api, namespace, "dispatched") == []
     manager_job = get_job(kube_api, namespace, "dispatched")
     assert manager_job["spec"]["managedBy"] == multikueue.CONTROLLER
+    assert manager_job["spec"]["suspend"] is False  # as the user wrote it (the CRD's default): never written
+    assert manager_job["metadata"]["generation"] == 1
+    assert shown(kube_api, namespace, "dispatched") == ("Succeeded", "DriverSucceeded", 0)
     status_writers = {
         f["manager"]
         for f in manager_job["metadata"].get("managedFields") or []

@@ -58,9 +58,10 @@ def wl(
     the_job: AsyncGRPOJob | None = None,
     admitted: bool = False,
     accumulated: int = 0,
+    active: bool = True,
 ) -> WorkloadView:
     """The job's Workload as Kueue leaves it, with these conditions (and, if `admitted`, the
-    assignment ASSIGNED)."""
+    assignment ASSIGNED; `active` is its spec.active)."""
     the_job = the_job or kueue_job()
     desired = workload.manifest(the_job, OWNER, plan.manifests.ray_cluster(the_job, 0, OWNER), None)
     status: dict[str, Any] = {
@@ -76,6 +77,7 @@ def wl(
         {
             **desired,
             "metadata": {**desired["metadata"], "uid": "wl-uid", "resourceVersion": "5"},
+            "spec": {**desired["spec"], "active": active},
             "status": status,
         }
     )
@@ -210,6 +212,8 @@ def test_an_eviction_suspends_in_place_and_gives_the_quota_back_once_the_pods_ar
 
     held = replace(live, suspended=True, suspend_complete=True, provisioned=False)
     gone = step(stopping.status, seen(110, held, workload=evicted), kueue_job(suspend=True))
+    # the next passes keep saying why it stopped and that it resumes (no flip to "starts once admitted")
+    assert gone.condition(plan.RUNNING) == running_cond
     (release,) = actions(gone, plan.PatchWorkloadStatus)
     status = release.status
     assert status["admission"] is None
@@ -233,6 +237,8 @@ def test_readmission_resumes_the_same_cluster_from_its_checkpoint_without_a_retr
     )
     queued = step(running.status, seen(120, held, workload=requeued), kueue_job(suspend=True))
     assert (queued.status.phase, queued.status.reason) == ("Queued", "Requeued")
+    running_cond = queued.condition(plan.RUNNING)
+    assert running_cond is not None and "resumes from the latest checkpoint" in running_cond.message
     back = step(
         queued.status, seen(300, held, workload=admitted_at(300, accumulated=100)), kueue_job(suspend=True)
     )
@@ -327,3 +333,133 @@ def test_a_spec_changed_while_queued_updates_the_same_workload() -> None:
     assert [s["count"] for s in update.patch["spec"]["podSets"]] == [1, 2, 1]
     assert update.resource_version == "5"
     assert not actions(changed, plan.CreateWorkload) and not actions(changed, plan.DeleteWorkload)
+
+
+def test_a_failed_job_finishes_its_workload_as_failed() -> None:
+    running, live = admitted_and_running(since=10)
+    done = step(
+        running.status,
+        seen(60, live, pods=healthy_pods(live, driver=terminated(1)), workload=admitted_at(10)),
+    )
+    assert done.status.phase == "Failed"
+    (finish,) = actions(done, plan.PatchWorkloadStatus)
+    finished = {c["type"]: c for c in finish.status["conditions"]}["Finished"]
+    assert (finished["status"], finished["reason"]) == ("True", "Failed")
+
+
+def released_conditions(decision: plan.Decision) -> dict[str, tuple[str, str]]:
+    """(status, reason) by type of the Workload conditions the decision's one status write sets."""
+    (write,) = actions(decision, plan.PatchWorkloadStatus)
+    return {c["type"]: (c["status"], c["reason"]) for c in write.status["conditions"]}
+
+
+def test_a_deactivated_workload_stops_the_job_in_place_until_it_is_active_again() -> None:
+    """A user stops a job Kueue manages with its Workload's spec.active false (Kueue evicts it with
+    reason Deactivated); the job is suspended in place, gives its quota back without asking to be
+    requeued (Requeued False, as Kueue's jobframework), and stays Queued/Deactivated; active again,
+    Kueue requeues it (Requeued True, Reactivated) and the readmitted job resumes the same cluster."""
+    running, live = admitted_and_running(since=10)
+    evicted = wl(
+        condition("QuotaReserved", "True", since=10),
+        condition("Admitted", "True", since=10),
+        condition("Evicted", "True", "Deactivated", "The workload is deactivated", since=100),
+        admitted=True,
+        active=False,
+    )
+    stopping = step(running.status, seen(100, live, pods=healthy_pods(live), workload=evicted))
+    assert (stopping.status.phase, stopping.status.reason) == ("Queued", "Deactivated")
+    assert "The workload is deactivated" in (stopping.status.message or "")
+    assert [a.suspend for a in actions(stopping, plan.SetJobSuspend)] == [True]
+    assert [(a.name, a.suspend) for a in actions(stopping, plan.SetRayClusterSpec)] == [(live.name, True)]
+    assert not actions(stopping, plan.PatchWorkloadStatus)  # the pods still run: the quota stays taken
+    running_cond = stopping.condition(plan.RUNNING)
+    assert running_cond is not None and (running_cond.status, running_cond.reason) == ("False", "Deactivated")
+
+    held = replace(live, suspended=True, suspend_complete=True, provisioned=False)
+    gone = step(stopping.status, seen(110, held, workload=evicted), kueue_job(suspend=True))
+    conditions = released_conditions(gone)
+    assert conditions["QuotaReserved"] == ("False", "Pending")
+    assert conditions["Admitted"][0] == "False"
+    assert conditions["Requeued"] == ("False", "Deactivated")
+
+    released = wl(
+        condition("QuotaReserved", "False", "Pending", "The workload is deactivated", since=110),
+        condition("Admitted", "False", "NoReservation", since=110),
+        condition("Evicted", "True", "Deactivated", "The workload is deactivated", since=100),
+        condition("Requeued", "False", "Deactivated", "The workload is deactivated", since=110),
+        accumulated=100,
+        active=False,
+    )
+    still = step(gone.status, seen(5000, held, workload=released), kueue_job(suspend=True))
+    assert (still.status.phase, still.status.reason) == ("Queued", "Deactivated")
+    assert still.condition(plan.RUNNING) == running_cond
+    assert still.status.restarts == 0 and still.status.ray_cluster_name == live.name
+    assert not [a for a in still.actions if not isinstance(a, plan.Event)]  # nothing to do but wait
+
+    reactivated = wl(
+        condition("QuotaReserved", "False", "Pending", "The workload is deactivated", since=110),
+        condition("Evicted", "True", "Deactivated", "The workload is deactivated", since=100),
+        condition("Requeued", "True", "Reactivated", "The workload was reactivated", since=5010),
+        accumulated=100,
+    )
+    queued = step(still.status, seen(5010, held, workload=reactivated), kueue_job(suspend=True))
+    assert (queued.status.phase, queued.status.reason) == ("Queued", "Requeued")
+    back = step(
+        queued.status, seen(5020, held, workload=admitted_at(5020, accumulated=100)), kueue_job(suspend=True)
+    )
+    (resume,) = actions(back, plan.SetRayClusterSpec)
+    assert (resume.name, resume.suspend) == (live.name, False)
+    assert back.status.restarts == 0 and back.status.attempt == 0
+
+
+def test_a_workload_deactivated_while_it_waits_holds_the_job_queued_deactivated() -> None:
+    first = step(None, seen(0, workload=wl(PENDING)))
+    inactive = step(first.status, seen(10, workload=wl(PENDING, active=False)), kueue_job(suspend=True))
+    assert (inactive.status.phase, inactive.status.reason) == ("Queued", "Deactivated")
+    assert "spec.active" in (inactive.status.message or "")
+    assert not actions(inactive, plan.CreateRayCluster) and not actions(inactive, plan.PatchWorkloadStatus)
+
+
+def test_a_pods_ready_timeout_suspends_in_place_and_leaves_the_requeue_to_kueues_backoff() -> None:
+    """Kueue's waitForPodsReady evicts a job whose pods are not ready in time: suspended in place,
+    never Failed, no retry spent; its quota is given back with Requeued False (Kueue sets it True
+    once its backoff ran out, BackoffFinished), and the job shows Requeued from then on."""
+    first = step(None, seen(0, workload=wl(PENDING)))
+    start = step(first.status, seen(10, workload=admitted_at(10)), kueue_job(suspend=True))
+    assert actions(start, plan.CreateRayCluster)
+    waiting = cluster(0)
+    pending = step(start.status, seen(20, waiting, workload=admitted_at(10)))
+    assert pending.status.phase not in ("Failed", "Restarting"), pending.status.message
+    evicted = wl(
+        condition("QuotaReserved", "True", since=10),
+        condition("Admitted", "True", since=10),
+        condition("PodsReady", "False", "WaitForStart", since=10),
+        condition("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout ns/wl", since=50),
+        admitted=True,
+    )
+    stopping = step(pending.status, seen(50, waiting, workload=evicted))
+    assert (stopping.status.phase, stopping.status.reason) == ("Queued", "PodsReadyTimeout")
+    queued_cond = stopping.condition(plan.QUEUED)
+    assert queued_cond is not None and (queued_cond.status, queued_cond.reason) == (
+        "True",
+        "PodsReadyTimeout",
+    )
+    assert [a.suspend for a in actions(stopping, plan.SetJobSuspend)] == [True]
+    assert [(a.name, a.suspend) for a in actions(stopping, plan.SetRayClusterSpec)] == [(waiting.name, True)]
+
+    held = replace(waiting, suspended=True, suspend_complete=True)
+    gone = step(stopping.status, seen(55, held, workload=evicted), kueue_job(suspend=True))
+    conditions = released_conditions(gone)
+    assert conditions["QuotaReserved"] == ("False", "Pending")
+    assert conditions["Requeued"] == ("False", "PodsReadyTimeout")  # Kueue's backoff decides when
+    assert conditions["PodsReady"] == ("False", "WaitForStart")
+
+    backed_off = wl(
+        condition("QuotaReserved", "False", "Pending", since=55),
+        condition("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout ns/wl", since=50),
+        condition("Requeued", "True", "BackoffFinished", "The workload backoff was finished", since=57),
+        accumulated=45,
+    )
+    requeued = step(gone.status, seen(57, held, workload=backed_off), kueue_job(suspend=True))
+    assert (requeued.status.phase, requeued.status.reason) == ("Queued", "Requeued")
+    assert requeued.status.restarts == 0 and requeued.status.attempt == 0

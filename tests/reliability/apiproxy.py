@@ -198,12 +198,12 @@ class RecordingProxy:
             async def handle(request: web.Request) -> web.StreamResponse:
                 transport = request.transport
                 if transport is not None:
-                    self._active.add(transport)  # type: ignore[arg-type]
+                    self._active.add(transport)
                 try:
                     return await forward(request)
                 finally:
                     if transport is not None:
-                        self._active.discard(transport)  # type: ignore[arg-type]
+                        self._active.discard(transport)
 
             async def forward(request: web.Request) -> web.StreamResponse:
                 body = await request.read()
@@ -235,8 +235,8 @@ class RecordingProxy:
             await site.start()
             self._site, self._runner, self._server_ssl = site, runner, server_ssl
             server = site._server
-            assert server is not None
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            assert isinstance(server, asyncio.Server)
+            self.port = int(server.sockets[0].getsockname()[1])
             self._ready.set()
             await self._stop.wait()
             assert runner.server is not None

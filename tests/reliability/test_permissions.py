@@ -30,8 +30,8 @@ from tests.cluster import faults
 from tests.cluster.rest import JSON, Api, ApiError
 from tests.cluster.samples import pods, wait_until
 from tests.e2e.test_operator import ProgressServer, end_driver, head_pod, job_manifest
-from tests.reliability.apiproxy import Permission, implied_permissions, permission
-from tests.reliability.conftest import ProxiedInstallation
+from tests.reliability.apiproxy import Permission, permission
+from tests.reliability.proxied import ProxiedInstallation, chart_rules, forbidden, used_permissions
 from tests.webhook.cluster_harness import JOBS_PATH, METRICS_READER, RUNTIMES_PATH
 
 KUEUE_INSTALLED_ONLY = {
@@ -49,28 +49,6 @@ the flavors of an admission, the priority of a queued Workload, on a MultiKueue 
 prebuilt for a dispatched job), which this test cluster does not run: the list of Workloads
 answering 404 is as far as it gets. tests/e2e/test_kueue.py and test_multikueue.py exercise these
 against the real Kueue; here they may go unused, and any other rule may not."""
-
-
-def chart_rules(values: dict[str, Any] | None = None) -> set[Permission]:
-    """(group, resource, verb) of every rule the chart grants the operator (its ClusterRole and
-    Roles; not the users' ClusterRoles aggregated into edit/view), via helm template."""
-    helm_bin = find_helm()
-    if helm_bin is None:
-        pytest.skip(NO_HELM)
-    objects = template(helm_bin, {"leaderElection.enabled": True, **(values or {})})
-    out: set[Permission] = set()
-    for obj in objects:
-        if obj.get("kind") not in ("ClusterRole", "Role"):
-            continue
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        if any(key.startswith("rbac.authorization.k8s.io/aggregate-to-") for key in labels):
-            continue
-        for rule in obj.get("rules") or []:
-            for group in rule.get("apiGroups", []):
-                for resource in rule.get("resources", []):
-                    for verb in rule["verbs"]:
-                        out.add(Permission(group, resource, verb))
-    return out
 
 
 def _status(api: Api, ns: str, name: str) -> JSON:
@@ -162,14 +140,9 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     time.sleep(1)
 
     calls = list(proxy.calls)
-    forbidden = [f"{c.method} {c.path}" for c in calls if c.status == 403]
-    assert not forbidden, forbidden
-    used: set[Permission] = set()
-    for call in calls:
-        perm = permission(call)
-        if perm is not None:
-            used.add(Permission(perm.group, perm.resource, perm.verb))
-        used.update(implied_permissions(call))
+    refused = forbidden(calls)
+    assert not refused, refused
+    used = used_permissions(calls)
     granted = chart_rules({"operator.watchNamespaces": [ns]})
     print("operator used:", sorted((p.group, p.resource, p.verb) for p in used))
     assert used - granted == set(), f"used but not granted: {used - granted}"
