@@ -1,7 +1,8 @@
 """`make prepare` (the first step of `make demo`) shows the control-plane build's progress while it
 runs, on a terminal, from its first seconds: the claim a newcomer checks by watching the console
-for 12 minutes. (On a fresh machine the venv's bootstrap before it, venv + uv + two packages,
-took 10 s on 2026-12-04.)
+for 12 minutes. (On a fresh machine the venv's bootstrap comes before it: venv, uv and two
+packages took 9 s on a quiet moment of 2026-12-04 and 75 s beside a cold CI run's Go builds; make
+echoes each of its commands as it starts.)
 
 The real Makefile target, the real builder and its reporter run under a pseudo-terminal; only `go`
 is a stand-in (a script on PATH) whose first build takes SLOW_STEP seconds and prints what the real

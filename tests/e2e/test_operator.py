@@ -124,6 +124,18 @@ class OperatorProcess:
                 env=env,
             )
 
+    def wait_live(self, timeout: float = 120) -> None:
+        """Until the operator's liveness endpoint answers: started and serving."""
+
+        def answers() -> bool | None:
+            try:
+                with urllib.request.urlopen(self.liveness, timeout=2):
+                    return True
+            except OSError:
+                return None
+
+        wait_until(answers, "operator liveness", timeout=timeout)
+
     def kill(self) -> None:
         """SIGKILL: no cleanup, no chance to finish a write (the crash case)."""
         if self.proc is not None and self.proc.poll() is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_operator import plan, workload
 from asyncgrpo_operator.observed import ClusterView, Observation, WorkloadView
@@ -307,16 +309,17 @@ def test_pods_ready_is_reported_to_kueue_for_wait_for_pods_ready() -> None:
     assert (ready["status"], ready["reason"]) == ("True", "Started")
 
 
-def test_a_finished_job_finishes_its_workload() -> None:
+@pytest.mark.parametrize(("exit_code", "phase"), [(0, "Succeeded"), (1, "Failed")])
+def test_a_finished_job_finishes_its_workload_with_its_phase(exit_code: int, phase: str) -> None:
     running, live = admitted_and_running(since=10)
     done = step(
         running.status,
-        seen(60, live, pods=healthy_pods(live, driver=terminated(0)), workload=admitted_at(10)),
+        seen(60, live, pods=healthy_pods(live, driver=terminated(exit_code)), workload=admitted_at(10)),
     )
-    assert done.status.phase == "Succeeded"
+    assert done.status.phase == phase
     (finish,) = actions(done, plan.PatchWorkloadStatus)
     finished = {c["type"]: c for c in finish.status["conditions"]}["Finished"]
-    assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
+    assert (finished["status"], finished["reason"]) == ("True", phase)
 
 
 def test_a_spec_changed_while_queued_updates_the_same_workload() -> None:
@@ -333,18 +336,6 @@ def test_a_spec_changed_while_queued_updates_the_same_workload() -> None:
     assert [s["count"] for s in update.patch["spec"]["podSets"]] == [1, 2, 1]
     assert update.resource_version == "5"
     assert not actions(changed, plan.CreateWorkload) and not actions(changed, plan.DeleteWorkload)
-
-
-def test_a_failed_job_finishes_its_workload_as_failed() -> None:
-    running, live = admitted_and_running(since=10)
-    done = step(
-        running.status,
-        seen(60, live, pods=healthy_pods(live, driver=terminated(1)), workload=admitted_at(10)),
-    )
-    assert done.status.phase == "Failed"
-    (finish,) = actions(done, plan.PatchWorkloadStatus)
-    finished = {c["type"]: c for c in finish.status["conditions"]}["Finished"]
-    assert (finished["status"], finished["reason"]) == ("True", "Failed")
 
 
 def released_conditions(decision: plan.Decision) -> dict[str, tuple[str, str]]:

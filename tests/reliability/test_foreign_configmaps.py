@@ -19,7 +19,6 @@ and samples the operator's resident memory throughout. CI-sized by default (100 
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -53,14 +52,6 @@ def chart_memory_limit() -> int:
     return int(limit[:-2]) * MEBIBYTE
 
 
-def _alive(url: str) -> bool | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except OSError:
-        return None
-
-
 def peak_memory_until_reconciled(kubeconfig: Path, api: Api, ns: str, log: Path) -> int:
     """The operator's peak VmRSS from its start until the job `demo` is reconciled, plus two resync
     periods (5 s each in OperatorProcess) in which every cached ConfigMap is visited again."""
@@ -69,7 +60,7 @@ def peak_memory_until_reconciled(kubeconfig: Path, api: Api, ns: str, log: Path)
     assert op.proc is not None
     sampler = RssSampler(op.proc.pid).start()
     try:
-        wait_until(lambda: _alive(op.liveness), "operator liveness", timeout=120)
+        op.wait_live()
 
         def reconciled() -> bool | None:
             status = get_job(api, ns, "demo").get("status") or {}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import secrets
 import statistics
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,14 +64,6 @@ def load_nodes(kube_api: Api) -> Iterator[str]:
                 raise
 
 
-def _alive(url: str) -> bool | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except OSError:
-        return None
-
-
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -108,7 +99,7 @@ def test_many_jobs_at_once_all_run_with_bounded_memory_and_latency(
     assert op.proc is not None
     try:
         # The baseline: the operator started and serving (liveness answers), before any job.
-        wait_until(lambda: _alive(op.liveness), "operator liveness", timeout=120)
+        op.wait_live()
         time.sleep(2)
         idle_rss = rss_bytes(op.proc.pid)
         sampler = RssSampler(op.proc.pid).start()
