@@ -24,14 +24,9 @@ pytestmark = pytest.mark.images
 
 
 @pytest.fixture(scope="module")
-def built(built_images: dict[str, Built]) -> dict[str, Built]:
-    return built_images
-
-
-@pytest.fixture(scope="module")
-def run(built: dict[str, Built]) -> Iterator[dict[str, list[str]]]:
+def run(built_images: dict[str, Built]) -> Iterator[dict[str, list[str]]]:
     """A container per image, for `_run`; removed at the end."""
-    containers = {name: buildah("from", b.ref, capture=True).strip() for name, b in built.items()}
+    containers = {name: buildah("from", b.ref, capture=True).strip() for name, b in built_images.items()}
     yield {name: ["run", "--isolation=chroot", c, "--"] for name, c in containers.items()}
     for c in containers.values():
         buildah("rm", c, capture=True)
@@ -42,13 +37,13 @@ def _run(run: dict[str, list[str]], image: str, *command: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["operator", "trainer-cpu"])
-def test_the_archive_holds_the_image_under_its_reference(built: dict[str, Built], name: str) -> None:
+def test_the_archive_holds_the_image_under_its_reference(built_images: dict[str, Built], name: str) -> None:
     """What `ctr images import` reads: docker-archive's manifest.json with the reference as tag."""
-    with tarfile.open(built[name].archive) as tar:
+    with tarfile.open(built_images[name].archive) as tar:
         member = tar.extractfile("manifest.json")
         assert member is not None
         (manifest,) = json.loads(member.read())
-        assert manifest["RepoTags"] == [built[name].ref]
+        assert manifest["RepoTags"] == [built_images[name].ref]
         assert set(manifest["Layers"]) <= set(tar.getnames())
 
 
