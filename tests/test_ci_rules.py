@@ -160,16 +160,22 @@ def test_that_passes():
 """
 
 
-def test_a_half_ends_the_log_on_its_failed_tests_and_its_counts(tmp_path: Path) -> None:
+def test_a_half_ends_the_log_on_its_failed_tests_and_its_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The log of `make test` ends with each half's verdict (tests/halves.py): read from real
-    pytest output, as CI runs it, it is the failed test's line and the final counts, and not the
-    traceback or the durations before them."""
+    pytest output, as CI runs it, it is the failed test's summary and the final counts, and not the
+    traceback or the durations before them. With CI set, pytest writes each failure's whole message
+    into the summary (here its second line, `assert 1 == 2`) instead of cutting it at the terminal's
+    width; the verdict keeps it, since it says why the test failed."""
+    monkeypatch.setenv("CI", "true")
     lines = run_pytest(tmp_path, MIXED, "-rfE", "--durations=5").stdout.splitlines()
     ending = halves.verdict(lines)
     assert "short test summary info" in ending[0], ending
-    assert any(line.startswith("FAILED test_sample.py::test_that_fails") for line in ending), ending
+    assert ending[1] == "FAILED test_sample.py::test_that_fails - AssertionError: one is not two"
+    assert ending[2] == "assert 1 == 2", ending
     assert "1 failed, 1 passed" in ending[-1], ending
-    assert not any("assert 1 == 2" in line or "slowest" in line for line in ending), ending
+    assert len(ending) == 4, ending  # no traceback (`>` and `E` lines) nor durations before them
 
 
 def test_a_green_half_ends_the_log_on_its_counts_alone(tmp_path: Path) -> None:
