@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import halves
 from tests.leftovers import OPTION as LEFTOVERS_OPTION
 from tests.leftovers import OWNER_FILE, RUN_FOLDERS, sweep_unused_run_folders
