@@ -10,6 +10,7 @@ on) any folder a run left there.
 
 pytest_plugins = [
     "tests.cluster.fixtures",
+    "tests.e2e.whole_path_fixtures",
     "tests.objectstore.fixtures",
     "tests.skip_policy",
     "tests.leftovers",

@@ -1,13 +1,14 @@
-"""`asyncgrpo logs JOB [-f]`: the driver's log, from the head pod while it runs, and where its
-files are once the pod is gone.
+"""`asyncgrpo logs JOB [-f] [--attempt N]`: the driver's log, from the head pod while it runs, and
+where its files are once the pod is gone.
 
 The head pod's `driver` container is the training driver; `kubectl logs` can read it only while
 the pod exists, and cleanupPolicy deletes the pods with the RayCluster. The driver also writes its
 log, step records and TensorBoard files under checkpoint.path (status.outputs), so this command
 streams the container log when there is one, otherwise prints the newest attempt's log from
 spec.storage.objectStore when the job names one (`stored_logs`), and otherwise says where those
-files are and on which volume. `decide` is the pure part (tested without a cluster); `main` does
-the API calls.
+files are and on which volume. `--attempt N` asks for an earlier attempt's log, which no pod runs
+any more: from the object store, or its file on the volume. `decide` is the pure part (tested
+without a cluster); `main` does the API calls.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncgrpo_api.v1alpha1.runtime import ObjectStoreSpec
+from asyncgrpo_api import outputs
+from asyncgrpo_api.v1alpha1.runtime import CheckpointSpec, ObjectStoreSpec
 from asyncgrpo_operator import k8s, naming, stored_logs
 
 
@@ -45,14 +47,32 @@ class Stored:
     why: str
     store: ObjectStoreSpec
     namespace: str
+    attempt: int | None = None
+    """The attempt asked for (`--attempt N`); None for the newest stored."""
+
+
+@dataclass(frozen=True)
+class NoSuchAttempt:
+    """`--attempt N` names an attempt the job has not started."""
+
+    text: str
 
 
 def decide(
-    job: Mapping[str, Any], heads: Sequence[Mapping[str, Any]], *, follow: bool
-) -> Stream | Files | Stored:
-    """What `asyncgrpo logs` shows for a job, given its head pods (those of status.rayClusterName)."""
+    job: Mapping[str, Any],
+    heads: Sequence[Mapping[str, Any]],
+    *,
+    follow: bool,
+    attempt: int | None = None,
+) -> Stream | Files | Stored | NoSuchAttempt:
+    """What `asyncgrpo logs` shows for a job, given its head pods (those of status.rayClusterName).
+    `attempt` names an earlier attempt: no pod runs it any more, so its log is read from the object
+    store, or its file on the checkpoint volume is named."""
     status = job.get("status") or {}
     name = job["metadata"]["name"]
+    current = int(status.get("attempt") or 0)
+    if attempt is not None and attempt != current:
+        return _earlier_attempt(job, attempt, current)
     for pod in heads:
         if pod["metadata"].get("deletionTimestamp"):
             continue
@@ -69,20 +89,41 @@ def decide(
         head = f"job {name} is {phase}{why}; its head pod is gone"
     else:
         head = f"job {name} is {phase}{why}; its RayCluster is gone (cleanupPolicy)"
-    store = ((job.get("spec") or {}).get("storage") or {}).get("objectStore")
-    if store and phase not in ("Queued", "Pending", "Provisioning", "Suspended"):
-        namespace = str(job["metadata"].get("namespace") or "default")
-        return Stored(head, ObjectStoreSpec.model_validate(store), namespace)
-    outputs = status.get("outputs")
-    if not outputs:
+    store = _object_store(job)
+    if store is not None and phase not in ("Queued", "Pending", "Provisioning", "Suspended"):
+        return Stored(head, store, _namespace(job), attempt)
+    files = status.get("outputs")
+    if not files:
         return Files(f"{head}, and the operator has not recorded where its files are")
     lines = [
-        f"{head}. The driver's files are on the {outputs.get('volume')}:",
-        f"  driver log    {outputs.get('driverLog')}",
-        f"  step records  {outputs.get('steps')}",
-        f"  TensorBoard   {outputs.get('tensorboard')}",
+        f"{head}. The driver's files are on the {files.get('volume')}:",
+        f"  driver log    {files.get('driverLog')}",
+        f"  step records  {files.get('steps')}",
+        f"  TensorBoard   {files.get('tensorboard')}",
     ]
     return Files("\n".join(lines))
+
+
+def _earlier_attempt(job: Mapping[str, Any], attempt: int, current: int) -> Files | Stored | NoSuchAttempt:
+    name = job["metadata"]["name"]
+    if attempt > current:
+        return NoSuchAttempt(f"job {name} has no attempt {attempt}: its attempts so far are 0 to {current}")
+    why = f"attempt {attempt} of job {name} ended (the job is at attempt {current})"
+    store = _object_store(job)
+    if store is not None:
+        return Stored(why, store, _namespace(job), attempt)
+    checkpoint = ((job.get("spec") or {}).get("checkpoint") or {}).get("path") or CheckpointSpec().path
+    volume = ((job.get("status") or {}).get("outputs") or {}).get("volume") or "checkpoint volume"
+    return Files(f"{why}; its driver log is {outputs.driver_log(checkpoint, attempt)} on the {volume}")
+
+
+def _object_store(job: Mapping[str, Any]) -> ObjectStoreSpec | None:
+    store = ((job.get("spec") or {}).get("storage") or {}).get("objectStore")
+    return ObjectStoreSpec.model_validate(store) if store else None
+
+
+def _namespace(job: Mapping[str, Any]) -> str:
+    return str(job["metadata"].get("namespace") or "default")
 
 
 def _driver_state(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -93,7 +134,7 @@ def _driver_state(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
-async def _run(name: str, namespace: str | None, follow: bool) -> int:
+async def _run(name: str, namespace: str | None, follow: bool, attempt: int | None) -> int:
     api = await k8s.Api.connect()
     try:
         ns = namespace or api.current_namespace()
@@ -106,7 +147,10 @@ async def _run(name: str, namespace: str | None, follow: bool) -> int:
         if cluster:
             selector = f"{naming.RAY_CLUSTER_LABEL}={cluster},{naming.RAY_NODE_TYPE_LABEL}=head"
             heads = await api.list_items(f"/api/v1/namespaces/{ns}/pods", selector)
-        outcome = decide(job, heads, follow=follow)
+        outcome = decide(job, heads, follow=follow, attempt=attempt)
+        if isinstance(outcome, NoSuchAttempt):
+            print(f"asyncgrpo logs: {outcome.text}", file=sys.stderr)
+            return 1
         if isinstance(outcome, Files):
             print(outcome.text)
             return 0
@@ -129,7 +173,7 @@ async def _run(name: str, namespace: str | None, follow: bool) -> int:
 def _print_stored(name: str, outcome: Stored) -> int:
     print(f"{outcome.why}; its driver log from the object store:", file=sys.stderr)
     try:
-        attempt, text = stored_logs.newest_driver_log(outcome.store, outcome.namespace, name)
+        attempt, text = stored_logs.stored_driver_log(outcome.store, outcome.namespace, name, outcome.attempt)
     except stored_logs.StoredLogError as exc:
         print(f"asyncgrpo logs: {exc}", file=sys.stderr)
         return 1
@@ -144,8 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("job", help="the AsyncGRPOJob's name")
     parser.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's)")
     parser.add_argument("-f", "--follow", action="store_true", help="keep streaming while the driver runs")
+    parser.add_argument(
+        "--attempt",
+        type=int,
+        metavar="N",
+        help="an earlier attempt's log (0 is the first): from the object store, or where it is on the volume",
+    )
     args = parser.parse_args(argv)
+    if args.attempt is not None and args.attempt < 0:
+        parser.error("--attempt: an attempt number is 0 or more")
     try:
-        return asyncio.run(_run(args.job, args.namespace, args.follow))
+        return asyncio.run(_run(args.job, args.namespace, args.follow, args.attempt))
     except KeyboardInterrupt:
         return 130

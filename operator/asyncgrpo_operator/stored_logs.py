@@ -1,5 +1,6 @@
 """`asyncgrpo logs` once the pods are gone and the job names spec.storage.objectStore: the newest
-attempt's driver log, read from the bucket the driver uploaded it to (during the run and at its end).
+attempt's driver log (or the one `--attempt N` names), read from the bucket the driver uploaded it to
+(before each checkpoint, during the run and after its last line).
 
 The key pair is the reader's own (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment,
 AWS_CA_BUNDLE for a private CA), never read from the cluster: the CLI needs no access to Secrets.
@@ -21,8 +22,10 @@ class StoredLogError(RuntimeError):
     """The log could not be read from the store (no boto3, refused, none uploaded)."""
 
 
-def newest_driver_log(spec: ObjectStoreSpec, namespace: str, name: str) -> tuple[int, bytes]:
-    """(attempt, its driver log) of the newest attempt that uploaded one."""
+def stored_driver_log(
+    spec: ObjectStoreSpec, namespace: str, name: str, attempt: int | None = None
+) -> tuple[int, bytes]:
+    """(attempt, its driver log): that attempt's, or with None the newest attempt's that uploaded one."""
     try:
         import boto3  # noqa: PLC0415 (the operator's image has no boto3; only this command needs it)
         from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
@@ -36,21 +39,28 @@ def newest_driver_log(spec: ObjectStoreSpec, namespace: str, name: str) -> tuple
         config=boto3.session.Config(s3={"addressing_style": "path"}),
     )
     root = job_root(spec.prefix, namespace, name)
+    where = f"s3://{spec.bucket}/{root}/logs/"
     try:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=spec.bucket, Prefix=f"{root}/logs/")
-        found = [
-            (int(m.group(1)), str(item["Key"]))
+        found = {
+            int(m.group(1)): str(item["Key"])
             for page in pages
             for item in page.get("Contents", [])
             if (m := _DRIVER_LOG_KEY.search(str(item["Key"]))) is not None
-        ]
+        }
         if not found:
-            raise StoredLogError(f"no driver log under s3://{spec.bucket}/{root}/logs/ at {spec.endpoint}")
-        attempt, key = max(found)
-        body: bytes = client.get_object(Bucket=spec.bucket, Key=key)["Body"].read()
+            raise StoredLogError(f"no driver log under {where} at {spec.endpoint}")
+        if attempt is None:
+            attempt = max(found)
+        elif attempt not in found:
+            stored = ", ".join(str(a) for a in sorted(found))
+            raise StoredLogError(
+                f"attempt {attempt} uploaded no driver log under {where}; the attempts stored: {stored}"
+            )
+        body: bytes = client.get_object(Bucket=spec.bucket, Key=found[attempt])["Body"].read()
     except (BotoCoreError, ClientError) as exc:
         raise StoredLogError(
-            f"the object store {spec.endpoint} refused the read of s3://{spec.bucket}/{root}/logs/: {exc} "
+            f"the object store {spec.endpoint} refused the read of {where}: {exc} "
             "(set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY to a key pair that may read the bucket)"
         ) from exc
     return attempt, body

@@ -54,6 +54,28 @@ def test_each_new_local_checkpoint_becomes_durable_in_the_background(store: Stor
     assert not [p for p in local.iterdir() if p.name.startswith(".upload-")]
 
 
+def test_a_durable_checkpoint_has_the_logs_up_to_it_in_the_store_before_the_log_interval(
+    store: Store, tmp_path: Path
+) -> None:
+    """A driver killed right after a checkpoint became durable leaves its step records and log up
+    to that checkpoint in the store, so the resumed attempt's curves and `asyncgrpo logs --attempt`
+    have no gap, however long logUploadIntervalSeconds is."""
+    local = tmp_path / "ckpt"
+    log_file = tmp_path / "driver.log"
+    mirror = CheckpointMirror(
+        store, local, attempt=1, keep_last=2, log_files=lambda: {"driver.log": log_file},
+        log_interval_seconds=3600, poll_seconds=0.1,
+    ).start()  # fmt: skip
+    try:
+        for step in (1, 2):
+            log_file.write_text("".join(f"trained step {s}\n" for s in range(1, step + 1)))
+            write_checkpoint(local, step)
+            _wait(functools.partial(lambda s: mirror.state.durable_step == s, step))
+            assert store.get_bytes(logs_prefix(1) + "driver.log") == log_file.read_bytes()
+    finally:
+        mirror.close(deadline_seconds=30)
+
+
 def test_a_checkpoint_pruned_locally_while_it_uploads_still_uploads_whole(
     store: Store, tmp_path: Path
 ) -> None:

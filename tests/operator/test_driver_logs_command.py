@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncgrpo_operator.driverlog import Files, Stored, Stream, decide
+from asyncgrpo_operator.driverlog import Files, NoSuchAttempt, Stored, Stream, decide
 
 OUTPUTS = {
     "volume": "PersistentVolumeClaim ckpt at /ck",
@@ -67,3 +67,31 @@ def test_once_the_pods_are_gone_a_job_with_an_object_store_reads_the_log_from_it
     assert isinstance(outcome, Stored)
     assert (outcome.store.bucket, outcome.namespace) == ("ckpts", "rl")
     assert "its RayCluster is gone" in outcome.why
+
+
+def test_an_earlier_attempt_is_read_from_the_object_store_even_while_a_newer_one_runs() -> None:
+    store = {"endpoint": "https://s3.example.com", "bucket": "ckpts", "credentials": {"secretName": "s3"}}
+    job = the_job(phase="Running", attempt=2, rayClusterName="demo-2", outputs=OUTPUTS)
+    job["spec"] = {"storage": {"objectStore": store}}
+    running = [head("demo-2-head-x", {"running": {}})]
+
+    outcome = decide(job, running, follow=True, attempt=0)
+
+    assert isinstance(outcome, Stored) and outcome.attempt == 0
+    assert "attempt 0 of job demo ended (the job is at attempt 2)" in outcome.why
+    assert decide(job, running, follow=True, attempt=2) == Stream("demo-2-head-x", True)  # the current one
+
+
+def test_an_earlier_attempt_without_an_object_store_is_named_on_the_volume() -> None:
+    job = the_job(phase="Succeeded", attempt=1, outputs=OUTPUTS)
+    job["spec"] = {"checkpoint": {"path": "/ck"}}
+
+    outcome = decide(job, [], follow=False, attempt=0)
+
+    assert isinstance(outcome, Files)
+    assert "/ck/logs/driver-attempt-0.log on the PersistentVolumeClaim ckpt at /ck" in outcome.text
+
+
+def test_an_attempt_the_job_has_not_reached_is_refused_with_the_attempts_it_has() -> None:
+    outcome = decide(the_job(phase="Running", attempt=1), [], follow=False, attempt=3)
+    assert outcome == NoSuchAttempt("job demo has no attempt 3: its attempts so far are 0 to 1")

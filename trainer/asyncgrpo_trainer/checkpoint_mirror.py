@@ -2,11 +2,12 @@
 
 Why a thread in the driver and not a step in the controller: training never waits for the store.
 The controller writes checkpoints locally as before (`checkpoint.commit`); this thread notices each
-new complete step directory, freezes it with hard links (so the controller's local retention may
-delete it meanwhile without tearing the upload), uploads it with its manifest, then applies
-`keepLast` in the store. An upload that fails (the server away, a full quota) is retried with
-backoff, always for the newest local checkpoint; the run goes on. The driver's log, the step
-records and the TensorBoard files are uploaded every logUploadIntervalSeconds and at the end.
+new complete step directory, uploads the log files, freezes the checkpoint with hard links (so the
+controller's local retention may delete it meanwhile without tearing the upload), uploads it with
+its manifest, then applies `keepLast` in the store. An upload that fails (the server away, a full
+quota) is retried with backoff, always for the newest local checkpoint; the run goes on. The
+driver's log, the step records and the TensorBoard files are uploaded before each checkpoint,
+every logUploadIntervalSeconds and at the end.
 `durable_step` is what the job's status reports as durableCheckpointStep.
 """
 
@@ -102,6 +103,10 @@ class CheckpointMirror:
             return True
         if time.monotonic() < self._retry_at:
             return False
+        # The logs first: a checkpoint that is durable has the step records and the driver's log
+        # up to it in the store too, so a resumed attempt's curves (`asyncgrpo plot`) and the killed
+        # attempt's log (`asyncgrpo logs --attempt N`) have no gap before the step it resumes from.
+        self._sync_logs()
         frozen = self.local_root / f".upload-{newest:08d}"
         try:
             _freeze(checkpoint.step_dir(self.local_root, newest), frozen)

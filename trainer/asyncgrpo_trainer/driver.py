@@ -722,6 +722,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if stop_tee is not None:
             stop_tee()
+            # The run's verdict (its summary, `training failed: ...`, `stopped by SIGTERM ...`) is
+            # written after the checkpoint mirror's last upload: without this, the log a user reads
+            # from the store once the pods are gone would end before the line that says how it ended.
+            job = rules.validate_manifest(manifest).job
+            if job is not None:
+                durable_run.upload_driver_log(job, runlog.attempt_from_env())
 
 
 def _log_to_checkpoint_volume(manifest: dict[str, Any]) -> Callable[[], None] | None:

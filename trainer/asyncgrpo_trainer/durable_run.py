@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from asyncgrpo_api import outputs
-from asyncgrpo_api.object_store_keys import DRIVER_LOG
+from asyncgrpo_api.object_store_keys import DRIVER_LOG, logs_prefix
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_trainer import durable_checkpoints, object_store
 from asyncgrpo_trainer.checkpoint_mirror import CheckpointMirror
@@ -22,6 +22,9 @@ from asyncgrpo_trainer.object_store import Store
 log = logging.getLogger(__name__)
 FINAL_UPLOAD_SECONDS = 120.0
 """How long the end of a run waits for the last checkpoint and logs to reach the store."""
+VERDICT_UPLOAD_SECONDS = 10.0
+"""The request timeout of the driver log's upload after its last line (`upload_driver_log`): the
+pod's grace period is spent by then, and the mirror has already uploaded all but the last lines."""
 
 
 def log_files(checkpoint_path: str, attempt: int | None) -> Callable[[], dict[str, Path]]:
@@ -85,3 +88,19 @@ def durable_storage(
             state.failures,
             "; fenced by a newer attempt" if state.fenced else "",
         )
+
+
+def upload_driver_log(job: AsyncGRPOJob, attempt: int | None) -> None:
+    """Upload the driver's log once more, after the driver wrote its last line (the verdict comes
+    after `durable_storage` has closed). A failure costs those last lines in the store, said in a
+    warning, never the run's exit code."""
+    config = object_store.config_of(job)
+    path = Path(outputs.driver_log(job.spec.checkpoint.path, attempt))
+    if config is None or not path.is_file():
+        return
+    try:
+        Store(config, timeout_seconds=VERDICT_UPLOAD_SECONDS).upload_file(
+            logs_prefix(attempt or 0) + DRIVER_LOG, path
+        )
+    except object_store.TransientError as exc:
+        log.warning("the driver log's last lines did not reach the object store: %s", exc)
