@@ -1,7 +1,8 @@
 """CLI: python -m tests.cluster build|align|images|up|down|status|logs|env|restart|prune|import-image.
 
 `up` builds first when the binaries are missing, so `python -m tests.cluster up` is the one command
-a developer or the demo needs. The processes outlive the CLI; `down` stops them by recorded PID.
+a developer needs: the control plane, the kwok nodes and the real node (`--no-real-node` leaves it
+out). The processes outlive the CLI; `down` stops them by recorded PID.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from tests.cluster import node as node_mod
 from tests.cluster.build import BuildError, build, build_node, build_optional, layout, stale_layouts
 from tests.cluster.buildah import ImageError
 from tests.cluster.cluster import ClusterError, LocalCluster
@@ -55,12 +57,26 @@ def _cmd_images(args: argparse.Namespace) -> int:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
+    """The real node is started by default where this machine can run it; asked for with
+    `--real-node`, what prevents it is an error, otherwise a warning and a cluster of kwok nodes."""
+    missing = node_mod.missing_prerequisites() if args.real_node is not False else []
+    if missing and args.real_node:
+        print(f"the real node needs {missing}; or start without it: --no-real-node", file=sys.stderr)
+        return 1
     cluster = LocalCluster.from_env()
     cluster.up(build())
     if args.kueue:
         cluster.start_kueue(build_optional("kueue"))
-    if args.real_node:
-        cluster.start_real_node(build_node())
+    if args.real_node is not False:
+        if missing:
+            print(f"no real node (it needs {missing}): kwok nodes only, no container runs", file=sys.stderr)
+        else:
+            try:
+                cluster.start_real_node(build_node())
+            except ClusterError as err:
+                if args.real_node:
+                    raise
+                print(f"no real node: {err}; kwok nodes only (--real-node: an error)", file=sys.stderr)
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
 
@@ -68,7 +84,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _cmd_import_image(args: argparse.Namespace) -> int:
     cluster = LocalCluster.from_env()
     if not cluster.real_node_running():
-        print("no real node: `python -m tests.cluster up --real-node`", file=sys.stderr)
+        print("no real node: `python -m tests.cluster up` starts one", file=sys.stderr)
         return 1
     for archive in args.archives:
         cluster.import_image(archive)
@@ -176,7 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_cmd_images)
     p = sub.add_parser("up", help="build if needed, start everything, print the KUBECONFIG")
     p.add_argument("--kueue", action="store_true", help="also build (once) and start Kueue with a GPU queue")
-    p.add_argument("--real-node", action="store_true", help="also build (once) and start the real node")
+    p.add_argument(
+        "--real-node",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the real node (kubelet, containerd) beside the kwok nodes, built once; by default it "
+        "starts where it can (root, runc, busybox-static; one per machine) and is left out with a "
+        "warning where it cannot",
+    )
     p.set_defaults(fn=_cmd_up)
     sub.add_parser("kueue", help="build (once) and start Kueue on the live control plane").set_defaults(
         fn=_cmd_kueue

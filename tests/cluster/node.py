@@ -52,6 +52,15 @@ SANDBOX_IMAGE = f"{oci.LOCAL_REGISTRY}/pause:{PAUSE_TAG}"
 BUSYBOX_IMAGE = f"{oci.LOCAL_REGISTRY}/busybox:local"
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: the node's test image
 RUNC = "/usr/sbin/runc"  # Debian's runc
+
+
+def missing_prerequisites() -> list[str]:
+    """What this machine lacks to run the real node: root (kubelet and containerd manage cgroups,
+    mounts and network namespaces), runc and busybox-static (Debian's packages); empty when none."""
+    missing = [] if os.geteuid() == 0 else ["root"]
+    return missing + [str(path) for path in (Path(RUNC), BUSYBOX) if not path.is_file()]
+
+
 TAINT = {"key": "asyncgrpo.dev/real-node", "value": "true", "effect": "NoSchedule"}
 NODE_LABEL = ("asyncgrpo.dev/pool", "real")
 CRI_NAMESPACE = "k8s.io"

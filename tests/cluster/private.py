@@ -62,7 +62,7 @@ def private_control_plane(state: Path, **env: str) -> Iterator[PrivateCluster]:
         "ASYNCGRPO_CLUSTER_PORT_OFFSET": str(offset),
         **env,
     }
-    _cli(full_env, "up")
+    _cli(full_env, "up", "--no-real-node")  # one real node per machine: the session cluster's
     try:
         api = Api(f"https://127.0.0.1:{int(_BASE_PORTS['kube-apiserver']) + offset}", Pki(state / "pki"))
         yield PrivateCluster(full_env, api, state / "kubeconfig", state, offset)

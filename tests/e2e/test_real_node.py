@@ -13,7 +13,6 @@ imported while the node runs starts without a pull. Needs root (as the node does
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -42,9 +41,9 @@ POD_START_TIMEOUT = 120.0  # the first pod on a loaded 2-core machine: sandbox, 
 @pytest.fixture(scope="session")
 def real_node(local_cluster: LocalCluster) -> LocalCluster:
     """The real node running on the session's control plane (built and started on first use)."""
-    missing = [str(f) for f in (node.BUSYBOX, Path(node.RUNC)) if not f.is_file()]
-    if missing or os.geteuid() != 0:
-        pytest.fail(f"the real node needs root and {missing}: apt-get install busybox-static runc")
+    missing = node.missing_prerequisites()
+    if missing:
+        pytest.fail(f"the real node needs {missing}: run as root; apt-get install busybox-static runc")
     local_cluster.start_real_node(build_node())
     return local_cluster
 
