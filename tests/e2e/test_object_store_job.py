@@ -13,7 +13,6 @@ from the job's Secret, as a kubelet resolves secretKeyRef). The fault runs of do
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import signal
@@ -34,6 +33,7 @@ from tests.e2e.whole_path import (
     DriverKubelet,
     LocalDriver,
     job_status,
+    logged_steps,
     tiny_job,
     wait_terminal,
     wait_with_watch,
@@ -100,20 +100,6 @@ def asyncgrpo_logs(chart: Installation, name: str, *args: str) -> subprocess.Com
 def newest_complete(store: Store) -> int:
     """The step of the newest complete (manifest written) checkpoint in the bucket; 0 when none."""
     return max((c.step for c in durable_checkpoints.complete_checkpoints(store)), default=0)
-
-
-def steps_in(text: str) -> list[int]:
-    """The step records (one JSON line each) in a driver log's text."""
-    steps = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and "step" in record and record.get("event") != "summary":
-                steps.append(int(record["step"]))
-    return steps
 
 
 def local_driver_log(kubelet: DriverKubelet, driver: LocalDriver, attempt: int) -> Path:
@@ -190,7 +176,7 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
     assert local.startswith(killed.stdout), "the stored log is not the start of the attempt's own log"
     durable_before_resumed = [int(s) for s in DURABLE.findall(local) if int(s) < restored_step]
     assert set(durable_before_resumed) <= {int(s) for s in DURABLE.findall(killed.stdout)}
-    assert steps_in(killed.stdout) and '"event": "summary"' not in killed.stdout
+    assert logged_steps(killed.stdout) and '"event": "summary"' not in killed.stdout
 
     missing = asyncgrpo_logs(chart, name, "--attempt", "2")
     assert missing.returncode == 1 and "has no attempt 2: its attempts so far are 0 to 1" in missing.stderr

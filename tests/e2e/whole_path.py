@@ -130,16 +130,21 @@ class LocalDriver:
 
     def steps(self) -> list[int]:
         """The steps the driver logged (its stdout has one JSON record per step)."""
-        out: list[int] = []
-        for line in self.log.read_text(errors="replace").splitlines() if self.log.exists() else []:
-            if line.startswith("{"):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and "step" in record and record.get("event") != "summary":
-                    out.append(int(record["step"]))
-        return out
+        return logged_steps(self.log.read_text(errors="replace") if self.log.exists() else "")
+
+
+def logged_steps(log: str) -> list[int]:
+    """The steps of the step records (one JSON line each) in a driver's log."""
+    out: list[int] = []
+    for line in log.splitlines():
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "step" in record and record.get("event") != "summary":
+                out.append(int(record["step"]))
+    return out
 
 
 @dataclass
