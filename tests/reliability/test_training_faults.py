@@ -5,10 +5,11 @@ BackoffLimitExceeded and a message that names the cause.
 Faults are injected the way a kubelet or node would report them (tests/cluster/faults.py): the
 head pod Failed with exit 137; the driver container OOM-killed (exit 137, reason OOMKilled) while
 the Ray head keeps running; the head's node turned NotReady, after which the node-lifecycle
-controller taints it and the taint manager evicts the head (the job tolerates `not-ready` for 2 s
-instead of the default 300 s, so the test takes seconds). A lost worker pod is replaced by KubeRay
-inside the same attempt; the operator must not fail the job for it, and when the driver then exits
-with RAY_WORKER_LOST (201, the trainer's answer to a dead Ray actor) the attempt is retried.
+controller taints it and the taint manager evicts the head (the job tolerates `not-ready` for
+NOT_READY_TOLERATION_SECONDS instead of the default 300 s, so the test takes seconds). A lost
+worker pod is replaced by KubeRay inside the same attempt; the operator must not fail the job for
+it, and when the driver then exits with RAY_WORKER_LOST (201, the trainer's answer to a dead Ray
+actor) the attempt is retried.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from tests.e2e.test_operator import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+NOT_READY_TOLERATION_SECONDS = 10
+"""Longer than the node-lifecycle controller takes to lift the NoExecute taint once the restored node
+is Ready (its monitor period, 5 s): the retry's head lands on that node as soon as the NoSchedule
+taint is gone, and with 2 s it was evicted too (a CI run of 2026-12-05: restarts 1, then
+HeadPodLost again, where the test waits for the retry Running)."""
 
 
 @pytest.fixture
@@ -139,13 +146,13 @@ def test_an_infrastructure_fault_is_retried_once_then_fails_with_the_cause(
                         "key": "node.kubernetes.io/not-ready",
                         "operator": "Exists",
                         "effect": "NoExecute",
-                        "tolerationSeconds": 2,
+                        "tolerationSeconds": NOT_READY_TOLERATION_SECONDS,
                     },
                     {
                         "key": "node.kubernetes.io/unreachable",
                         "operator": "Exists",
                         "effect": "NoExecute",
-                        "tolerationSeconds": 2,
+                        "tolerationSeconds": NOT_READY_TOLERATION_SECONDS,
                     },
                 ],
             }

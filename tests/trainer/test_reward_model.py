@@ -92,9 +92,12 @@ def test_a_taught_judge_separates_right_from_wrong_responses_on_strings_it_never
         for actor in pool.owned_actors():
             ray.kill(actor)
     assert set(right) | set(wrong) <= {0.0, 1.0}
-    # The tiny judge is imperfect (judge_checkpoint: about 4 in 5 wrong answers judged 0), but a judge
-    # that ignored the response (all 1, all 0, or a coin) could not pass both.
-    assert sum(right) / len(right) >= 0.9 and sum(wrong) / len(wrong) <= 0.4, (right, wrong)
+    # The tiny judge is imperfect both ways (judge_checkpoint: about 4 in 5 wrong answers judged 0; its
+    # training is not bit-for-bit the same on every machine, and in one CI run 3 of the 24 right
+    # strings were judged 0 on both tries: 0.875), but a judge that ignored the response (all 1,
+    # all 0, or a coin) could not pass these.
+    right_rate, wrong_rate = sum(right) / len(right), sum(wrong) / len(wrong)
+    assert right_rate >= 0.75 and wrong_rate <= 0.4 and right_rate - wrong_rate >= 0.5, (right, wrong)
 
 
 @pytest.mark.trainer

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -537,13 +537,12 @@ def _load_params(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> Non
 
 
 def _local_rendezvous(world_size: int) -> str:
-    """A free local port for a single-process group (Megatron's parallel state needs one)."""
+    """A file store for a single-process group (Megatron's parallel state needs one). Not a TCP
+    port: a free port picked here can be taken by another process before the group listens on it
+    (EADDRINUSE in a CI run beside other tests)."""
     if world_size != 1:
         raise ValueError("Megatron policy ranks need a rendezvous address when there is more than one")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"tcp://127.0.0.1:{port}"
+    return f"file://{tempfile.mkdtemp(prefix='asyncgrpo-megatron-')}/store"
 
 
 def read_full_weights(step: Path, build: ModelBuild) -> dict[str, torch.Tensor]:
