@@ -69,10 +69,11 @@ def create_key_secret(chart: Installation) -> None:
     chart.api.apply(f"/api/v1/namespaces/{chart.jobs_ns}/secrets/s3", secret)
 
 
-def object_store_job(name: str, server: S3Server, bucket: str) -> dict[str, Any]:
+def object_store_job(chart: Installation, name: str, server: S3Server, bucket: str) -> dict[str, Any]:
     """The tiny e2e job with its checkpoints on an emptyDir (gone with each attempt's pod) and
     spec.storage.objectStore naming the test server, its logs uploaded every 5 s."""
     job = tiny_job(name, max_steps=STEPS)
+    job["metadata"]["namespace"] = chart.jobs_ns
     job["spec"]["storage"]["checkpoints"] = {"emptyDir": {}, "mountPath": "/checkpoints"}
     return with_object_store(job, server, bucket, prefix="runs", logUploadIntervalSeconds=5)
 
@@ -137,7 +138,7 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
         driver.wait(timeout=30)
         at_kill.append(newest_complete(store))
 
-    watch, runs = run_job(chart, kubelet, object_store_job(name, s3_server, bucket), kill_once_durable)
+    watch, runs = run_job(chart, kubelet, object_store_job(chart, name, s3_server, bucket), kill_once_durable)
     assert [(d.cluster, code) for d, code in runs] == [(f"{name}-0", 137), (f"{name}-1", 0)]
     first, second = runs[0][0], runs[1][0]
     assert second.env_changes["AWS_ACCESS_KEY_ID"] == ACCESS_KEY  # from the Secret, through the pod
@@ -163,7 +164,7 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
     # last line (the run's summary, written after the checkpoint mirror's last upload).
     newest = asyncgrpo_logs(chart, name)
     assert newest.returncode == 0, newest.stderr
-    assert "RayCluster is gone" in newest.stderr and "(attempt 1)" in newest.stderr, newest.stderr
+    assert "is Succeeded: DriverSucceeded" in newest.stderr and "(attempt 1)" in newest.stderr, newest.stderr
     assert f"resuming from the checkpoint of step {restored_step}" in newest.stdout
     assert '"event": "summary"' in newest.stdout.strip().splitlines()[-1], newest.stdout[-2000:]
 
@@ -229,7 +230,7 @@ def test_an_operator_restarted_while_the_driver_uploads_loses_nothing_and_shows_
         )
 
     watch, runs = run_job(
-        chart, kubelet, object_store_job(name, s3_server, bucket), restart_operator_mid_upload
+        chart, kubelet, object_store_job(chart, name, s3_server, bucket), restart_operator_mid_upload
     )
     assert [code for _, code in runs] == [0]
     status = wait_terminal(chart.api, chart.jobs_ns, name)
