@@ -253,14 +253,25 @@ def running(api: Api, ns: str, job: str, progress: ProgressServer, step: int = 3
     return wait_phase(api, ns, job, "Running", timeout=120)
 
 
-def asyncgrpo_logs(kubeconfig: Path, ns: str, job: str) -> str:
-    """`asyncgrpo logs JOB -n NS`, as a user runs it (never while a head pod exists: kwok's fake
-    nodes serve no container logs, and the API server would dial their made-up addresses)."""
+def run_asyncgrpo_logs(
+    kubeconfig: Path, ns: str, job: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`asyncgrpo logs JOB -n NS [args]`, as a user runs it, with `env` added to this process's
+    (never while a head pod exists: kwok's fake nodes serve no container logs, and the API server
+    would dial their made-up addresses)."""
     cli = Path(sys.executable).with_name("asyncgrpo")
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    proc = subprocess.run(
-        [str(cli), "logs", job, "-n", ns], capture_output=True, text=True, env=env, timeout=60, check=False
+    return subprocess.run(
+        [str(cli), "logs", job, "-n", ns, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})},
+        timeout=120,
+        check=False,
     )
+
+
+def asyncgrpo_logs(kubeconfig: Path, ns: str, job: str) -> str:
+    proc = run_asyncgrpo_logs(kubeconfig, ns, job)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

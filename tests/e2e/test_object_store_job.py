@@ -13,11 +13,9 @@ from the job's Secret, as a kubelet resolves secretKeyRef). The fault runs of do
 from __future__ import annotations
 
 import base64
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,34 +25,30 @@ import pytest
 from asyncgrpo_trainer import durable_checkpoints
 from asyncgrpo_trainer.object_store import Store
 from tests.cluster.samples import wait_until
+from tests.e2e.test_kueue import run_asyncgrpo_logs
 from tests.e2e.test_operator import live_rayclusters
 from tests.e2e.whole_path import (
     AgjWatch,
     DriverKubelet,
     LocalDriver,
-    job_status,
     logged_steps,
     tiny_job,
     wait_terminal,
-    wait_with_watch,
 )
-from tests.e2e.whole_path_fixtures import SCENARIO_TIMEOUT, STEPS, run_job
+from tests.e2e.whole_path_fixtures import STEPS, run_job, wait_for_progress
 from tests.objectstore.helpers import store_config, with_object_store
 from tests.objectstore.s3server import ACCESS_KEY, SECRET_KEY, S3Server
+from tests.reliability.conftest import count
 from tests.webhook.cluster_harness import Installation
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer]
 
-RUNS = int(os.environ.get("ASYNCGRPO_RELIABILITY_OBJECT_STORE_RUNS", "1"))
+RUNS = count("object_store_runs", 1)
 """How many times each fault scenario runs (docs/reliability.md §9 records the counts)."""
+DURABLE_FIELD = "durableCheckpointStep"
+"""`kubectl get agj -o wide`'s Durable-Ckpt: the newest checkpoint complete in the bucket."""
 DURABLE = re.compile(r"checkpoint of step (\d+) is durable in the object store")
 RESTORED = re.compile(r"restored the durable checkpoint of step (\d+) \(attempt (\d+)\)")
-
-
-def durable_shown(chart: Installation, name: str) -> int:
-    """status.progress.durableCheckpointStep (`kubectl get agj -o wide`'s Durable-Ckpt; 0 while none)."""
-    progress = job_status(chart.api, chart.jobs_ns, name).get("progress") or {}
-    return int(progress.get("durableCheckpointStep") or 0)
 
 
 def create_key_secret(chart: Installation) -> None:
@@ -78,24 +72,11 @@ def object_store_job(chart: Installation, name: str, server: S3Server, bucket: s
     return with_object_store(job, server, bucket, prefix="runs", logUploadIntervalSeconds=5)
 
 
-def asyncgrpo_logs(chart: Installation, name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`asyncgrpo logs NAME -n NS [args]` as a user runs it: the admin kubeconfig and the reader's
-    own key pair in the environment (never read from the cluster)."""
-    cli = Path(sys.executable).with_name("asyncgrpo")
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(chart.cluster.kubeconfig),
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-    }
-    return subprocess.run(
-        [str(cli), "logs", name, "-n", chart.jobs_ns, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+def stored_logs(chart: Installation, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`asyncgrpo logs NAME [args]` with the reader's own key pair in the environment (never read
+    from the cluster)."""
+    keys = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    return run_asyncgrpo_logs(chart.cluster.kubeconfig, chart.jobs_ns, name, *args, env=keys)
 
 
 def newest_complete(store: Store) -> int:
@@ -127,13 +108,7 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
         later: from then on the bucket is all a new attempt can resume from."""
         if driver.cluster != f"{name}-0":
             return
-        wait_with_watch(
-            watch,
-            lambda: durable_shown(chart, name) >= 8 or not driver.running(),
-            "a durable checkpoint at step 8 in the job's status",
-            timeout=SCENARIO_TIMEOUT,
-            interval=0.2,
-        )
+        wait_for_progress(chart, watch, driver, DURABLE_FIELD, 8)
         driver.kill(signal.SIGKILL)
         driver.wait(timeout=30)
         at_kill.append(newest_complete(store))
@@ -162,7 +137,7 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
 
     # The pods are gone: `asyncgrpo logs` reads the newest attempt's log from the bucket, to its
     # last line (the run's summary, written after the checkpoint mirror's last upload).
-    newest = asyncgrpo_logs(chart, name)
+    newest = stored_logs(chart, name)
     assert newest.returncode == 0, newest.stderr
     assert "is Succeeded: DriverSucceeded" in newest.stderr and "(attempt 1)" in newest.stderr, newest.stderr
     assert f"resuming from the checkpoint of step {restored_step}" in newest.stdout
@@ -170,7 +145,7 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
 
     # The killed attempt's log too: what it wrote up to its last durable checkpoint is there, the
     # log being uploaded before each checkpoint's manifest, however long the log interval.
-    killed = asyncgrpo_logs(chart, name, "--attempt", "0")
+    killed = stored_logs(chart, name, "--attempt", "0")
     assert killed.returncode == 0, killed.stderr
     assert "(attempt 0)" in killed.stderr, killed.stderr
     local = local_driver_log(kubelet, first, 0).read_text()
@@ -179,7 +154,7 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
     assert set(durable_before_resumed) <= {int(s) for s in DURABLE.findall(killed.stdout)}
     assert logged_steps(killed.stdout) and '"event": "summary"' not in killed.stdout
 
-    missing = asyncgrpo_logs(chart, name, "--attempt", "2")
+    missing = stored_logs(chart, name, "--attempt", "2")
     assert missing.returncode == 1 and "has no attempt 2: its attempts so far are 0 to 1" in missing.stderr
     print(
         f"run {run}: {time.monotonic() - started:.0f} s; resumed from {restored_step}; steps {watch.steps()}"
@@ -199,14 +174,7 @@ def test_an_operator_restarted_while_the_driver_uploads_loses_nothing_and_shows_
     seen_while_down: list[int] = []
 
     def restart_operator_mid_upload(driver: LocalDriver, watch: AgjWatch) -> None:
-        wait_with_watch(
-            watch,
-            lambda: durable_shown(chart, name) >= 4 or not driver.running(),
-            "a durable checkpoint in the job's status",
-            timeout=SCENARIO_TIMEOUT,
-            interval=0.2,
-        )
-        before = durable_shown(chart, name)
+        before = wait_for_progress(chart, watch, driver, DURABLE_FIELD, 4)
         chart.stop_operator()
         try:
             # The driver goes on uploading while no operator watches: a newer complete checkpoint.
@@ -221,13 +189,7 @@ def test_an_operator_restarted_while_the_driver_uploads_loses_nothing_and_shows_
             seen_while_down.append(reached)
         finally:
             chart.start_operator()
-        wait_with_watch(
-            watch,
-            lambda: durable_shown(chart, name) >= seen_while_down[-1] or not driver.running(),
-            "the restarted operator showing the durable step reached while it was down",
-            timeout=SCENARIO_TIMEOUT,
-            interval=0.2,
-        )
+        wait_for_progress(chart, watch, driver, DURABLE_FIELD, seen_while_down[-1])
 
     watch, runs = run_job(
         chart, kubelet, object_store_job(chart, name, s3_server, bucket), restart_operator_mid_upload

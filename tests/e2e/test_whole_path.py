@@ -36,16 +36,10 @@ from tests.e2e.whole_path import (
     wait_terminal,
     wait_with_watch,
 )
-from tests.e2e.whole_path_fixtures import SCENARIO_TIMEOUT, STEPS, apply, run_job, show
+from tests.e2e.whole_path_fixtures import SCENARIO_TIMEOUT, STEPS, apply, run_job, show, wait_for_progress
 from tests.webhook.cluster_harness import Installation
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer]
-
-
-def checkpoint_shown(chart: Installation, name: str) -> int:
-    """status.progress.lastCheckpointStep of the job (0 while none)."""
-    progress = job_status(chart.api, chart.jobs_ns, name).get("progress") or {}
-    return int(progress.get("lastCheckpointStep") or 0)
 
 
 def test_a_job_trains_to_succeeded_with_step_and_reward_in_kubectl_get(
@@ -83,17 +77,10 @@ def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkp
 
     def kill_after_a_checkpoint(driver: LocalDriver, watch: AgjWatch) -> None:
         """SIGKILL the first attempt's container once the job's status shows a checkpoint at step 8
-        or later (the operator has read it from /progress, as a user would see it). A driver that
-        exits first (e.g. its Ray did not start) is left to the exit-code assertion below."""
+        or later (the operator has read it from /progress, as a user would see it)."""
         if driver.cluster != f"{name}-0":
             return
-        wait_with_watch(
-            watch,
-            lambda: checkpoint_shown(chart, name) >= 8 or not driver.running(),
-            "a checkpoint at step 8 in the job's status",
-            timeout=SCENARIO_TIMEOUT,
-            interval=0.2,
-        )
+        wait_for_progress(chart, watch, driver, "lastCheckpointStep", 8)
         driver.kill(signal.SIGKILL)
 
     watch, runs = run_job(chart, kubelet, tiny_job(name, max_steps=STEPS), kill_after_a_checkpoint)
@@ -209,15 +196,7 @@ def test_a_preempted_job_checkpoints_on_sigterm_and_resumes_without_a_lost_or_re
     first = kubelet.start(pod, job="preemptible")
     drivers = [first]
     try:
-        wait_with_watch(
-            watch,
-            lambda: (
-                (job_status(chart.api, ns, "preemptible").get("progress") or {}).get("step", 0) >= 3
-                or not first.running()
-            ),
-            "step 3 in the job's status",
-            timeout=SCENARIO_TIMEOUT,
-        )
+        wait_for_progress(chart, watch, first, "step", 3)
         # Held still until KubeRay deletes its pod, so that the preemption, at any load, comes
         # before the job's last step: in a clean-clone run at load 17-50 the driver was gone by
         # the time Kueue had preempted it, and the SIGTERM found no process.

@@ -16,7 +16,7 @@ import pytest
 from tests.chart.helm import NO_HELM, find_helm
 from tests.cluster.cluster import LocalCluster
 from tests.e2e.test_operator import ProgressServer
-from tests.e2e.whole_path import AgjWatch, DriverKubelet, LocalDriver, drive
+from tests.e2e.whole_path import AgjWatch, DriverKubelet, LocalDriver, drive, job_status, wait_with_watch
 from tests.webhook.cluster_harness import Installation, running_chart
 
 SCENARIO_TIMEOUT = 600.0  # generous: the driver's Ray start-up alone takes 20-70 s on 2 busy cores
@@ -72,3 +72,27 @@ def run_job(
     for driver, _ in runs:
         show(driver)
     return watch, runs
+
+
+def progress_shown(chart: Installation, name: str, field: str) -> int:
+    """A status.progress field of the job as the operator last read it from /progress (0 while
+    unset): lastCheckpointStep is `kubectl get agj`'s Checkpoint, durableCheckpointStep -o wide's
+    Durable-Ckpt."""
+    progress = job_status(chart.api, chart.jobs_ns, name).get("progress") or {}
+    return int(progress.get(field) or 0)
+
+
+def wait_for_progress(
+    chart: Installation, watch: AgjWatch, driver: LocalDriver, field: str, at_least: int
+) -> int:
+    """Wait (watching `kubectl get agj`) until the job's status shows `field` at `at_least` or
+    later, as a user would see it; returns what it shows. A driver that exits first (its Ray did
+    not start, say) ends the wait, and the test's exit-code assertions say so."""
+    wait_with_watch(
+        watch,
+        lambda: progress_shown(chart, watch.job, field) >= at_least or not driver.running(),
+        f"{field} {at_least} or later in the job's status",
+        timeout=SCENARIO_TIMEOUT,
+        interval=0.2,
+    )
+    return progress_shown(chart, watch.job, field)
