@@ -6,6 +6,7 @@ and on CPU with `--tiny`, which the CPU tests use to keep them runnable.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -59,6 +60,17 @@ def build_model(cfg: ModelConfig, dev: torch.device, dtype: torch.dtype, seed: i
         model = CausalLM(cfg)
         model.init_random()
     return model.to(dev, dtype)  # the RoPE tables are built on the CPU
+
+
+def release_memory(*, compiled: bool = False) -> None:
+    """Free what the variant that just ran left behind, so the next one is measured from an empty
+    GPU: its tensors (once the caller has dropped its references), the caching allocator's blocks,
+    and with `compiled` dynamo's graphs and guards (each variant compiles its own)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if compiled:
+        torch._dynamo.reset()
 
 
 def sync(dev: torch.device) -> None:

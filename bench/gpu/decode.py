@@ -11,7 +11,6 @@ baseline). tokens/s = batch x new tokens / wall time of the whole call (prefill 
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 import traceback
 from typing import Any
@@ -170,9 +169,7 @@ def main() -> None:
         except Exception:  # keep the other numbers if one variant breaks
             res.put(f"ours.{name}", {"error": traceback.format_exc()[-3000:]})
         dec = None
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        c.release_memory()
 
     try:
         res.put("greedy_check_vs_model_forward", reference_check(model, prompts, 16))

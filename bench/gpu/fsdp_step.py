@@ -4,17 +4,27 @@ optimizer in host memory: peak GPU memory, step time, and agreement with the uns
 The step is the trainer's own (`TorchPolicyWorker.train_chunk` + `finish_step`: forward, the
 clipped GRPO loss with IS correction, backward, clip, AdamW), with the CUDA recipe (fp32 master
 weights, bf16 compute, compiled blocks and head), on a Qwen2.5 shape with random weights
-(`SHAPES`; bfloat16, tied embeddings as the checkpoints have them up to 3B). MFU as in
-train_step.py (6 x matmul parameters x tokens / step time / 989 TFLOP/s; with activation
-checkpointing the recomputed forward is not counted, so MFU reads what the step delivers).
+(`SHAPES`; bfloat16, tied embeddings as the checkpoints have them up to 3B). MFU = (4 x matmul
+parameters + 2 x trainable matmul parameters) x tokens / step time / 989 TFLOP/s: the forward
+and the backward's activation gradients go through every matmul (2 + 2 FLOPs per parameter and
+token), the weight gradients only through the trainable ones (2 more). Training every weight that
+is train_step.py's 6 x N; with LoRA (`policy.lora`: frozen base, adapters of `--lora-rank` on every
+projection) it is about 4 x N. With activation checkpointing the recomputed forward is not
+counted, so MFU reads what the step delivers.
 
 Parts (JSON keys):
 - `one_gpu.<variant>` (one GPU, this process): `plain` (the unsharded worker),
   `activation_checkpointing`, `cpu_offload` (FSDP over the one rank: sharded parameters, their
   gradients and AdamW's state in host memory, the optimizer stepping on the CPU) and
-  `cpu_offload_activation_checkpointing`: median step time, tokens/s, MFU, peak GPU memory
-  (`torch.cuda.max_memory_allocated`) and the process's host memory after the steps. A variant
-  that runs out of memory says so.
+  `cpu_offload_activation_checkpointing`, and `lora` / `lora_activation_checkpointing` (the
+  unsharded worker training LoRA adapters only; not in the default list): median step time,
+  tokens/s, MFU, peak GPU memory (`torch.cuda.max_memory_allocated`), the process's host memory
+  after the steps, the worker's set-up time, and the step split into its two calls (`train_chunk`:
+  forward and backward; `finish_step`: reduce, clip, AdamW), each step's time printed as it ends.
+  `--threads` sets the host threads the worker runs with (`TorchPolicyWorker(num_threads=)`; the
+  trainer passes none, so 1), which is what the CPU-offloaded AdamW steps on. A variant that runs
+  out of memory says so. With `--then-threads K` each variant then takes one more timed step on
+  K host threads (`one_gpu.<variant>.threads<K>`).
 - `ranks<N>.<layout>` (`--gpus N`, N >= 2: one process per GPU, NCCL): `dp` (unsharded data
   parallel), `fsdp`, `fsdp_activation_checkpointing`, each rank training `--batch` rows of a
   global batch of N x `--batch`: the slowest rank's median step time, every rank's peak GPU memory.
@@ -23,6 +33,7 @@ Parts (JSON keys):
   over gloo).
 
     PYTHONPATH=trainer python3 bench/gpu/fsdp_step.py --shape qwen2.5-3b --out fsdp_one_gpu.json
+    PYTHONPATH=trainer python3 bench/gpu/fsdp_step.py --shape qwen2.5-7b --variants lora,plain
     PYTHONPATH=trainer python3 bench/gpu/fsdp_step.py --gpus 4 --skip-one-gpu --out fsdp_ranks.json
     PYTHONPATH=trainer python3 bench/gpu/fsdp_step.py --gpus 4 --skip-one-gpu --parity --out parity.json
     PYTHONPATH=trainer python3 bench/gpu/fsdp_step.py --tiny --gpus 2       # CPU smoke run (gloo)
@@ -32,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import socket
@@ -46,12 +56,15 @@ from typing import Any
 
 import _common as c
 import torch
+import torch.distributed as dist
 from train_step import grpo_rows
 
 from asyncgrpo_trainer.algorithms.losses import LossConfig
 from asyncgrpo_trainer.backends.cuda_train import matmul_params
 from asyncgrpo_trainer.backends.policy import OptimConfig, Sharding, TorchPolicyWorker
+from asyncgrpo_trainer.models import lora
 from asyncgrpo_trainer.models.config import ModelConfig, tiny_config
+from asyncgrpo_trainer.models.network import CausalLM
 from asyncgrpo_trainer.models.recipe import ModelBuild
 
 for _k, _v in (
@@ -84,17 +97,21 @@ SHAPES = {
     "qwen2.5-1.5b": _qwen(151936, 1536, 28, heads=12, kv=2, inter=8960, tied=True),
     "qwen2.5-3b": _qwen(151936, 2048, 36, heads=16, kv=2, inter=11008, tied=True),
     "qwen2.5-7b": _qwen(152064, 3584, 28, heads=28, kv=4, inter=18944, tied=False),
+    "qwen2.5-14b": _qwen(152064, 5120, 48, heads=40, kv=8, inter=13824, tied=False),
     "parity": _qwen(32000, 896, 4, heads=14, kv=2, inter=4864, tied=True),
 }
 """Qwen2.5 shapes (config.json's sizes); `parity` is the small float32 model of `--parity`."""
 
 ONE_GPU = {
-    "plain": (None, False),
-    "activation_checkpointing": (None, True),
-    "cpu_offload": (Sharding(cpu_offload=True), False),
-    "cpu_offload_activation_checkpointing": (Sharding(cpu_offload=True), True),
+    "plain": (None, False, False),
+    "activation_checkpointing": (None, True, False),
+    "cpu_offload": (Sharding(cpu_offload=True), False, False),
+    "cpu_offload_activation_checkpointing": (Sharding(cpu_offload=True), True, False),
+    "lora": (None, False, True),
+    "lora_activation_checkpointing": (None, True, True),
 }
-"""one_gpu variants: (sharding, activation checkpointing)."""
+"""one_gpu variants: (sharding, activation checkpointing, LoRA)."""
+DEFAULT_VARIANTS = "plain,activation_checkpointing,cpu_offload,cpu_offload_activation_checkpointing"
 LAYOUTS = {
     "dp": (None, False),
     "fsdp": (Sharding(), False),
@@ -137,24 +154,63 @@ def build_of(args: argparse.Namespace) -> ModelBuild:
     return ModelBuild(cfg, seed=0, dtype="float32" if args.parity else "bfloat16", pad_id=0, eos_ids=(1,))
 
 
-def measure(worker: TorchPolicyWorker, rows: list[Any], dev: torch.device, steps: int) -> dict[str, Any]:
-    """Median time of `steps` steps after 2 untimed ones (compilation), and peak GPU memory."""
+def trainable_matmul_params(model: CausalLM) -> int:
+    """The matmul parameters (`matmul_params`) that train: all of them, or with LoRA the adapters."""
+    decoder = model.model
+    lookups = set() if model.cfg.tie_word_embeddings else {id(decoder.embed_tokens.weight)}
+    if decoder.embed_positions is not None:
+        lookups.add(id(decoder.embed_positions.weight))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in lookups)
+
+
+def flops_per_token(model: CausalLM) -> int:
+    """Forward and activation gradients through every matmul, weight gradients through the
+    trainable ones: 6 x N when every weight trains."""
+    return 4 * matmul_params(model) + 2 * trainable_matmul_params(model)
+
+
+def measure(
+    worker: TorchPolicyWorker, rows: list[Any], dev: torch.device, steps: int, warmup: int = 2
+) -> dict[str, Any]:
+    """Median time of `steps` steps after `warmup` untimed ones (compilation), each step also
+    split into `train_chunk` and `finish_step` (the device synchronized after each), and peak GPU
+    memory."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-
-    def step() -> None:
+    t0 = time.perf_counter()
+    for _ in range(warmup):
         worker.train_chunk(rows)
         worker.finish_step()
-
-    for _ in range(2):
-        step()
-    times = c.timed(step, dev, steps)
+    c.sync(dev)
+    warm = time.perf_counter() - t0
+    times, chunks, finishes = [], [], []
+    for i in range(steps):
+        c.sync(dev)
+        t0 = time.perf_counter()
+        worker.train_chunk(rows)
+        c.sync(dev)
+        t1 = time.perf_counter()
+        worker.finish_step()
+        c.sync(dev)
+        t2 = time.perf_counter()
+        times.append(t2 - t0)
+        chunks.append(t1 - t0)
+        finishes.append(t2 - t1)
+        print(
+            f"  step {i}: {t2 - t0:.3f} s (train_chunk {t1 - t0:.3f}, finish_step {t2 - t1:.3f})", flush=True
+        )
     tokens = sum(len(r.response_ids) for r in rows) + sum(len(r.prompt_ids) for r in rows) - len(rows)
     t = c.median(times)
     return {
         "step_s": t,
         "tokens_per_s": tokens / t,
-        "mfu": 6 * matmul_params(worker.model) * tokens / t / c.PEAK_BF16_FLOPS,
+        "mfu": flops_per_token(worker.model) * tokens / t / c.PEAK_BF16_FLOPS,
+        "flops_per_token": flops_per_token(worker.model),
+        "matmul_params": matmul_params(worker.model),
+        "trainable_params": sum(p.numel() for p in worker.model.parameters() if p.requires_grad),
+        "train_chunk_s": c.median(chunks),
+        "finish_step_s": c.median(finishes),
+        "warmup_s": warm,
         "peak_gpu_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
         "host_rss_gib": host_rss_gib(),
         "all_steps_s": times,
@@ -164,22 +220,35 @@ def measure(worker: TorchPolicyWorker, rows: list[Any], dev: torch.device, steps
 def one_gpu_part(res: c.Results, args: argparse.Namespace, build: ModelBuild) -> None:
     dev = c.device()
     rows = grpo_rows(build.config.vocab_size, args.batch, args.seq)
+    adapters = lora.LoraConfig(args.lora_rank, 2.0 * args.lora_rank, lora.TARGETS)
     for name in args.variants.split(","):
-        sharding, recompute = ONE_GPU[name]
+        sharding, recompute, adapted = ONE_GPU[name]
         worker = None
         try:
+            print(f"=== one_gpu.{name}", flush=True)
+            t0 = time.perf_counter()
             worker = TorchPolicyWorker(
-                build,
+                dataclasses.replace(build, lora=adapters) if adapted else build,
                 optim(args.micro_batch or args.batch),
                 LossConfig(),
                 rank=0,
                 world_size=1,
                 device=str(dev),
                 rendezvous=free_address(),
+                num_threads=args.threads,
                 sharding=sharding,
                 activation_checkpointing=recompute,
             )
-            res.put(f"one_gpu.{name}", measure(worker, rows, dev, args.steps))
+            setup = time.perf_counter() - t0
+            result = measure(worker, rows, dev, args.steps, args.warmup)
+            res.put(f"one_gpu.{name}", {"setup_s": setup, "threads": args.threads, **result})
+            if args.then_threads:  # the same worker on fewer (or more) host threads
+                torch.set_num_threads(args.then_threads)
+                result = measure(worker, rows, dev, 1, warmup=0)
+                res.put(
+                    f"one_gpu.{name}.threads{args.then_threads}", {"threads": args.then_threads, **result}
+                )
+                torch.set_num_threads(args.threads)
         except torch.OutOfMemoryError:
             res.put(f"one_gpu.{name}", {"out_of_memory": traceback.format_exc()[-1500:]})
         except Exception:
@@ -187,10 +256,7 @@ def one_gpu_part(res: c.Results, args: argparse.Namespace, build: ModelBuild) ->
         if worker is not None:
             worker.shutdown()
         worker = None
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        torch._dynamo.reset()
+        c.release_memory(compiled=True)
 
 
 def ranks_part(res: c.Results, args: argparse.Namespace, tmp: Path) -> None:
@@ -258,6 +324,11 @@ def rank_main(rank: int, spec: dict[str, Any]) -> None:
         weights = worker.weights()  # sharded: a collective, rank 0 gets them
         if rank == 0:
             torch.save(weights, tmp / f"{name}-weights.pt")
+    # Every rank's collectives have ended before any leaves the group: a gloo rank that destroyed
+    # its group while its peer's last send was still in flight aborted at exit ("terminate called
+    # without an active exception", 2 of about 10 CPU runs under load).
+    if dist.is_initialized():
+        dist.barrier()
     worker.shutdown()
     (tmp / f"{name}-{rank}.json").write_text(json.dumps(result))
 
@@ -270,10 +341,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, help="rows per step (per rank with --gpus)")
     ap.add_argument("--micro-batch", type=int, help="rows per forward pass (default: --batch)")
     ap.add_argument("--seq", type=int, help="positions per row")
-    ap.add_argument("--steps", type=int, help="timed steps (after 2 untimed)")
+    ap.add_argument("--steps", type=int, help="timed steps (after --warmup untimed)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps (compilation) of the one_gpu part")
+    ap.add_argument("--threads", type=int, default=1, help="the worker's host threads (the trainer's: 1)")
+    ap.add_argument(
+        "--then-threads", type=int, help="then one more step of each variant on this many threads"
+    )
+    ap.add_argument("--lora-rank", type=int, default=16, help="the lora variants' rank (alpha: twice it)")
     ap.add_argument("--gpus", type=int, default=0, help="N >= 2: the ranks<N> part")
     ap.add_argument("--skip-one-gpu", action="store_true")
-    ap.add_argument("--variants", default=",".join(ONE_GPU), help="of the one_gpu part, comma-separated")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {sorted(ONE_GPU)}, comma-separated")
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help="of the ranks<N> part, comma-separated")
     ap.add_argument("--parity", action="store_true", help="float32, TF32 off, small model: weights vs dp")
     ap.add_argument("--rank-timeout", type=float, default=500)
@@ -293,6 +370,7 @@ def main() -> None:
     res = c.Results(
         args.out,
         workload={"batch": args.batch, "seq": args.seq, "steps": args.steps, "gpus": args.gpus},
+        lora={"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank, "target_modules": list(lora.TARGETS)},
         model={
             "shape": "parity" if args.parity else "tiny" if args.tiny else args.shape,
             "dtype": build.dtype,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import time
 import traceback
 from typing import Any
@@ -147,11 +146,7 @@ def main() -> None:
         except Exception:
             res.put(name, {"error": traceback.format_exc()[-3000:]})
         worker = None
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        if recipe.compile:
-            torch._dynamo.reset()
+        c.release_memory(compiled=recipe.compile)
     base = out.get("eager_bf16_fused_adamw (baseline)", {}).get("mfu")
     best_name = max(out, key=lambda k: out[k]["mfu"]) if out else None
     res.put(

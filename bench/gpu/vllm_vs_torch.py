@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import time
 import traceback
 from pathlib import Path
@@ -180,9 +179,7 @@ def main() -> None:
         res.put("torch_engine", torch_engine(build, prompts, new, args.repeats))
     except Exception:
         res.put("torch_engine", {"error": traceback.format_exc()[-3000:]})
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    c.release_memory()
     if not args.skip_vllm:
         try:
             out = asyncio.run(_vllm(build, prompts.tolist(), new, args.repeats))

@@ -833,6 +833,13 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 f"is ignored with {where} (it is the share of GPU memory vLLM takes; on CPU its KV cache "
                 f"is sized from the job's shape); remove it",
             )
+    if trainer.generation.backend != "torch":
+        for field in _non_default(trainer.generation, "torch_decode"):
+            yield Finding(
+                f"{TRAINER}.generation.{field}",
+                f"is ignored with generation.backend {trainer.generation.backend} (it picks how the "
+                "torch engine decodes; vLLM schedules its own batches); remove it",
+            )
     if not trainer.generation.colocated:
         for field in _non_default(trainer.generation, "sleep_while_training"):
             yield Finding(

@@ -854,6 +854,7 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
         ],
         [{"cluster": GPU_POOLS}, {"trainer": {"weightSync": {"transport": "nccl"}}}],  # NCCL; gloo on CPU
     ),
+    ("generation.torchDecode", "batched", [{"trainer": VLLM}], [{}]),
     (
         "generation.sleepWhileTraining",
         True,

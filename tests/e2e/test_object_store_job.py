@@ -135,13 +135,17 @@ def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cl
     assert status["progress"]["durableCheckpointStep"] == STEPS
     wait_until(lambda: not live_rayclusters(chart.api, chart.jobs_ns, name), "RayCluster deleted (onSuccess)")
 
-    # The pods are gone: `asyncgrpo logs` reads the newest attempt's log from the bucket, to its
-    # last line (the run's summary, written after the checkpoint mirror's last upload).
+    # The pods are gone: `asyncgrpo logs` reads the newest attempt's whole log from the bucket, to
+    # its last line (the run's summary is written after the checkpoint mirror's last upload). The
+    # summary is the last JSON line; a stderr line may land after it, stdout and stderr being two
+    # pipes copied into the log by two threads.
     newest = stored_logs(chart, name)
     assert newest.returncode == 0, newest.stderr
     assert "is Succeeded: DriverSucceeded" in newest.stderr and "(attempt 1)" in newest.stderr, newest.stderr
+    assert newest.stdout == local_driver_log(kubelet, second, 1).read_text(), newest.stdout[-2000:]
     assert f"resuming from the checkpoint of step {restored_step}" in newest.stdout
-    assert '"event": "summary"' in newest.stdout.strip().splitlines()[-1], newest.stdout[-2000:]
+    json_lines = [line for line in newest.stdout.splitlines() if line.startswith("{")]
+    assert json_lines[-1].startswith('{"event": "summary"'), newest.stdout[-2000:]
 
     # The killed attempt's log too: what it wrote up to its last durable checkpoint is there, the
     # log being uploaded before each checkpoint's manifest, however long the log interval.

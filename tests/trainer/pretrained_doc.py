@@ -1,6 +1,7 @@
-"""The pretrained CPU example's commands as docs/guides/models.md documents them, for CI to run.
+"""The pretrained CPU examples' commands as the guides document them, for CI to run.
 
-They are read from the guide (the fenced block after MARKER), so what CI runs is what a reader
+They are read from a guide (the fenced block after a marker: models.md's pretrained-cpu example by
+default, environments.md's calculator), so what CI runs is what a reader
 copies, and run as written by the shell in an empty folder outside the clone, with ASYNCGRPO naming
 a folder laid out like the clone (its .venv, this interpreter's, and docs linked in): so they work
 from any folder, and their outputs stay out of the checkout.
@@ -17,11 +18,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "guides" / "models.md"
 MARKER = "<!-- pretrained-cpu commands -->"
+CALCULATOR = (REPO / "docs" / "guides" / "environments.md", "<!-- calculator-cpu commands -->")
+"""The calculator example's guide and marker."""
 
 
-def documented_commands() -> list[str]:
+def documented_commands(guide: Path = GUIDE, marker: str = MARKER) -> list[str]:
     """The block's commands, continuation lines joined (as the shell joins them)."""
-    block = GUIDE.read_text().split(MARKER, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    block = guide.read_text().split(marker, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     return [" ".join(line.split()) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 

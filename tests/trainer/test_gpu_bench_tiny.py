@@ -95,3 +95,16 @@ def test_fsdp_step_tiny(tmp_path: Path) -> None:
     }
     sharded = data["ranks2.fsdp_activation_checkpointing"]
     assert isinstance(sharded, dict) and sharded["max_abs_weight_diff_vs_dp"] <= 1e-5
+
+
+def test_packing_step_tiny(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    data = _run(monkeypatch, "packing_step", tmp_path / "packing.json", "--warmup", "0")
+    assert {"padded", "packed128", "packed_over_padded"} <= set(data)
+
+
+def test_rl_engines_tiny(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The torch engine on the RL workload (vLLM needs a GPU build here)."""
+    root = str(tmp_path / "checkpoints")
+    data = _run(monkeypatch, "rl_engines", tmp_path / "rl.json", "--engines", "torch-256", "--root", root)
+    run = data["torch-256"]
+    assert isinstance(run, dict) and run["16x"]["tokens"] == data["workload"]["16x"]["response_tokens"]

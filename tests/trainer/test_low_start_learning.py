@@ -11,7 +11,9 @@ As run here (its seed, 42) it went 0.00 / 0.14 / 0.58 / 0.41 / 0.87 / 0.97 / 0.9
 50-120 s after an 18 s warm start (2-core machine at load 5-9, 2026-12-02). Over seeds 1-5 and 42
 the same job over 80 steps ended at 0.52-1.00, and at step 40 all were at 0.38 or more, hence a
 bar well below what the test's seed reaches; bench/models/sample_efficiency.py (the low-start
-case) measures every mode over seeds.
+case) measures every mode over seeds. The curve repeats because CPU decodes per group by default
+(generation.torchDecode auto): batched, the same job ended at step 60 anywhere from 0.0 to 1.0 over
+7 runs (docs/benchmarks.md, "The batched decode on CPU").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import yaml
 
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import packing, policy
-from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs
+from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs, filler_rows
 from asyncgrpo_trainer.models import recipe
 from asyncgrpo_trainer.models.network import CausalLM
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
@@ -150,6 +150,29 @@ def test_packed_micro_batches_give_the_loss_and_gradients_of_one_padded_batch(
     assert got.keys() == want.keys()
     for name in want:
         assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_a_compiled_packed_micro_batch_far_under_a_budget_longer_than_the_model_scores_its_rows() -> None:
+    """The compiled recipe fills a micro-batch to its budget with pad rows (one static shape). Here
+    the rows take 131 of 256 tokens, and the 125 left are more than the model's 64 positions: one
+    pad row of them all was refused as too long (an H100 run at 1.5B's shape, budget 8192)."""
+    build = _tiny("rope")
+    model = build.instantiate().eval()
+    rows = [(r.prompt_ids, r.response_ids) for r in _rows(TOK.vocab_size)]
+    assert sum(len(p) + len(r) - 1 for p, r in rows) == 131
+    compiled = ResponseLogprobs(Recipe(compile=True), pad_id=build.pad_id, temperature=0.7, token_budget=256)
+    eager = ResponseLogprobs(Recipe(), pad_id=build.pad_id, temperature=0.7)
+    with torch.no_grad():
+        got, got_mask = compiled(model, rows, torch.device("cpu"))
+        want, want_mask = eager(model, rows, torch.device("cpu"))
+    assert torch.equal(got_mask, want_mask)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_pad_rows_fill_a_budget_in_pieces_no_longer_than_the_models_positions() -> None:
+    assert filler_rows(125, 64) == [64, 61]
+    assert filler_rows(128, 64) == [64, 64]
+    assert filler_rows(5, 64) == [5]
 
 
 def test_a_packed_worker_step_reports_the_loss_and_gradient_norm_of_the_padded_one(

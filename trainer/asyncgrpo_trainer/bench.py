@@ -4,7 +4,10 @@
     python -m asyncgrpo_trainer.bench --gpus 1 --layers 24 --hidden 896 ...   (see bench/gpu/trainer.sh)
 
 With --repeat R each mode runs R times and the run with the median wall time is reported (the
-machine this was written on is shared, and single runs vary by tens of percent). Each mode runs
+machine this was written on is shared, and single runs vary by tens of percent). The runs go in R
+rounds of every mode (and the floor), not one mode's R runs after another, so a busy spell of the
+machine falls on all of them alike; with --floor each run's samples/s is also given against the
+floor of its own round (`vs_floor_runs`). Each mode runs
 the shipped digit-reversal task for the same number of steps (so the same number of trained samples)
 in one embedded Ray cluster, after a warm-up run that pays the process start-up. With --ignore-eos
 every response is --max-new-tokens long (generation.ignoreEos): the GPU workload, since the task's
@@ -25,7 +28,7 @@ tests/trainer/test_trainer_bench_tiny.py in its smallest form.
 Learning against the floor (--val-period K --floor): every mode validates every K steps on
 --validation-prompts held-out prompts, and the floor (`floor`: GRPO as a plain single-process torch
 loop with the same model, seed, task, P x N, learning rate and temperature) runs the same steps in
-the same process afterwards; the second table gives each one's samples/s (periodic validation
+the same process after each round's modes; the second table gives each one's samples/s (periodic validation
 included for all) against the floor's, and the steps to --target held-out greedy accuracy. With
 --keep DIR the runs' checkpoint paths (and the floor's curves) stay in DIR for `asyncgrpo plot`.
 """
@@ -132,6 +135,10 @@ class Shape:
     activation_checkpointing: bool = False
     sleep_while_training: bool = False
     """generation.sleepWhileTraining (sync mode only)."""
+    torch_decode: str = "auto"
+    """generation.torchDecode (auto, batched, per-group)."""
+    seed: int = 1
+    """grpo.seed: the tiny model's initial weights, the prompt order and the samples (the floor's too)."""
 
     @property
     def samples_per_step(self) -> int:
@@ -195,7 +202,7 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                     "numPromptsPerStep": shape.prompts,
                     "numGenerationsPerPrompt": shape.generations,
                     "maxNumSteps": steps,
-                    "seed": 1,
+                    "seed": shape.seed,
                     "valPeriod": shape.val_period,
                     "valAtEnd": shape.val_period > 0,
                 },
@@ -210,6 +217,7 @@ def job(mode: str, shape: Shape, *, steps: int, kl: float, ckpt: str) -> dict[st
                 },
                 "generation": {
                     "backend": shape.generation_backend,
+                    **({"torchDecode": shape.torch_decode} if shape.generation_backend == "torch" else {}),
                     "colocated": shape.colocated,
                     "maxNewTokens": shape.max_new_tokens,
                     "ignoreEos": shape.ignore_eos,
@@ -384,6 +392,12 @@ def run_floor(shape: Shape, steps: int, keep: str | None) -> dict[str, Any]:
     }
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median wall time, with every run's wall time."""
+    ordered = sorted(runs, key=lambda m: m["wall_s"])
+    return {**ordered[len(ordered) // 2], "wall_runs": [round(m["wall_s"], 2) for m in ordered]}
+
+
 def learning_markdown(results: dict[str, dict[str, Any]], target: float) -> str:
     """Samples/s against the floor's, and the steps to `target` held-out accuracy."""
     base = results["floor"]["samples_per_s"]
@@ -493,6 +507,13 @@ def main(argv: list[str] | None = None) -> int:
         "--sleep-while-training", action="store_true", help="generation.sleepWhileTraining (sync only)"
     )
     parser.add_argument("--link-bytes-per-s", type=float, default=None, help="for the refit bound")
+    parser.add_argument(
+        "--torch-decode",
+        default="auto",
+        choices=["auto", "batched", "per-group"],
+        help="generation.torchDecode",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="grpo.seed of every run and the floor")
     parser.add_argument("--modes", nargs="*", default=list(MODES))
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode; the median-wall run is shown")
     parser.add_argument("--warmup-steps", type=int, default=3, help="steps of the untimed first run")
@@ -526,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu_offload=ns.cpu_offload,
         activation_checkpointing=ns.activation_checkpointing,
         sleep_while_training=ns.sleep_while_training,
+        seed=ns.seed,
+        torch_decode=ns.torch_decode,
     )
     refit_bound = None
     if ns.link_bytes_per_s:
@@ -548,9 +571,11 @@ def main(argv: list[str] | None = None) -> int:
         # Pays process start-up (and on CUDA compilation and graph capture) once, untimed.
         if ns.warmup_steps:  # 0: no warm-up run (a vLLM engine start costs minutes each run)
             driver.execute(job("sync", shape, steps=ns.warmup_steps, kl=ns.kl, ckpt=f"{tmp}/warm"))
-        for mode in ["sync", *[m for m in ns.modes if m != "sync"]]:
-            runs = []
-            for r in range(ns.repeat):
+        modes = ["sync", *[m for m in ns.modes if m != "sync"]]
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        floors: list[dict[str, Any]] = []
+        for r in range(ns.repeat):  # rounds of every mode and the floor, so a slow spell hits all alike
+            for mode in modes:
                 util = GpuUtilization()
                 with util.sampling():
                     summary = driver.execute(
@@ -559,20 +584,26 @@ def main(argv: list[str] | None = None) -> int:
                 m = measure(summary, shape)
                 # The controller's run without its final checkpoint: the window the wall covers.
                 window = (summary["started_at"], summary["started_at"] + m["wall_s"])
-                runs.append(
+                runs[mode].append(
                     {
                         **m,
                         "gpu_utilization": util.mean(*window),
                         "gpu_peak_memory_gib": util.peak_gib(*window),
                     }
                 )
-                print(json.dumps({"mode": mode, "run": r, **runs[-1]}), file=sys.stderr, flush=True)
-            runs.sort(key=lambda m: m["wall_s"])
-            results[mode] = {**runs[len(runs) // 2], "wall_runs": [round(m["wall_s"], 2) for m in runs]}
-            write_out()
-        if ns.floor:
-            results["floor"] = run_floor(shape, ns.steps, ns.keep)
-            write_out()
+                print(json.dumps({"mode": mode, "run": r, **runs[mode][-1]}), file=sys.stderr, flush=True)
+                results[mode] = median_run(runs[mode])
+                write_out()
+            if ns.floor:
+                floors.append(run_floor(shape, ns.steps, ns.keep if r == 0 else None))
+                print(json.dumps({"mode": "floor", "run": r, **floors[-1]}), file=sys.stderr, flush=True)
+                results["floor"] = median_run(floors)
+                for mode in modes:  # each run against the floor of its own round
+                    results[mode]["vs_floor_runs"] = [
+                        round(m["samples_per_s"] / f["samples_per_s"], 3)
+                        for m, f in zip(runs[mode], floors, strict=False)
+                    ]
+                write_out()
     if own_ray:
         ray.shutdown()
     if ns.markdown:
@@ -580,10 +611,10 @@ def main(argv: list[str] | None = None) -> int:
             f"Measured {datetime.date.today()} with `python -m asyncgrpo_trainer.bench "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n"
         )
-        modes = {k: v for k, v in results.items() if k != "floor"}
-        print(markdown(modes))
+        by_mode = {k: v for k, v in results.items() if k != "floor"}
+        print(markdown(by_mode))
         if "floor" in results:
-            print(f"\n{learning_markdown({'floor': results['floor'], **modes}, ns.target)}")
+            print(f"\n{learning_markdown({'floor': results['floor'], **by_mode}, ns.target)}")
         if refit_bound is not None:
             moved_mb, bound_ms = refit_bound["policy_bytes"] / 1e6, refit_bound["bound_s"] * 1e3
             print(f"\nrefit bound: {moved_mb:.0f} MB / link = {bound_ms:.2f} ms")

@@ -281,6 +281,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             model,
             gen_gpus,
             max_prefix_age=t.async_rl.max_staleness_versions,
+            torch_decode=t.generation.torch_decode,
             vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
         )
         reward_model, judge_ready = judge.start(inputs.judge) if inputs.judge is not None else (None, None)

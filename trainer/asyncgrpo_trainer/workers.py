@@ -300,13 +300,14 @@ def start_generation_group(
     gpus: int,
     *,
     max_prefix_age: int = 0,
+    torch_decode: generation.Engine = "auto",
     vllm: vllm_engine.VLLMOptions | None = None,
 ) -> tuple[GenerationGroup, list[Any]]:
-    """The generation group (vLLM engines when `vllm` options are given, else the torch engine)
-    and the refs that resolve once every engine is up."""
+    """The generation group (vLLM engines when `vllm` options are given, else the torch engine
+    decoding as `torch_decode` says) and the refs that resolve once every engine is up."""
     device = policy.default_device(gpus)
     engine: type[generation.GenerationWorker] = generation.TorchGenerationWorker
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"engine": torch_decode}
     if vllm is not None:
         vllm_engine.check_available()  # a clear error here, naming the spec field, not in every actor
         engine, options = vllm_engine.VLLMGenerationWorker, {"options": vllm}

@@ -196,8 +196,8 @@ class ResponseLogprobs:
         inputs = [[*p, *r][:-1] for p, r in rows]
         lengths = [len(x) for x in inputs]
         total = sum(lengths)
-        if self.recipe.compile and total < budget:
-            lengths.append(budget - total)  # a row of pad tokens, attending only to itself
+        if self.recipe.compile and total < budget:  # rows of pad tokens, each attending only to itself
+            lengths.extend(filler_rows(budget - total, model.cfg.max_positions))
         ids = torch.full((1, sum(lengths)), self.pad_id, dtype=torch.long)
         targets = ids.clone()
         r_max = max(1, *(len(r) for _, r in rows))
@@ -216,6 +216,15 @@ class ResponseLogprobs:
                 ids, targets, self._head, temperature=self.temperature, packed=PackedRows(tuple(lengths))
             )
         return logp_all[0][index] * mask, mask
+
+
+def filler_rows(tokens: int, max_positions: int) -> list[int]:
+    """The lengths of the pad rows that fill a compiled packed micro-batch up to its token budget
+    (one static shape): none longer than the model's positions, since each is a sequence of its
+    own. One filler row of the whole gap failed every step whose rows left more than
+    maxSequenceLength of a larger maxTokensPerMicroBatch empty (found on an H100, 2026-12-06)."""
+    full, rest = divmod(tokens, max_positions)
+    return [max_positions] * full + ([rest] if rest else [])
 
 
 def matmul_params(model: CausalLM) -> int:

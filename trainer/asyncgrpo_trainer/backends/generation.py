@@ -2,23 +2,27 @@
 
 `GenerationWorker` is what the controller needs from an engine (vLLM plugs in behind it):
 `generate` N samples of one prompt with per-token log-probs, `load_weights` of a new version, and
-`reset_cache`. The torch engine has two decode paths, picked by `engine=`:
+`reset_cache`. The torch engine has two decode paths, picked by `engine=` (the spec's
+generation.torchDecode; auto: batched on CUDA, per-group on CPU):
 
-- batched (the default on CUDA): concurrent `generate` calls are collected into one left-padded
-  batch and decoded by `static_decode.StaticDecoder` (static KV cache, one CUDA graph per step);
-  see `batched`. A GPU decoding one group at a time is launch-bound (~2% of the decode bound),
-  so this is the GPU path. No KV survives a batch.
-- per-group (the default on CPU): a group is one batch of its own; the prompt is prefilled once (and
-  kept in a prefix cache keyed by its tokens), expanded to N rows, then decoded one token per step
-  with the model's own KV cache. The prefix cache holds KV computed by old weights after an update
-  unless it is reset, which the controller does after every update in sync mode and per
-  recomputeKVCacheAfterWeightUpdates otherwise. Without a reset a cached prompt is reused for at
-  most `max_prefix_age` (= S) versions after it was computed and then prefilled again: a prompt
-  set that repeats would otherwise keep KV from the first weights forever, and samples would
-  depend on weights far older than the staleness bound the buffer enforces. Why it stays on CPU:
-  on a 2-core CPU the batched path decodes 2.7-5x more tokens/s than concurrent groups here, but
-  in the CI-sized jobs generation is under a tenth of the wall time (batched halved it and the
-  wall time did not drop), and this path keeps per-group seeds and the prefix cache.
+- batched: concurrent `generate` calls are collected into one left-padded batch and decoded by
+  `static_decode.StaticDecoder` (static KV cache; one CUDA graph per step on a GPU); see `batched`.
+  A GPU decoding one group at a time is launch-bound (~2% of the decode bound). On a 2-core CPU it
+  takes generation from 14.8-15.7 s to 2.6-2.9 s of an 80-step benchmark run (docs/benchmarks.md).
+  No KV survives a batch.
+- per-group: a group is one batch of its own; the prompt is prefilled once (and kept in a prefix
+  cache keyed by its tokens), expanded to N rows, then decoded one token per step with the model's
+  own KV cache. Why CPU keeps it by default: a group's samples depend only on its seed (see
+  Determinism), so a CPU job (the demo, the tests, a recipe checked over seeds) repeats its
+  learning curve run after run; batched, the curve also depends on how the groups happened to
+  batch, and the tests' learning job from a low start ended anywhere from 0.0 to 1.0 held-out at
+  step 60 over 7 runs (docs/benchmarks.md). The prefix cache holds KV computed by old weights
+  after an update unless it is reset, which the controller does after every update in sync mode
+  and per recomputeKVCacheAfterWeightUpdates otherwise. Without a reset a cached prompt is reused
+  for at most `max_prefix_age` (= S) versions after it was computed and then prefilled again: a
+  prompt set that repeats would otherwise keep KV from the first weights forever, and samples
+  would depend on weights far older than the staleness bound the buffer enforces. The batched path
+  also decodes this way a prompt that leaves less than maxNewTokens of maxSequenceLength.
 
 The Ray actor is async and both paths yield to its event loop while decoding (per-group: every
 token; batched: every `sync_every` steps), so a weight update lands between two steps of an
@@ -130,7 +134,7 @@ class GenerationWorker(abc.ABC):
 
 
 Engine = Literal["auto", "batched", "per-group"]
-"""auto: batched on CUDA, per-group on CPU (see the module docstring)."""
+"""The torch engine's decode path; auto: batched on CUDA, per-group on CPU (see the module docstring)."""
 
 
 class TorchGenerationWorker(GenerationWorker):

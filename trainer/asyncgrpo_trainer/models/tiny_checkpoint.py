@@ -240,13 +240,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--warm-start",
-        action="store_true",
-        help="then teach it 3- and 5-digit reversal by supervised fine-tuning (1-4 minutes on 2 "
-        "threads; progress on stderr), so that GRPO on 4-digit reversal "
-        "(docs/examples/pretrained-cpu.yaml) has a signal",
+        nargs="?",
+        const="reverse",
+        metavar="TASK",
+        help="then teach it by supervised fine-tuning (1-4 minutes on 2 threads; progress on stderr), "
+        "so that GRPO has a signal: `reverse` (the default) 3- and 5-digit reversal, for 4-digit "
+        "reversal (docs/examples/pretrained-cpu.yaml); `calculator` conversations that rarely call "
+        "the calculator tool (docs/guides/environments.md, the calculator's job)",
     )
-    parser.add_argument("--warm-start-steps", type=int, default=600, help="fine-tuning steps of 64 examples")
+    parser.add_argument(
+        "--warm-start-steps", type=int, help="fine-tuning steps of 64 examples (default: the task's)"
+    )
     ns = parser.parse_args(argv)
+    if ns.warm_start:
+        from asyncgrpo_trainer.warm_start import tasks, warm_start  # noqa: PLC0415  (torch training)
+
+        if ns.warm_start not in tasks():  # before the checkpoint is written
+            parser.error(f"--warm-start {ns.warm_start!r}: choose one of {', '.join(sorted(tasks()))}")
     out = make_tiny_checkpoint(
         ns.dir,
         family=ns.family,
@@ -264,10 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     made: dict[str, Any] = {"checkpoint": str(out), "family": ns.family}
     if ns.warm_start:
-        from asyncgrpo_trainer.warm_start import warm_start  # noqa: PLC0415  (torch training)
-
-        accuracy = warm_start(out, steps=ns.warm_start_steps, seed=ns.seed, log=sys.stderr)
-        made["warm_start"] = {"task": "reverse", "accuracy_by_digits": accuracy}
+        checked = warm_start(out, ns.warm_start, steps=ns.warm_start_steps, seed=ns.seed, log=sys.stderr)
+        made["warm_start"] = {"task": ns.warm_start, **checked}
     print(json.dumps(made))
     return 0
 
