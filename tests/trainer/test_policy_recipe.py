@@ -13,6 +13,7 @@ import torch
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.backends.cuda_train import Recipe, ResponseLogprobs
+from asyncgrpo_trainer.models import lora
 from tests.trainer.test_grpo_math import BUILD, TOK, _direct_grad_norm, _rows
 
 BF16 = dataclasses.replace(BUILD, dtype="bfloat16")
@@ -86,6 +87,29 @@ def test_autocast_over_fp32_masters_gives_the_plain_gradient() -> None:
     got = worker.finish_step()["grad_norm"]
     # The direct computation in fp32 from the same (bf16-rounded) initial weights.
     assert got == pytest.approx(_direct_grad_norm(rows), rel=3e-2)
+
+
+def test_a_lora_policy_keeps_its_frozen_base_in_the_model_dtype_and_trains_fp32_adapters() -> None:
+    """Under the CUDA recipe the frozen base stays bf16 (half the bytes of an fp32 copy); only the
+    adapters are fp32 masters, and the step's gradient is the plain fp32 policy's."""
+    adapters = lora.LoraConfig(rank=4, alpha=8.0)
+    mixed = _worker(
+        Recipe(master_fp32=True, autocast=torch.bfloat16), build=dataclasses.replace(BF16, lora=adapters)
+    )
+    plain = _worker(None, build=dataclasses.replace(BUILD, lora=adapters))
+    params = dict(mixed.model.named_parameters())
+    fp32 = {n for n, p in params.items() if p.dtype == torch.float32}
+    assert fp32 == {n for n in params if lora.is_adapter(n)}
+    assert {p.dtype for n, p in params.items() if not lora.is_adapter(n)} == {torch.bfloat16}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    rows = _rows(12)
+    out = []
+    for w in (mixed, plain):
+        w.train_chunk(rows)
+        out.append(w.finish_step())
+    assert out[0]["grad_norm"] == pytest.approx(out[1]["grad_norm"], rel=3e-2)
+    moved = {n for n, p in mixed.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(lora.is_adapter(n) for n in moved)
 
 
 @pytest.mark.trainer

@@ -218,10 +218,10 @@ class TorchPolicyWorker(PolicyWorker):
             # (the recipe's fused_adamw stays on): the single-tensor loop it used before took
             # 10.4-14.5 s of an 11-15 s step at 1.5B on an H100's host (2026-12-06), and the
             # fused kernel is 7-9x faster than that loop on one thread (bench/trainer/cpu_adamw.py).
-        model = self.recipe.prepare(build.instantiate())
+        model = build.instantiate()
         self.reference = None
-        if loss.reference_policy_kl_penalty > 0:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if loss.reference_policy_kl_penalty > 0:  # the policy's precision, so its KL starts at 0
+            self.reference = self.recipe.prepare(copy.deepcopy(model)).eval().requires_grad_(False)
         if build.lora is not None:
             if sharding is not None:
                 raise ValueError(
@@ -229,6 +229,7 @@ class TorchPolicyWorker(PolicyWorker):
                     "an unsharded model; set sharding.strategy none or unset policy.lora"
                 )
             lora.apply(model, build.lora, seed=build.seed)
+        model = self.recipe.prepare(model)  # after LoRA froze the base: fp32 masters for what trains
         if activation_checkpointing:
             model.checkpoint_activations()
         for m in (model, self.reference):
