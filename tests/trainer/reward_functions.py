@@ -32,16 +32,6 @@ def logs_then_raises(prompt: str, response: str, reference: str) -> float:
     raise RuntimeError("the reward service is down")
 
 
-def logs_and_raises_on_boom(prompt: str, response: str, reference: str) -> float:
-    """Appends the response to the file named by the prompt (so a test counts the calls); fails for
-    the response "boom", 1.0 otherwise."""
-    with Path(prompt).open("a") as f:
-        f.write(f"{response}\n")
-    if response == "boom":
-        raise RuntimeError("boom")
-    return 1.0
-
-
 def hangs_on_hang(prompt: str, response: str, reference: str) -> float:
     """Never returns for the response "hang" (a stuck function); 1.0 otherwise."""
     if response == "hang":

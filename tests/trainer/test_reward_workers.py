@@ -93,44 +93,6 @@ def test_a_stuck_function_is_cut_at_the_deadline_its_worker_replaced_and_the_poo
         ray.get(first.score.remote(Example("1234=", "4321"), ["4321"], [True]), timeout=30)  # killed
 
 
-def test_a_group_that_raises_beside_others_fails_alone_and_its_siblings_are_scored(
-    ray_address: str, tmp_path: Path
-) -> None:
-    """Groups asked for together share one call to the worker; a failure inside it is its group's."""
-    calls = tmp_path / "calls.log"
-    pool = _pool("logs_and_raises_on_boom", 1, timeout_seconds=30)
-
-    async def together() -> list[list[Score] | BaseException]:
-        return await asyncio.gather(
-            *(pool.score(Example(str(calls), "x"), [r], [True]) for r in ["a", "boom", "b"]),
-            return_exceptions=True,
-        )
-
-    first, failed, last = asyncio.run(together())
-    assert first == last == [Score(1.0, False)]
-    assert isinstance(failed, rewards.RewardFailedError) and "RuntimeError: boom" in str(failed)
-    assert sorted(calls.read_text().split()) == ["a", "b", "boom", "boom"]  # boom: the call and one retry
-
-
-def test_a_stuck_group_beside_others_costs_them_a_wait_not_their_scores(ray_address: str) -> None:
-    """A batch past its deadline (5 s for each of its 2 groups) does not say which group was stuck:
-    each is scored again on its own, and only the stuck one fails."""
-    pool = _pool("hangs_on_hang", 2, timeout_seconds=5)
-
-    async def together() -> list[list[Score] | BaseException]:
-        return await asyncio.gather(
-            *(pool.score(Example("1234=", "4321"), [r], [True]) for r in ["4321", "hang", "4321", "4321"]),
-            return_exceptions=True,
-        )
-
-    t0 = time.monotonic()
-    first, stuck, *rest = asyncio.run(together())
-    assert [first, *rest] == [[Score(1.0, True)]] * 3
-    assert isinstance(stuck, rewards.RewardFailedError), stuck
-    assert "timed out after 5s (env.timeoutSeconds)" in str(stuck)
-    assert time.monotonic() - t0 < 90  # the batch's 10 s, the stuck group's two 5 s, three fresh workers
-
-
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
