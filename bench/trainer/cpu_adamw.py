@@ -1,10 +1,11 @@
 """AdamW's step on the CPU, by host threads and implementation: what the CPU-offloaded optimizer
 (`policy.sharding.cpuOffload`) pays per step for each parameter.
 
-The offloaded worker steps `torch.optim.AdamW` on parameters in host memory with `fused=None`
-(the recipe turns the fused CUDA kernel off for offload), which on CPU tensors is the
-single-tensor loop, on the threads the worker set (`TorchPolicyWorker(num_threads=)`, 1 unless
-the caller passes more; the trainer passes none). This times one step over `--params` fp32
+The offloaded worker steps `torch.optim.AdamW` on parameters in host memory with the recipe's
+`fused=True`, PyTorch's fused CPU kernel; until 2026-12-06 it turned fused off for offload, which
+on CPU tensors is the single-tensor loop. Either runs on the threads the worker set
+(`TorchPolicyWorker(num_threads=)`, 1 unless the caller passes more; the trainer passes none). This
+times one step over `--params` fp32
 parameters (in tensors of a Qwen2.5-1.5B layer's sizes) for each implementation and thread count,
 median of `--steps`, and scales it to `--scale-to` parameters.
 
