@@ -394,12 +394,20 @@ class Reconciler:
                     return resource_version, None
                 raise
         refusal: Refusal | None = None
-        for action in outcome.actions:
-            self._check_leading(key)
-            stopped = await self._act(key, meta, action, now, generation)
-            refusal = refusal or stopped
-            if isinstance(stopped, ConfigMapView):
-                break
+        try:
+            for action in outcome.actions:
+                self._check_leading(key)
+                stopped = await self._act(key, meta, action, now, generation)
+                refusal = refusal or stopped
+                if isinstance(stopped, ConfigMapView):
+                    break
+        finally:
+            # The status is written: its transition's events go out even when an action fails
+            # (the retried pass sees the new phase and would not post them again).
+            # Events are independent of each other: posted together (one round trip, not one each).
+            if outcome.events:
+                self._check_leading(key)
+                await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
         self.memory.phases[key] = outcome.status.phase
         if outcome.progress_mark is not None:
@@ -419,10 +427,6 @@ class Reconciler:
                     actions=[type(a).__name__ for a in outcome.actions],
                 ),
             )
-        # Events are independent of each other: post them together (one round trip, not one each).
-        if outcome.events:
-            self._check_leading(key)
-        await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
         return resource_version, refusal
 
     def _check_leading(self, key: Key) -> None:

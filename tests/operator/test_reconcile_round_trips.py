@@ -4,7 +4,7 @@ The pass against a fake API whose every call takes the same time: the world is r
 watch caches (no request), the status write still precedes every action (a stale decision fails
 before it changes anything), the ConfigMap is created before the RayCluster whose pods mount it (a
 ConfigMap of that name that is not the job's must stop the RayCluster: issue 27), and the events
-are posted together, after the actions.
+are posted together, after the actions, even when an action fails.
 """
 
 from __future__ import annotations
@@ -172,6 +172,32 @@ def test_a_refused_create_is_in_the_status_written_by_the_same_pass_with_one_war
     assert [e for e in api.events if e[0] == "Warning"] == [("Warning", "ClusterCreateFailed")]
     names = [n for n, _, _ in api.calls]
     assert names.count("create_configmap") == 1 and names.count("create_raycluster") == 1
+
+
+class UnansweredConfigMapApi(RefusingApi):
+    """The status write succeeds; the ConfigMap's create gets no answer (a timeout under load)."""
+
+    async def create_configmap(self, manifest: dict[str, Any]) -> None:
+        await self._call("create_configmap")
+        raise k8s.ApiError(0, "timed out")
+
+
+def test_the_events_of_a_written_status_are_posted_when_an_action_then_fails() -> None:
+    """The retried pass starts from the new phase and has no transition to announce: events not
+    posted now would never show in `kubectl describe` (a job once ended without DriverSucceeded)."""
+
+    async def scenario() -> UnansweredConfigMapApi:
+        api = UnansweredConfigMapApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
+            with pytest.raises(k8s.ApiError, match="timed out"):
+                await reconciler.reconcile(("team", "demo"))
+        return api
+
+    api = asyncio.run(scenario())
+    assert [s["phase"] for s in api.statuses] == ["Pending"]
+    assert "CreatedRayCluster" in [reason for _, reason in api.events]
+    assert "create_raycluster" not in [n for n, _, _ in api.calls]
 
 
 class TakenConfigMapApi(RefusingApi):
