@@ -2,7 +2,8 @@
 
 The operator retries exit code RAY_WORKER_LOST from the last checkpoint and never retries a
 training error, so the driver must tell the two apart even when Ray wraps the death in task
-errors raised by the controller actor.
+errors raised by the controller actor, and when the controller raised an error of its own because
+of it (a prompt group that failed every attempt on a dead engine).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import time
 import pytest
 import ray
 
-from asyncgrpo_trainer.driver import error_text, lost_ray_worker
+from asyncgrpo_api import exitcodes
+from asyncgrpo_trainer.driver import error_text, exit_code
+from asyncgrpo_trainer.failures import lost_ray_worker, reported_by_actor
+from asyncgrpo_trainer.rollout import RolloutFailedError
 
 
 @ray.remote(num_cpus=0)
@@ -33,6 +37,16 @@ class Controller:
 
     def fail(self) -> None:
         raise ValueError("reward must be finite")
+
+    def retry_then_give_up(self, report: bool) -> int:
+        """As the rollout manager does: the worker's death is the cause of an error of its own,
+        raised as SingleControllerActor.run raises it (`report`) or as it is."""
+        try:
+            return int(ray.get(self.worker.ping.remote()))
+        except ray.exceptions.RayActorError as lost:
+            given_up = RolloutFailedError(f"prompt group 7 failed 3 attempt(s); last error: {lost!r}")
+            given_up.__cause__ = lost
+            raise (reported_by_actor(given_up) if report else given_up) from lost
 
 
 def _wait_until_dead(worker: ray.actor.ActorHandle) -> None:
@@ -61,11 +75,30 @@ def test_a_killed_worker_under_the_controller_is_classified_as_lost(ray_address:
 
 
 @pytest.mark.trainer
+def test_an_error_the_controller_raised_because_a_worker_died_is_retried_as_a_lost_worker(
+    ray_address: str,
+) -> None:
+    worker = Worker.remote()  # type: ignore[attr-defined]
+    controller = Controller.remote(worker)  # type: ignore[attr-defined]
+    ray.kill(worker)
+    _wait_until_dead(worker)
+    with pytest.raises(ray.exceptions.RayError) as unreported:
+        ray.get(controller.retry_then_give_up.remote(False), timeout=60)
+    # Why the controller actor must report it: Ray pickles the actor's error without __cause__.
+    assert not lost_ray_worker(unreported.value)
+    with pytest.raises(ray.exceptions.RayError) as caught:
+        ray.get(controller.retry_then_give_up.remote(True), timeout=60)
+    assert exit_code(caught.value) == exitcodes.RAY_WORKER_LOST
+    assert error_text(caught.value).startswith("WorkerLostError: RolloutFailedError: prompt group 7 failed")
+
+
+@pytest.mark.trainer
 def test_an_error_raised_by_the_job_is_a_training_error(ray_address: str) -> None:
     controller = Controller.remote(Worker.remote())  # type: ignore[attr-defined]
     with pytest.raises(ray.exceptions.RayError) as caught:
         ray.get(controller.fail.remote(), timeout=60)
     assert not lost_ray_worker(caught.value)
+    assert exit_code(caught.value) == exitcodes.TRAINING_ERROR
     assert error_text(caught.value) == "ValueError: reward must be finite"
 
 

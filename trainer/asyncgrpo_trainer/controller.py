@@ -51,7 +51,7 @@ from asyncgrpo_api.v1alpha1.trainer import (
     REWARD_FAILURE_MIN_GROUPS,
     REWARD_FAILURE_WINDOW_STEPS,
 )
-from asyncgrpo_trainer import checkpoint, runlog
+from asyncgrpo_trainer import checkpoint, failures, runlog
 from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.algorithms.dynamic_sampling import DynamicSampling, informative
 from asyncgrpo_trainer.backends import policy, sampling
@@ -864,7 +864,13 @@ class SingleControllerActor:
         self.c = SingleController(args)
 
     async def run(self) -> dict[str, Any]:
-        return await self.c.run()
+        try:
+            return await self.c.run()
+        except Exception as exc:
+            reported = failures.reported_by_actor(exc)
+            if reported is exc:
+                raise
+            raise reported from exc
 
     async def poll(self, since: int) -> dict[str, Any]:
         return self.c.poll(since)

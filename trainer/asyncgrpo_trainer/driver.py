@@ -48,6 +48,7 @@ from asyncgrpo_trainer import (
     data,
     durable_run,
     envs,
+    failures,
     judge,
     megatron_workers,
     progress,
@@ -60,7 +61,6 @@ from asyncgrpo_trainer import (
 )
 from asyncgrpo_trainer import rewards as reward_workers
 from asyncgrpo_trainer.backends import vllm_engine
-from asyncgrpo_trainer.backends.generation import EngineLostError
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.datafiles import InvalidDataError
 from asyncgrpo_trainer.models import recipe
@@ -438,41 +438,13 @@ def _supervise(
             return summary
 
 
-_INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
-    EngineLostError,
-    ray.exceptions.RayActorError,
-    ray.exceptions.NodeDiedError,
-    ray.exceptions.WorkerCrashedError,
-    ray.exceptions.ObjectLostError,
-    ray.exceptions.OwnerDiedError,
-)
-
-
-def lost_ray_worker(exc: BaseException) -> bool:
-    """Whether the run failed because a Ray worker, actor or node died, not because of the job.
-
-    Such a failure is retried by the operator from the last checkpoint; anything else is a
-    training error. Ray wraps a remote failure in RayTaskError (whose `cause` is the original),
-    possibly several levels deep, so the whole chain is searched.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, _INFRASTRUCTURE_ERRORS):
-            return True
-        nested = getattr(current, "cause", None)
-        current = nested if isinstance(nested, BaseException) else current.__cause__
-    return False
-
-
 def exit_code(exc: BaseException) -> int:
     """The driver's exit code for a failed run (`asyncgrpo_api.exitcodes`: what the operator retries)."""
     if isinstance(_cause(exc), InvalidModelError) or _creation_raised(exc, InvalidModelError):
         return exitcodes.INVALID_MODEL
     if isinstance(exc, ObjectStoreRefusedError):
         return exitcodes.OBJECT_STORE_REFUSED
-    if lost_ray_worker(exc):
+    if failures.lost_ray_worker(exc):
         return exitcodes.RAY_WORKER_LOST
     if isinstance(_cause(exc), InvalidDataError):
         return exitcodes.INVALID_DATA
