@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from asyncgrpo_api.rules import locked_changes, refit_transport, validate_manifest
+from asyncgrpo_api.rules import generation_backend, locked_changes, refit_transport, validate_manifest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 
 from .conftest import BASE_JOB, job_with
@@ -996,6 +996,30 @@ def test_the_refit_transport_a_job_runs(
     config = {"cluster": cluster, "trainer": {**trainer, "weightSync": {"transport": transport}}}
     manifest = _configured(config, "", None)
     assert refit_transport(AsyncGRPOJob.model_validate(manifest)) == expected
+
+
+PRETRAINED = {"model": {"source": "pretrained", "path": "/models/qwen"}}
+
+
+@pytest.mark.parametrize(
+    ("cluster", "trainer", "expected"),
+    [
+        (GPU_POOLS, PRETRAINED, "vllm"),  # RL-shaped responses on GPUs: vLLM refills ended slots
+        (COLOCATED_ON_GPU, {**PRETRAINED, "generation": {"colocated": True}}, "vllm"),
+        ({}, PRETRAINED, "torch"),  # CPU
+        (GPU_POOLS, {}, "torch"),  # the tiny model: vLLM serves only Hugging Face checkpoints
+        (GPU_POOLS, {**PRETRAINED, "generation": {"ignoreEos": True}}, "torch"),  # fixed-length rows
+        (GPU_POOLS, {**PRETRAINED, "generation": {"backend": "torch"}}, "torch"),
+        ({}, {**PRETRAINED, "generation": {"backend": "vllm"}}, "vllm"),  # vLLM's CPU build, asked for
+    ],
+    ids=["gpus", "colocated", "cpu", "tiny", "ignore-eos", "torch-asked", "vllm-asked"],
+)
+def test_the_generation_engine_a_job_runs(
+    cluster: dict[str, Any], trainer: dict[str, Any], expected: str
+) -> None:
+    manifest = _configured({"cluster": cluster, "trainer": trainer}, "", None)
+    assert validate_manifest(manifest).ok
+    assert generation_backend(AsyncGRPOJob.model_validate(manifest)) == expected
 
 
 @pytest.mark.parametrize(

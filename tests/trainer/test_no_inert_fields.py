@@ -295,7 +295,7 @@ def derived(manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
         m.setattr(driver, "RolloutManager", rec.stub("rollout", Stub("rollout")))
         m.setattr(weights, "build", rec.stub("weights", Stub("weights")))
         m.setattr(recipe, "pretrained_build", rec.stub("pretrained", (tiny, CharTokenizer("0123456789="))))
-        m.setattr(driver.vllm_engine, "check_available", lambda: None)
+        m.setattr(driver.vllm_engine, "check_available", lambda **_: None)
         built = driver.build(job)
     return plain((rec.calls, built.args))
 

@@ -133,9 +133,8 @@ def load_prompts(job: AsyncGRPOJob, env: envs.Environment, tokenizer: Tokenizer)
 
 def check_supported(job: AsyncGRPOJob) -> None:
     """Reject, before anything starts, what the backends of this build cannot run."""
-    t = job.spec.trainer
-    if t.generation.backend == "vllm":
-        vllm_engine.check_available()
+    if rules.generation_backend(job) == "vllm":
+        vllm_engine.check_available(value=job.spec.trainer.generation.backend)
 
 
 def _start_torch_policy(
@@ -223,7 +222,7 @@ def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
     pool = cl.generation_workers
     if pool.gpus_per_replica == 0:
         return max(pool.replicas, 1), 0
-    per_engine = t.generation.tensor_parallel_size if t.generation.backend == "vllm" else 1
+    per_engine = t.generation.tensor_parallel_size if rules.generation_backend(job) == "vllm" else 1
     return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
 
 
@@ -282,7 +281,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             gen_gpus,
             max_prefix_age=t.async_rl.max_staleness_versions,
             torch_decode=t.generation.torch_decode,
-            vllm=specmap.vllm_options(t) if t.generation.backend == "vllm" else None,
+            vllm=specmap.vllm_options(t) if rules.generation_backend(job) == "vllm" else None,
         )
         reward_model, judge_ready = judge.start(inputs.judge) if inputs.judge is not None else (None, None)
         rewards = reward_workers.RewardPool(

