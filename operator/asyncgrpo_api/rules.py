@@ -360,21 +360,25 @@ def refit_transport(job: AsyncGRPOJob) -> RefitTransport:
 GenerationBackend = Literal["torch", "vllm"]
 
 
+def generation_has_gpus(job: AsyncGRPOJob) -> bool:
+    """Whether the pool that serves generation has GPUs: the policy pool when colocated."""
+    cluster, colocated = job.spec.cluster, job.spec.trainer.generation.colocated
+    serving = cluster.policy_workers if colocated else cluster.generation_workers
+    return serving.gpus_per_replica > 0
+
+
 def generation_backend(job: AsyncGRPOJob) -> GenerationBackend:
     """The engine generation.backend runs. auto: vLLM where it is the faster engine, for a pretrained
     checkpoint served on GPUs with responses that end at end-of-sequence: vLLM refills a slot as a
-    sample ends, while the torch engine's static batch decodes to its longest row (1.3-2.4x on
-    RL-shaped steps, docs/benchmarks.md); the torch engine where vLLM cannot run or loses: on CPU,
-    for the tiny model, and for fixed-length rows (ignoreEos: 2.7-3.2x the other way)."""
+    sample ends, while the torch engine's static batch decodes to its longest row (1.5-1.9x on
+    RL-shaped steps with the trainer's engine arguments, docs/benchmarks.md); the torch engine where
+    vLLM cannot run or loses: on CPU, for the tiny model, and for fixed-length rows (ignoreEos:
+    2.7-3.2x the other way)."""
     trainer = job.spec.trainer
     generation = trainer.generation
     if generation.backend != "auto":
         return generation.backend
-    cluster = job.spec.cluster
-    serving = cluster.policy_workers if generation.colocated else cluster.generation_workers
-    faster = (
-        serving.gpus_per_replica > 0 and trainer.model.source == "pretrained" and not generation.ignore_eos
-    )
+    faster = generation_has_gpus(job) and trainer.model.source == "pretrained" and not generation.ignore_eos
     return "vllm" if faster else "torch"
 
 
@@ -391,9 +395,7 @@ def _sleep_while_training(job: AsyncGRPOJob) -> Iterator[Finding]:
             "needs asyncRL sync mode (maxStalenessVersions 0): in the async modes the engine generates "
             "the next steps' samples while the policy trains; set maxStalenessVersions 0 or remove this",
         )
-    cluster = job.spec.cluster
-    serving = cluster.policy_workers if trainer.generation.colocated else cluster.generation_workers
-    if generation_backend(job) == "vllm" and not serving.gpus_per_replica:
+    if generation_backend(job) == "vllm" and not generation_has_gpus(job):
         yield Finding(
             path,
             "needs GPUs with generation.backend vllm: vLLM's CPU build has no sleep mode; give the "
@@ -844,10 +846,8 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 "is ignored while loss.referencePolicyKlPenalty is 0 (no KL term); set the penalty or "
                 "remove it",
             )
-    cluster = job.spec.cluster
-    serving = cluster.policy_workers if trainer.generation.colocated else cluster.generation_workers
     backend = generation_backend(job)
-    if backend == "torch" or not serving.gpus_per_replica:
+    if backend == "torch" or not generation_has_gpus(job):
         where = "the torch generation engine" if backend == "torch" else "vLLM on CPU"
         for field in _non_default(trainer.generation, "gpu_memory_utilization"):
             yield Finding(
@@ -859,8 +859,8 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
         for field in _non_default(trainer.generation, "torch_decode"):
             yield Finding(
                 f"{TRAINER}.generation.{field}",
-                f"is ignored with generation.backend {trainer.generation.backend} (vLLM: it picks how the "
-                "torch engine decodes; vLLM schedules its own batches); remove it",
+                f"is ignored when vLLM generates (generation.backend {trainer.generation.backend}): it "
+                "picks how the torch engine decodes, and vLLM schedules its own batches; remove it",
             )
     if not trainer.generation.colocated:
         for field in _non_default(trainer.generation, "sleep_while_training"):

@@ -15,7 +15,7 @@ import ray
 
 from asyncgrpo_api import exitcodes
 from asyncgrpo_trainer.driver import error_text, exit_code
-from asyncgrpo_trainer.failures import lost_ray_worker, reported_by_actor
+from asyncgrpo_trainer.failures import lost_ray_worker, reports_lost_workers
 from asyncgrpo_trainer.rollout import RolloutFailedError
 
 
@@ -38,15 +38,24 @@ class Controller:
     def fail(self) -> None:
         raise ValueError("reward must be finite")
 
-    def retry_then_give_up(self, report: bool) -> int:
-        """As the rollout manager does: the worker's death is the cause of an error of its own,
-        raised as SingleControllerActor.run raises it (`report`) or as it is."""
+
+@ray.remote(num_cpus=0)
+class GivingUpController:
+    """Gives up on a worker as the rollout manager does (an error of its own, raised from the
+    worker's death), with and without SingleControllerActor.run's decorator."""
+
+    def __init__(self, worker: ray.actor.ActorHandle) -> None:
+        self.worker = worker
+
+    async def give_up(self) -> int:
         try:
-            return int(ray.get(self.worker.ping.remote()))
+            return int(await self.worker.ping.remote())
         except ray.exceptions.RayActorError as lost:
-            given_up = RolloutFailedError(f"prompt group 7 failed 3 attempt(s); last error: {lost!r}")
-            given_up.__cause__ = lost
-            raise (reported_by_actor(given_up) if report else given_up) from lost
+            raise RolloutFailedError(f"prompt group 7 failed 3 attempt(s); last error: {lost!r}") from lost
+
+    @reports_lost_workers
+    async def give_up_reported(self) -> int:
+        return await self.give_up()
 
 
 def _wait_until_dead(worker: ray.actor.ActorHandle) -> None:
@@ -79,15 +88,15 @@ def test_an_error_the_controller_raised_because_a_worker_died_is_retried_as_a_lo
     ray_address: str,
 ) -> None:
     worker = Worker.remote()  # type: ignore[attr-defined]
-    controller = Controller.remote(worker)  # type: ignore[attr-defined]
+    controller = GivingUpController.remote(worker)  # type: ignore[attr-defined]
     ray.kill(worker)
     _wait_until_dead(worker)
     with pytest.raises(ray.exceptions.RayError) as unreported:
-        ray.get(controller.retry_then_give_up.remote(False), timeout=60)
+        ray.get(controller.give_up.remote(), timeout=60)
     # Why the controller actor must report it: Ray pickles the actor's error without __cause__.
     assert not lost_ray_worker(unreported.value)
     with pytest.raises(ray.exceptions.RayError) as caught:
-        ray.get(controller.retry_then_give_up.remote(True), timeout=60)
+        ray.get(controller.give_up_reported.remote(), timeout=60)
     assert exit_code(caught.value) == exitcodes.RAY_WORKER_LOST
     assert error_text(caught.value).startswith("WorkerLostError: RolloutFailedError: prompt group 7 failed")
 

@@ -863,14 +863,9 @@ class SingleControllerActor:
         logging.getLogger().setLevel(args.settings.log_level)
         self.c = SingleController(args)
 
+    @failures.reports_lost_workers
     async def run(self) -> dict[str, Any]:
-        try:
-            return await self.c.run()
-        except Exception as exc:
-            reported = failures.reported_by_actor(exc)
-            if reported is exc:
-                raise
-            raise reported from exc
+        return await self.c.run()
 
     async def poll(self, since: int) -> dict[str, Any]:
         return self.c.poll(since)

@@ -5,14 +5,22 @@ RAY_WORKER_LOST and the operator retries from the last checkpoint. Anything else
 error, never retried. The controller runs in an actor of its own, and Ray pickles an actor's
 exception without its `__cause__`: an error raised *because of* a lost worker (a prompt group that
 failed every attempt on a dead engine) would reach the driver as a training error. So the controller
-actor raises such an error as `WorkerLostError`, a type the driver recognises on its own.
+actor's `run` (`reports_lost_workers`) raises such an error as `WorkerLostError`, a type the driver
+recognises on its own.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
+
 import ray
 
 from asyncgrpo_trainer.backends.generation import EngineLostError
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class WorkerLostError(RuntimeError):
@@ -48,9 +56,18 @@ def lost_ray_worker(exc: BaseException) -> bool:
     return False
 
 
-def reported_by_actor(exc: BaseException) -> BaseException:
-    """What an actor raises for `exc`: `exc` itself, unless only its cause chain shows a lost worker,
-    which the pickling would drop; then a WorkerLostError that names `exc`."""
-    if isinstance(exc, INFRASTRUCTURE_ERRORS) or not lost_ray_worker(exc):
-        return exc
-    return WorkerLostError(f"{type(exc).__name__}: {exc}")
+def reports_lost_workers(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """An actor's async method that raises an error whose cause chain shows a lost worker as a
+    WorkerLostError naming it (the chain itself would not survive the pickling); any other error,
+    and a lost worker's own error, as it is."""
+
+    @functools.wraps(method)
+    async def reporting(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except Exception as exc:
+            if isinstance(exc, INFRASTRUCTURE_ERRORS) or not lost_ray_worker(exc):
+                raise
+            raise WorkerLostError(f"{type(exc).__name__}: {exc}") from exc
+
+    return reporting

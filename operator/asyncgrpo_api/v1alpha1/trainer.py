@@ -418,7 +418,7 @@ class GenerationSpec(ApiModel):
         description="torch: the project's engine (CPU or CUDA; CUDA graphs on GPUs); vllm: vLLM 0.26 "
         "on the checkpoint of model.path (model.source pretrained), on GPUs or with vLLM's CPU build. "
         "auto: vllm for a pretrained checkpoint on GPUs whose responses end at end-of-sequence (there it "
-        "generated 1.3-2.4x the torch engine's tokens/s: docs/benchmarks.md), torch otherwise (CPU, "
+        "generated 1.5-1.9x the torch engine's tokens/s: docs/benchmarks.md), torch otherwise (CPU, "
         "model.source tiny, ignoreEos).",
     )
     torch_decode: Literal["auto", "batched", "per-group"] = Field(
