@@ -70,9 +70,11 @@ generated: venv
 	$(PY) -m asyncgrpo_api.admissionpolicy --check
 	$(PY) -m asyncgrpo_api.apidoc --check
 
-# Everything the tests start is built first (Kueue included), with the builder's progress on the
-# console, not inside a test where pytest holds its output. Then the suite runs as two pytest
-# processes side by side, the control plane's tests and the rest (tests/halves.py says why).
-test: lint typecheck generated
-	tests/cluster/ci.sh build
+# The checks, then the suite as two pytest processes side by side (tests/halves.py says why): the
+# control plane's half builds what its tests start (the control plane, Kueue, the real node,
+# SeaweedFS; a no-op when cached) before its tests, while the trainer's half, which needs none of
+# it, runs at once. Each phase's time is printed (`=== time: ...`), and .ci/run repeats them last.
+test: venv
+	@start=$$(date +%s) && $(MAKE) --no-print-directory lint typecheck generated && \
+		echo "=== time: checks (ruff, mypy, import contracts, generated files) $$(( $$(date +%s) - start )) s ==="
 	$(PY) -m tests.halves $(PYTEST_ARGS)

@@ -37,8 +37,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR_HALF = (
@@ -84,56 +85,110 @@ def verdict(lines: list[str]) -> list[str]:
     return lines[start : end + 1] if start is not None and start < end else [lines[end]]
 
 
-def _relay(name: str, stream: IO[str], lock: threading.Lock, kept: list[str]) -> None:
-    for line in stream:
-        kept.append(line.rstrip("\n"))
-        with lock:
-            sys.stdout.write(f"[{name}] {line}")
-            sys.stdout.flush()
+@dataclass
+class Half:
+    """One half: its phases, run one after the other, each timed; the first that fails ends it."""
 
+    name: str
+    phases: list[tuple[str, list[str]]]
+    env: dict[str, str]
+    kept: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    code: int = 0
+    current: subprocess.Popen[str] | None = None
 
-def run(pytest_args: list[str]) -> int:
-    """Both halves at once; the exit status of the first that failed (in the order started)."""
-    lock = threading.Lock()
-    started: list[tuple[str, subprocess.Popen[str], threading.Thread, list[str]]] = []
-    temps: list[Path] = []
-    compile_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(
-        Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
-    )
-    try:
-        for name, command in commands(pytest_args).items():
-            temps.append(Path(tempfile.mkdtemp(prefix=name[0])))
-            proc = subprocess.Popen(
+    def run(self, lock: threading.Lock) -> None:
+        for phase, command in self.phases:
+            started = time.monotonic()
+            self.current = subprocess.Popen(
                 command,
                 cwd=ROOT,
-                env={**os.environ, "TMPDIR": str(temps[-1]), "TORCHINDUCTOR_CACHE_DIR": compile_cache},
+                env=self.env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
                 bufsize=1,
             )
-            assert proc.stdout is not None
-            kept: list[str] = []
-            relay = threading.Thread(target=_relay, args=(name, proc.stdout, lock, kept), daemon=True)
-            relay.start()
-            started.append((name, proc, relay, kept))
-        codes = []
-        for _, proc, relay, _ in started:
-            codes.append(proc.wait())
-            relay.join()
+            assert self.current.stdout is not None
+            for line in self.current.stdout:
+                self.kept.append(line.rstrip("\n"))
+                with lock:
+                    sys.stdout.write(f"[{self.name}] {line}")
+                    sys.stdout.flush()
+            self.code = self.current.wait()
+            self.seconds[phase] = time.monotonic() - started
+            if self.code:
+                return
+
+
+def phases(pytest_args: list[str]) -> dict[str, list[tuple[str, list[str]]]]:
+    """Each half's phases: the operator's builds what its tests start (the control plane, Kueue, the
+    real node, SeaweedFS: a no-op when cached) and then runs its tests; the trainer's runs its tests
+    at once. On a fresh machine the build takes 20-35 minutes, and the trainer's tests, which need
+    none of it, run beside it instead of after it (SeaweedFS, which its object-store tests start,
+    is built by whichever asks first, under a lock)."""
+    pytest = commands(pytest_args)
+    return {
+        "operator": [("build", ["tests/cluster/ci.sh", "build"]), ("tests", pytest["operator"])],
+        "trainer": [("tests", pytest["trainer"])],
+    }
+
+
+def run(pytest_args: list[str]) -> int:
+    """Both halves at once; the exit status of the first that failed (in the order started)."""
+    lock = threading.Lock()
+    temps: list[Path] = []
+    halves: list[Half] = []
+    compile_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(
+        Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    )
+    started = time.monotonic()
+    try:
+        threads = []
+        for name, steps in phases(pytest_args).items():
+            temps.append(Path(tempfile.mkdtemp(prefix=name[0])))
+            env = {**os.environ, "TMPDIR": str(temps[-1]), "TORCHINDUCTOR_CACHE_DIR": compile_cache}
+            halves.append(Half(name, steps, env))
+            threads.append(threading.Thread(target=halves[-1].run, args=(lock,), daemon=True))
+            threads[-1].start()
+        for thread in threads:
+            thread.join()
         print("=== both halves, as each ended ===", flush=True)
-        for (name, _, _, kept), code in zip(started, codes, strict=True):
-            for line in verdict(kept):
-                print(f"[{name}] {line}")
-            print(f"[{name}] pytest exited {code}", flush=True)
-        return next((code for code in codes if code), 0)
+        for half in halves:
+            for line in verdict(half.kept):
+                print(f"[{half.name}] {line}")
+            print(f"[{half.name}] exited {half.code}", flush=True)
+        print(timings(halves, time.monotonic() - started), flush=True)
+        print(counts([verdict(half.kept)[-1] for half in halves]), flush=True)
+        return next((half.code for half in halves if half.code), 0)
     finally:
-        for _, proc, _, _ in started:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait()
+        for half in halves:
+            if half.current is not None and half.current.poll() is None:
+                half.current.terminate()
+                half.current.wait()
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped)\b")
+
+
+def counts(final_lines: list[str]) -> str:
+    """Both halves' counts as one line in the plain form CI's reader takes ("tests: N passed, N
+    failed, N skipped"); an error counts as a failure."""
+    total = {"passed": 0, "failed": 0, "skipped": 0}
+    for line in final_lines:
+        for number, word in COUNT.findall(line):
+            total["failed" if word.startswith("error") else word] += int(number)
+    return f"tests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
+
+
+def timings(halves: list[Half], total: float) -> str:
+    """Where the run's time went, phase by phase: printed last, so growth is seen the day it lands."""
+    rows = [
+        f"{half.name} {phase}: {seconds:.0f} s" for half in halves for phase, seconds in half.seconds.items()
+    ]
+    return f"=== time: {'; '.join(rows)}; both halves {total:.0f} s ==="
 
 
 if __name__ == "__main__":

@@ -39,6 +39,18 @@ NOTED = ("ray/session_*", "????????-????-????-????-????????????")
 RUN_FOLDERS = {"RAY_TMPDIR": "asyncgrpo-ray-", "VLLM_RPC_BASE_PATH": "asyncgrpo-vllm-"}
 """The variables pointed at a folder of this run, and the folder's prefix (short: Ray's and vLLM's
 unix sockets live under it, and a socket's path is limited to 107 bytes)."""
+SOCKETS_ROOM = len(
+    "/asyncgrpo-ray-12345678/ray/session_2026-12-07_05-50-12_123456_4194304/sockets/plasma_store"
+)
+"""The longest socket path a run folder holds, less the temp folder it is made in: Ray's
+(`local_run.ray_temp_dir`); vLLM's (a UUID under its folder) is shorter."""
+
+
+def run_folder_parent(tmp: Path) -> Path:
+    """Where the run folders are made: the temp folder when Ray's sockets fit under it (107 bytes),
+    else /tmp. Under a TMPDIR 13 characters longer than the halves' own, every Ray test of a run
+    failed on the socket path's length."""
+    return tmp if len(str(tmp).encode()) + SOCKETS_ROOM <= 107 else Path("/tmp")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -94,12 +106,13 @@ class Leftovers:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        sweep_unused_run_folders(tmp)
+        for parent in {tmp, run_folder_parent(tmp)}:
+            sweep_unused_run_folders(parent)
         self.before = self._present(FAILING + NOTED)
         self.run_dirs: dict[str, Path] = {}
         for env, prefix in RUN_FOLDERS.items():
             if env not in os.environ:
-                self.run_dirs[env] = Path(tempfile.mkdtemp(prefix=prefix, dir=tmp))
+                self.run_dirs[env] = Path(tempfile.mkdtemp(prefix=prefix, dir=run_folder_parent(tmp)))
                 (self.run_dirs[env] / OWNER_FILE).write_text(str(os.getpid()))
                 os.environ[env] = str(self.run_dirs[env])
         self.left: list[Path] = []

@@ -31,10 +31,16 @@ def test_that_runs():
 
 
 def run_pytest(
-    tmp_path: Path, source: str, *args: str, plugin: str = "tests.skip_policy"
+    tmp_path: Path,
+    source: str,
+    *args: str,
+    plugin: str = "tests.skip_policy",
+    tmpdir: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_sample.py").write_text(source)
     env = {k: v for k, v in os.environ.items() if k not in RUN_FOLDERS}  # this run's own, not ours
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", plugin, "-p", "no:cacheprovider", *args],
         check=False,
@@ -110,6 +116,19 @@ def test_without_the_option_a_folder_left_in_tmp_is_listed_but_does_not_fail(tmp
     assert result.returncode == 0 and str(left) in result.stdout, result.stdout
 
 
+def test_under_a_tmpdir_too_long_for_rays_sockets_the_run_folders_go_to_tmp_and_are_removed(
+    tmp_path: Path,
+) -> None:
+    long_tmp = tmp_path / ("t" * 60)
+    long_tmp.mkdir()
+    result = run_pytest(tmp_path, LEAVES, plugin="tests.leftovers", tmpdir=long_tmp)
+    assert result.returncode == 0, result.stdout
+    for name in ("ray_dir.txt", "vllm_dir.txt"):
+        run_dir = Path((tmp_path / name).read_text())
+        assert run_dir.parent == Path("/tmp") and not run_dir.exists(), run_dir
+    assert Path((tmp_path / "left.txt").read_text()).parent == long_tmp  # the test's own temp stays
+
+
 def test_a_run_folder_no_live_process_names_is_swept_and_one_in_use_is_kept(tmp_path: Path) -> None:
     stale, in_use = tmp_path / "asyncgrpo-ray-stale", tmp_path / "asyncgrpo-ray-inuse"
     stale_vllm = tmp_path / "asyncgrpo-vllm-stale"
@@ -183,3 +202,51 @@ def test_a_half_ends_the_log_on_its_failed_tests_and_its_counts(
 def test_a_green_half_ends_the_log_on_its_counts_alone(tmp_path: Path) -> None:
     lines = run_pytest(tmp_path, "def test_ok():\n    pass\n", "--durations=5").stdout.splitlines()
     assert [line.strip("= ").split(" in ")[0] for line in halves.verdict(lines)] == ["1 passed"]
+
+
+BUDGETED = """
+import time
+import pytest
+
+def test_quick():
+    pass
+
+def test_slow_unsaid():
+    time.sleep(1.5)
+
+@pytest.mark.budget(1, "the one proof of its claim")
+def test_slow_said():
+    time.sleep(1.5)
+"""
+
+
+def test_ci_fails_a_run_with_a_test_over_the_budget_that_does_not_say_why_and_names_it(
+    tmp_path: Path,
+) -> None:
+    result = run_pytest(tmp_path, BUDGETED, "--test-budget=1", plugin="tests.budget")
+    assert result.returncode == 1, result.stdout
+    over = result.stdout.split("without a budget marker")[1].split("tests with a budget")[0]
+    assert "test_slow_unsaid" in over and "test_slow_said" not in over and "test_quick" not in over
+    said = result.stdout.split("tests with a budget of their own")[1]
+    assert "OVER  test_sample.py::test_slow_said: the one proof of its claim" in said, said
+
+
+def test_a_run_whose_slow_tests_all_say_why_passes_the_budget(tmp_path: Path) -> None:
+    source = BUDGETED.replace("def test_slow_unsaid():\n    time.sleep(1.5)\n", "")
+    result = run_pytest(tmp_path, source, "--test-budget=1", plugin="tests.budget")
+    assert result.returncode == 0, result.stdout
+
+
+def test_a_budget_marker_without_a_reason_is_refused_with_the_form_to_write(tmp_path: Path) -> None:
+    source = "import pytest\n\n@pytest.mark.budget(10)\ndef test_x():\n    pass\n"
+    result = run_pytest(tmp_path, source, "--test-budget=1", plugin="tests.budget")
+    assert result.returncode != 0
+    assert "@pytest.mark.budget(SECONDS, 'why it costs that')" in result.stdout + result.stderr
+
+
+def test_the_runs_last_line_adds_both_halves_counts_with_errors_as_failures() -> None:
+    finals = [
+        "==== 2 failed, 970 passed, 1 error in 2400.12s (0:40:00) ====",
+        "==== 653 passed, 8 skipped, 3 warnings in 2000.50s (0:33:20) ====",
+    ]
+    assert halves.counts(finals) == "tests: 1623 passed, 3 failed, 8 skipped"

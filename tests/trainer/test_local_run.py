@@ -293,3 +293,47 @@ def test_asyncgrpo_run_without_the_gpus_it_needs_fails_at_once_naming_gpus_and_t
     assert time.monotonic() - started < 90
     assert text in err and "--gpus" in err and "this machine has 0 GPUs" in err, err
     assert "embedded Ray" not in out, out
+
+
+RAY_UNDER_TMPDIR = """
+import pathlib, ray
+from asyncgrpo_trainer import local_run
+local_run.start_own_ray(num_cpus=1, num_gpus=0)
+try:
+    print(ray.get(ray.remote(lambda: 6 * 7).remote()))
+    print(ray._private.worker._global_node.get_session_dir_path())
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.trainer
+def test_ray_starts_under_a_tmpdir_too_long_for_its_sockets(tmp_path: Path) -> None:
+    """Ray's sockets go under its temp folder and may not pass 107 bytes: under a TMPDIR longer
+    than that allows, `asyncgrpo run` puts Ray's session under /tmp/ray instead of failing."""
+    long_tmp = tmp_path / ("t" * 70)
+    long_tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_TMPDIR", "RAY_ADDRESS")}
+    out = subprocess.run(
+        [sys.executable, "-c", RAY_UNDER_TMPDIR],
+        env={**env, "TMPDIR": str(long_tmp)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    answer, session = out.stdout.split()[-2:]
+    try:
+        assert answer == "42"
+        assert Path(session).parent == Path("/tmp/ray"), session
+    finally:
+        subprocess.run(["rm", "-rf", session], check=False)
+
+
+def test_a_ray_tmpdir_too_long_for_rays_sockets_is_refused_with_the_variable_and_a_length_that_fits() -> None:
+    with pytest.raises(ValueError, match=r"RAY_TMPDIR=/x+ is 81 bytes long.*at most 39 bytes"):
+        local_run.ray_temp_dir({"RAY_TMPDIR": "/" + "x" * 80})
+    assert local_run.ray_temp_dir({"RAY_TMPDIR": "/tmp/mine"}) == "/tmp/mine/ray"
+    assert local_run.ray_temp_dir({"TMPDIR": "/scratch/me"}) == "/scratch/me/ray"
+    assert local_run.ray_temp_dir({}) == "/tmp/ray"

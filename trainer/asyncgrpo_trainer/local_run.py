@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,6 +35,8 @@ from ray._private.authentication import authentication_token_setup as ray_auth
 from asyncgrpo_api import rules
 from asyncgrpo_trainer import driver, progress
 from asyncgrpo_trainer.console import HumanProgress
+
+log = logging.getLogger(__name__)
 
 
 def _usable(path: str) -> bool:
@@ -165,7 +168,39 @@ def start_own_ray(*, num_cpus: int, num_gpus: int) -> None:
         num_gpus=num_gpus,
         include_dashboard=False,
         logging_level=logging.WARNING,
+        _temp_dir=ray_temp_dir(os.environ),
     )
+
+
+RAY_SOCKET_TAIL = len("/session_2026-12-07_05-50-12_123456_4194304/sockets/plasma_store")
+"""What Ray appends to its temp folder for its longest unix socket: a session folder named by the
+date to the microsecond and the pid (at most 7 digits), its sockets folder and the socket's name
+(`plasma_store`; a second node of one session would add ".1", and a local run starts one)."""
+UNIX_SOCKET_MAX = 107
+"""A unix socket's path may hold 107 bytes on Linux (108 with the terminating NUL); Ray refuses a
+longer one, and every Ray test of a suite run under a long TMPDIR failed on it."""
+
+
+def ray_temp_dir(environ: Mapping[str, str]) -> str:
+    """The folder Ray's session goes under: Ray's own choice (RAY_TMPDIR, else TMPDIR, else /tmp,
+    plus "ray") when its sockets' paths fit a unix socket's limit; else /tmp/ray, logged, for a
+    TMPDIR that is merely long. A RAY_TMPDIR the user chose and that cannot fit is an error that
+    names it and the fix, rather than Ray's failure deep in the node's start."""
+    chosen = environ.get("RAY_TMPDIR")
+    base = chosen or environ.get("TMPDIR") or "/tmp"
+    wanted = os.path.join(base, "ray")
+    if len(wanted.encode()) + RAY_SOCKET_TAIL <= UNIX_SOCKET_MAX:
+        return wanted
+    limit = UNIX_SOCKET_MAX - RAY_SOCKET_TAIL - len("/ray")
+    if chosen:
+        raise ValueError(
+            f"RAY_TMPDIR={chosen} is {len(chosen.encode())} bytes long; Ray's unix sockets under it "
+            f"would pass the {UNIX_SOCKET_MAX}-byte limit: set RAY_TMPDIR to a folder of at most "
+            f"{limit} bytes (e.g. /tmp)"
+        )
+    log.info("TMPDIR=%s is too long for Ray's unix sockets (at most %d bytes); Ray's session goes "
+             "under /tmp/ray", base, limit)  # fmt: skip
+    return "/tmp/ray"
 
 
 def main(argv: list[str] | None = None) -> int:
