@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 MAX_RECORDS = 20_000
 STEP_GAUGES = (
     "gen_kl_error",
+    "behaviour_kl",
+    "is_out_of_bounds",
+    "mean_oldest_staleness",
     "entropy",
     "clip_fraction",
     "response_length_mean",
