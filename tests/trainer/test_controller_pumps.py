@@ -56,6 +56,7 @@ class FakeGeneration:
             [[3 + seed % 3, 2] for _ in range(n)],
             [[-1.0, -0.5]] * n,
             [True] * n,
+            [first] * n,
             first,
             self.version,
             self.delay,

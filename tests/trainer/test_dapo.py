@@ -69,6 +69,7 @@ class LengthsGeneration(FakeGeneration):
             [[3] * k for k in self.lengths],
             [[-1.0] * k for k in self.lengths],
             [k < self.max_new_tokens for k in self.lengths],
+            [self.version] * len(self.lengths),
             self.version,
             self.version,
             0.0,

@@ -71,7 +71,9 @@ class ScriptedEngine:
         self.prompts.append(list(prompt_ids))
         turn = self.turns.pop(0)[: params.max_new_tokens]
         done = bool(turn) and turn[-1] == TOK.eos_id
-        return generation.Generated([turn], [[-0.5] * len(turn)], [done], self.version, self.version, 0.0)
+        return generation.Generated(
+            [turn], [[-0.5] * len(turn)], [done], [self.version], self.version, self.version, 0.0
+        )
 
 
 def _said(text: str) -> list[int]:

@@ -205,6 +205,7 @@ def test_device_side_sums_equal_the_float_by_float_metrics() -> None:
         "clip_fraction",
         "kl",
         "gen_kl_error",
+        "behaviour_kl",
         "gen_logprob_error",
         "entropy",
     }

@@ -13,7 +13,7 @@ P = 2
 
 
 def _record(version: int) -> GroupRecord:
-    return GroupRecord([1, 3], [[4, 2]], [[-0.5, -0.1]], [1.0], [True], [True], version, version)
+    return GroupRecord([1, 3], [[4, 2]], [[-0.5, -0.1]], [1.0], [True], [True], version, version, version)
 
 
 def _buffer(*slots: tuple[int, int | None, bool]) -> ReplayBuffer:

@@ -90,7 +90,7 @@ class Hostile:
 
     async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
         turn = self.turns.pop(0)
-        return generation.Generated([turn], [[-0.1] * len(turn)], [True], 0, 0, 0.0)
+        return generation.Generated([turn], [[-0.1] * len(turn)], [True], [0], 0, 0, 0.0)
 
 
 class Zero:

@@ -21,6 +21,7 @@ def _conversation(versions: list[int], mask: list[int]) -> GroupRecord:
         rewards=[1.0],
         correct=[True],
         finished=[True],
+        oldest_version=min(versions),
         first_version=min(versions),
         last_version=max(versions),
         loss_masks=[mask],
@@ -29,7 +30,7 @@ def _conversation(versions: list[int], mask: list[int]) -> GroupRecord:
 
 
 def _single_turn(version: int) -> GroupRecord:
-    return GroupRecord([1], [[5, 6]], [[-1.0, -1.0]], [1.0], [True], [True], version, version)
+    return GroupRecord([1], [[5, 6]], [[-1.0, -1.0]], [1.0], [True], [True], version, version, version)
 
 
 def test_policy_tokens_older_than_the_bound_and_environment_tokens_are_not_trained() -> None:

@@ -32,6 +32,10 @@ class GroupRecord:
     correct: list[bool]
     """Per sample: exactly the reference answer (`envs.base.Score.correct`); train accuracy."""
     finished: list[bool]
+    oldest_version: int
+    """The staleness stamp: the oldest weight version that shaped any of its tokens, through their
+    KV or logits (`generation.Generated.oldest_versions`). A prompt prefilled from an engine's prefix
+    cache makes it older than `first_version`; the staleness gates and metrics measure it."""
     first_version: int
     """Weight version of the generation worker when the first token was sampled."""
     last_version: int
@@ -40,8 +44,8 @@ class GroupRecord:
     """Per sample and response token of a conversation (`conversation`): 1 where the policy spoke,
     0 on the environment's tokens, which are never trained; None for single-turn samples (all 1)."""
     token_versions: list[list[int]] | None = None
-    """Per sample and response token of a conversation: the weight version that produced it; None
-    for single-turn samples (all first_version)."""
+    """Per sample and response token of a conversation: the weight version that produced it (its
+    turn's stamp); None for single-turn samples (all oldest_version)."""
     tool_outcomes: list[str] = field(default_factory=list)
     """How each tool call of the group's conversations ended (`envs.multiturn.Reply.outcome`)."""
 
@@ -53,7 +57,7 @@ class GroupRecord:
         """The weight version of each response token of `sample`."""
         if self.token_versions is not None:
             return self.token_versions[sample]
-        return [self.first_version] * len(self.response_ids[sample])
+        return [self.oldest_version] * len(self.response_ids[sample])
 
     def loss_mask_of(self, sample: int) -> list[int]:
         """Which response tokens of `sample` the policy produced (1) and may be trained on."""
@@ -77,7 +81,8 @@ class Slot:
     group_id: int
     example: Example
     start_version: int
-    """Generation weight version at dispatch; staleness is measured on it."""
+    """Generation weight version at dispatch: the buffer's order, and the staleness of a group still
+    in flight (a ready group's is its record's stamp, `window_version`)."""
     target_step: int | None = None
     """The trainer step this group was dispatched for (in-order samplers only)."""
     record: GroupRecord | None = None
@@ -89,15 +94,18 @@ class Slot:
 
     @property
     def window_version(self) -> int:
-        """The version the staleness window is measured on: the start version, except for a
-        generated conversation, whose newest token's version is used instead. A conversation may
-        outlive several refits; the bound then applies per token (`GroupRecord.trainable_mask`
-        drops its policy tokens that are too old) rather than to the whole conversation, which
-        would discard its fresh turns with its first."""
+        """The version the staleness window is measured on: the start version while the group is in
+        flight (the best known before its samples say which weights shaped them), then its record's
+        stamp, the oldest version that shaped any of its tokens; for a generated conversation the
+        newest token's version instead. A conversation may outlive several refits; the bound then
+        applies per token (`GroupRecord.trainable_mask` drops its policy tokens that are too old)
+        rather than to the whole conversation, which would discard its fresh turns with its first."""
         rec = self.record
-        if rec is None or rec.token_versions is None:
+        if rec is None:
             return self.start_version
-        return max((max(v) for v in rec.token_versions if v), default=self.start_version)
+        if rec.token_versions is None:
+            return rec.oldest_version
+        return max((max(v) for v in rec.token_versions if v), default=rec.oldest_version)
 
 
 @dataclass
@@ -160,6 +168,10 @@ class ReplayBuffer:
         buf = cls(next_group_id=int(state["next_group_id"]))
         for item in state["slots"]:
             rec = item["record"]
+            if rec is not None and "oldest_version" not in rec:
+                # A checkpoint written before groups carried their stamp: the version its first token
+                # was sampled with is the oldest this record knows of.
+                rec = {**rec, "oldest_version": rec["first_version"]}
             buf.slots[item["group_id"]] = Slot(
                 group_id=item["group_id"],
                 example=Example(**item["example"]),

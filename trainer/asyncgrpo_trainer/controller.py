@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 MAX_RECORDS = 20_000
 STEP_GAUGES = (
     "gen_kl_error",
+    "behaviour_kl",
+    "is_out_of_bounds",
+    "mean_oldest_staleness",
     "entropy",
     "clip_fraction",
     "response_length_mean",
@@ -524,8 +527,10 @@ class SingleController:
     async def _select_chunk(self, remaining: int, step: dict[str, float]) -> list[Slot]:
         while True:
             evicted = self.sampler.evict(self.buffer, self.version)
-            for _ in evicted:
+            for slot in evicted:
                 self.capacity.release()
+                if self.sampler.replaces_evicted:
+                    self._replace(slot)
             step["evicted"] += len(evicted)
             chosen = self.sampler.select(
                 self.buffer,
@@ -551,6 +556,7 @@ class SingleController:
         truncated: list[bool] = []
         spreads: list[float] = []
         staleness: list[int] = []
+        oldest_staleness: list[int] = []
         taken = tokens = chunks = uninformative = 0
         while taken < self.s.prompts_per_step:
             groups = await self._select_chunk(self.s.prompts_per_step - taken, step)
@@ -578,6 +584,7 @@ class SingleController:
                     uninformative += not informative(g.record.rewards)
                     lengths.extend(len(r) for r in g.record.response_ids)
                     truncated.extend(not f for f in g.record.finished)
+                    oldest_staleness.append(self.version - g.record.oldest_version)
             staleness.extend(self.version - g.start_version for g in groups)
         t0 = time.perf_counter()
         metrics = await self.a.policy.finish_step()
@@ -610,8 +617,13 @@ class SingleController:
             "response_length_max": max(lengths),
             # Cut at maxNewTokens without a stop: the environments score these 0.
             "truncated_fraction": sum(truncated) / len(truncated),
+            # Versions between the weights trained and those a group was dispatched with, and those
+            # of the oldest weights that shaped any of its tokens (its stamp, which the streaming
+            # gates bound by S): a cached prompt's KV makes the second larger.
             "mean_staleness": sum(staleness) / len(staleness),
             "max_staleness": max(staleness),
+            "mean_oldest_staleness": sum(oldest_staleness) / len(oldest_staleness),
+            "max_oldest_staleness": max(oldest_staleness),
             "chunks": chunks,
             "tokens": tokens,
             # Generated (not only trained) tokens: over-sampled modes generate more than they train.
@@ -635,8 +647,10 @@ class SingleController:
         """Training rows of whole groups; advantages are exact per group. A conversation's row
         trains only its policy tokens within the staleness bound (`GroupRecord.trainable_mask`):
         the importance weight then corrects each of them by the version that sampled it, since its
-        recorded log-prob is that version's."""
-        scored = [(g.record, g.start_version == self.version) for g in groups if g.record is not None]
+        recorded log-prob is that version's. A row is fresh (the log-prob gate measures it) only
+        when its group's stamp is the version trained: all of its KV and logits came from these
+        weights, so the engine's log-probs and the policy's should agree."""
+        scored = [(g.record, g.record.oldest_version == self.version) for g in groups if g.record is not None]
         rewards = torch.tensor([rec.rewards for rec, _ in scored], dtype=torch.float32)
         adv = advantages.group_relative(
             rewards, leave_one_out=self.s.leave_one_out, normalize=self.s.normalize_rewards
@@ -762,12 +776,12 @@ class SingleController:
             pin.set()
             if self.validation_pin is pin:
                 self.validation_pin = None
-        mixed = [i for i, o in enumerate(outs) if (o.first_version, o.last_version) != (version, version)]
+        mixed = [i for i, o in enumerate(outs) if (o.oldest_version, o.last_version) != (version, version)]
         if mixed:
             o = outs[mixed[0]]
             raise RuntimeError(
                 f"validation of step {step} was pinned to weights {version}, but {len(mixed)} held-out "
-                f"answers came from other weights (prompt {mixed[0]}: versions {o.first_version} to "
+                f"answers came from other weights (prompt {mixed[0]}: versions {o.oldest_version} to "
                 f"{o.last_version})"
             )
         samples = self.counters["samples_trained"]  # at `step`: later steps may finish meanwhile

@@ -12,9 +12,11 @@ consistent across turns for both engines.
 The response of a conversation is everything after the prompt. Its `loss_mask` is 1 on policy
 tokens and 0 on environment tokens (whose recorded log-prob is 0: no model sampled them), so only
 the policy's tokens are trained. Every token carries the weight version that produced it
-(`versions`): a turn's tokens get the version the engine held when the turn started (a turn that
-straddled a refit is counted as the older weights, so staleness is never under-stated); an
-environment token carries the version of the turn it answers.
+(`versions`): a turn's tokens get the turn's staleness stamp, the oldest version that shaped them
+(`generation.Generated.oldest_versions`: the engine's when the turn started, or older when the
+conversation so far came from a prefix cache; a turn that straddled a refit is counted as the
+older weights, so staleness is never under-stated); an environment token carries the version of
+the turn it answers.
 
 Budgets: at most `max_turns` policy turns, at most `tokens_per_turn` tokens per turn
 (env.maxTokensPerTurn), and at most `max_new_tokens` response tokens in all (generation.
@@ -77,6 +79,8 @@ class Conversation:
     """How each tool call ended (`envs.multiturn.Reply.outcome`)."""
     finished: bool = False
     """The environment said done (not cut by a budget)."""
+    oldest_version: int = -1
+    """The oldest of its turns' stamps: the oldest weights that shaped any of its tokens."""
     first_version: int = -1
     last_version: int = -1
 
@@ -108,12 +112,14 @@ async def converse(
     conv = Conversation()
     for turn in range(budget.max_turns):
         out = await engine.generate(prompt_ids + conv.response_ids, 1, turn_params, seed + turn)
+        stamp = out.oldest_versions[0]
         if turn == 0:
-            conv.first_version = out.first_version
+            conv.first_version = conv.oldest_version = out.first_version
+        conv.oldest_version = min(conv.oldest_version, stamp)
         conv.last_version = out.last_version
         room = budget.max_new_tokens - len(conv.response_ids)
         ids, logprobs = out.response_ids[0][:room], out.logprobs[0][:room]
-        conv.extend(ids, logprobs, policy=True, version=out.first_version)
+        conv.extend(ids, logprobs, policy=True, version=stamp)
         conv.turns.append(tokenizer.decode(ids))
         if not out.finished[0] or len(ids) < len(out.response_ids[0]):
             return conv  # the turn hit its token budget (or the conversation's) before its end
@@ -126,5 +132,5 @@ async def converse(
         observed = tokenizer.encode_turn(reply.role, reply.content)
         if len(conv.response_ids) + len(observed) >= budget.max_new_tokens:
             return conv  # no room left for the policy to answer the reply
-        conv.extend(observed, [0.0] * len(observed), policy=False, version=out.first_version)
+        conv.extend(observed, [0.0] * len(observed), policy=False, version=stamp)
     return conv  # maxTurns policy turns, and the environment still expected more

@@ -64,6 +64,14 @@ class Progress:
     """While the log-prob gate is tripped (`logprob_gate`), why, in one line; the operator sets the
     LogprobMismatch condition from it."""
     gen_kl_error: float | None = None
+    behaviour_kl: float | None = None
+    """KL(pi_gen || pi_old) over the newest step's trained tokens (k3): how far the weights trained
+    had moved from those that generated the data."""
+    is_out_of_bounds: float | None = None
+    """The share of the newest step's trained tokens whose importance weight the truncation changed."""
+    mean_oldest_staleness: float | None = None
+    """The newest step's mean staleness measured on each group's stamp, the oldest weights that
+    shaped any of its tokens (mean_staleness measures the weights it was dispatched with)."""
     entropy: float | None = None
     clip_fraction: float | None = None
     response_length_mean: float | None = None
@@ -107,6 +115,9 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_gen_logprob_error": p.gen_logprob_error,
         "asyncgrpo_logprob_mismatch": float(p.logprob_mismatch is not None),
         "asyncgrpo_gen_kl_error": p.gen_kl_error,
+        "asyncgrpo_behaviour_kl": p.behaviour_kl,
+        "asyncgrpo_is_out_of_bounds": p.is_out_of_bounds,
+        "asyncgrpo_mean_oldest_staleness": p.mean_oldest_staleness,
         "asyncgrpo_entropy": p.entropy,
         "asyncgrpo_clip_fraction": p.clip_fraction,
         "asyncgrpo_response_length_mean": p.response_length_mean,

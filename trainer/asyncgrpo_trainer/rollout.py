@@ -58,6 +58,8 @@ class Samples:
     finished: list[bool]
     texts: list[str]
     """What the environment scores: the decoded response, or a conversation's last policy turn."""
+    oldest_version: int
+    """The group's staleness stamp: the oldest of its samples' (`generation.Generated.oldest_versions`)."""
     first_version: int
     last_version: int
     loss_masks: list[list[int]] | None = None
@@ -71,6 +73,7 @@ class Answer:
 
     text: str
     finished: bool
+    oldest_version: int
     first_version: int
     last_version: int
 
@@ -118,6 +121,7 @@ class RolloutManager:
             out.logprobs,
             out.finished,
             [self.tokenizer.decode(r) for r in out.response_ids],
+            min(out.oldest_versions),
             out.first_version,
             out.last_version,
         )
@@ -146,6 +150,7 @@ class RolloutManager:
             [c.logprobs for c in runs],
             [c.finished for c in runs],
             [c.answer for c in runs],
+            min(c.oldest_version for c in runs),
             min(c.first_version for c in runs),
             max(c.last_version for c in runs),
             loss_masks=[c.loss_mask for c in runs],
@@ -161,7 +166,7 @@ class RolloutManager:
                 self.tokenizer.encode_prompt(example.model_prompt), 1, params, seed
             )
             text = self.tokenizer.decode(out.response_ids[0])
-            return Answer(text, out.finished[0], out.first_version, out.last_version)
+            return Answer(text, out.finished[0], out.oldest_versions[0], out.first_version, out.last_version)
         conv = self.conversations
         run = await converse(
             self.generation,
@@ -172,7 +177,7 @@ class RolloutManager:
             budget=conv.budget,
             seed=seed,
         )
-        return Answer(run.answer, run.finished, run.first_version, run.last_version)
+        return Answer(run.answer, run.finished, run.oldest_version, run.first_version, run.last_version)
 
     async def run_group(
         self, example: Example, group_id: int, on_attempt: Callable[[int], None]
@@ -190,6 +195,7 @@ class RolloutManager:
             rewards=rewards,
             correct=[s.correct for s in scores],
             finished=out.finished,
+            oldest_version=out.oldest_version,
             first_version=out.first_version,
             last_version=out.last_version,
             loss_masks=out.loss_masks,

@@ -10,15 +10,22 @@ dispatch batch is P prompts. The four modes of docs/guides/async-modes.md map to
 | async, exact batch-to-step | InOrderSampler    | b <= v + S    | ready groups stamped for step v  |
 | streaming, gated dispatch  | WeightFifoSampler | b <= v + S    | ready groups of the oldest       |
 |                            |                   |               | in-window start version (waits)  |
-| streaming, over-sampled    | WindowedSampler   | always        | ready groups, start >= v - S     |
+| streaming, over-sampled    | WindowedSampler   | always        | ready groups, stamp >= v - S     |
 
-A generated conversation (a multi-turn environment's group) is measured on its newest token's
-version instead of its start version (`buffer.Slot.window_version`), and the bound then holds per
-token: the controller trains only its policy tokens of version >= v - S.
+The window is measured on a group's staleness stamp (`buffer.Slot.window_version`): while it is
+in flight its start version, once ready the oldest weight version that shaped any of its tokens
+(`buffer.GroupRecord.oldest_version`), which an engine's prefix cache can make up to S versions
+older than its start. A generated conversation (a multi-turn environment's group) is measured on
+its newest token's version instead, and the bound then holds per token: the controller trains only
+its policy tokens of version >= v - S.
 
-Eviction removes ready groups that can never be trained on (start version < v - S, or stamped
-for a step already taken); only the over-sampled mode can produce such groups in normal operation,
-and only it aborts in-flight groups that aged out (their start version is already < v - S).
+Eviction removes ready groups that can never be trained on (stamp < v - S, or stamped for a step
+already taken). The streaming modes' gates measure the stamp, so a group whose prompt came from an
+old cache entry is evicted as soon as its oldest weights leave the window; the gated one then has
+the group replaced (`replaces_evicted`). Only the over-sampled mode aborts in-flight groups that
+aged out (their start version is already < v - S). The in-order modes select by target step: their
+bound is the dispatch gate, on the start version, so by the stamp their data can be up to 2S
+versions old when prefixes are cached (the step records' max_oldest_staleness shows it).
 Selection never waits to fill a chunk: it returns None when fewer than `min_groups` qualify.
 """
 
@@ -35,6 +42,8 @@ class Sampler(abc.ABC):
     name: str = ""
     gated: bool = True
     """Whether the rollout pump waits for the trainer before dispatching the next batch."""
+    replaces_evicted: bool = False
+    """Whether the controller replaces each group this sampler evicts with the loader's next prompt."""
 
     def __init__(self, max_staleness_versions: int) -> None:
         if max_staleness_versions < 0:
@@ -103,6 +112,10 @@ class WeightFifoSampler(Sampler):
     """Gated streaming: train on the oldest in-window weight version first, a version at a time."""
 
     name = "weight_fifo"
+    replaces_evicted = True
+    """Its pump admits one batch of P per trainer version and a step takes P groups, so every group
+    evicted (its stamp aged out of the window) must be replaced, or the steps would run short of
+    groups until one waited forever."""
 
     def _expired(self, slot: Slot, trainer_version: int) -> bool:
         return self._stale(slot, trainer_version)

@@ -181,6 +181,11 @@ def policy_loss_terms(
             "is_out_of_bounds_sum": (out_of_bounds * mask).sum(),
             "clip_fraction_sum": (clip_hit * mask).sum(),
             "kl_sum": (kl * mask).sum(),
+            # KL(pi_gen || pi_old), k3 on the tokens pi_gen sampled: how far the weights being
+            # trained moved from those that generated the data (0 on fresh data, up to the engine's
+            # numerics). Unlike gen_kl_sum's signed log-ratio it is >= 0 per token, so the staleness
+            # of some tokens cannot cancel out against others; a token pi_old's filter cuts counts 10.
+            "behaviour_kl_sum": (_finite(kl_estimate(generation_logprobs, behaviour, "k3")) * mask).sum(),
             # A token the filter of pi_old cuts has log-weight -inf (weight 0): left out here.
             "gen_kl_sum": (torch.nan_to_num(behaviour - generation_logprobs, neginf=0.0) * mask).sum(),
             # NeMo-RL's token_mult_prob_error: exp|logp_pi_old - logp_engine|, 1 when they agree,

@@ -18,7 +18,9 @@ starts at once). A weight update (in place + `refresh_weights`) queued under the
 between two chunks, and the rest of the batch decodes with the new weights on the KV it already
 has. Each result's first/last version
 are the engine versions when its first batch prefilled and when its last batch ended. No KV
-survives a batch (each batch prefills), so there is nothing to reset after an update.
+survives a batch (each batch prefills), so there is nothing to reset after an update, and a
+sample's oldest version (its staleness stamp) is the version its batch prefilled with: a group
+split over batches has the versions of each of its batches.
 
 Busy seconds of a batch (from queuing the prefill or a chunk until the device has finished it,
 not the yields between chunks) are split over its groups by their share of its rows: every row
@@ -59,6 +61,8 @@ class GroupRun:
     tokens: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
     finished: list[bool] = field(default_factory=list)
+    oldest_versions: list[int] = field(default_factory=list)
+    """Per decoded row: the version its batch prefilled with."""
     first_version: int = -1
     last_version: int = -1
     busy_seconds: float = 0.0
@@ -189,6 +193,7 @@ class GroupBatcher:
                 group.tokens += tokens[start:end]
                 group.logprobs += logprobs[start:end]
                 group.finished += finished[start:end]
+                group.oldest_versions += [first] * rows
             group.last_version = last
             group.busy_seconds += busy * rows / len(prompts)
             start = end

@@ -30,6 +30,13 @@ in-flight group ("in-flight weight update"); the returned first/last versions te
 when that happened. Decode steps run under `weights_lock`, so a writer that holds it never
 interleaves with one.
 
+The staleness stamp: each sample also carries its oldest version, that of the oldest weights that
+computed any KV or logits it was sampled from (`Generated.oldest_versions`). The per-group path's
+is the version that prefilled its prompt, which is older than the first version when the prompt's
+KV and first-token logits came from the prefix cache; the batched path prefills every batch, so a
+sample's is the version its batch started with. The staleness gates measure a group by it, so a
+cached prompt can never make data look younger than the weights that shaped it.
+
 Determinism: per-group, a group's samples are a function of its prompt, n, params, seed and the
 weights at each step (its own generator), whatever else runs concurrently. Batched, a batch is
 seeded by its oldest group's seed and every row draws from one shared generator, so a group's
@@ -68,8 +75,14 @@ class Generated:
     response_ids: list[list[int]]
     logprobs: list[list[float]]
     finished: list[bool]
+    oldest_versions: list[int]
+    """Per sample, the staleness stamp: the oldest weight version that computed any KV or logits the
+    sample was drawn from (a cached prefix's, when the engine reused one; see the module docstring)."""
     first_version: int
+    """The engine's weight version at the group's first decode step."""
     last_version: int
+    """The engine's weight version at its last decode step (> first_version after an in-flight
+    weight update)."""
     busy_seconds: float
 
 
@@ -221,19 +234,22 @@ class TorchGenerationWorker(GenerationWorker):
         logits, cache = self.model(ids, past)
         return logits, cache
 
-    def _prefill(self, prompt_ids: list[int]) -> tuple[KVCache, torch.Tensor]:
+    def _prefill(self, prompt_ids: list[int]) -> tuple[KVCache, torch.Tensor, int]:
+        """The prompt's KV and last logits, and the weight version that computed them: a cached
+        entry's own (up to `max_prefix_age` versions old), or the current one."""
         key = tuple(prompt_ids)
         hit = self._prefix.get(key)
         if hit is not None and self.version - hit[2] <= self.max_prefix_age:
             self._prefix.move_to_end(key)
             self.prefix_hits += 1
-            return hit[0], hit[1]
+            return hit
         logits, cache = self._forward(torch.tensor([prompt_ids], device=self.device), None)
-        self._prefix[key] = (cache, logits[:, -1], self.version)
+        entry = (cache, logits[:, -1], self.version)
+        self._prefix[key] = entry
         self._prefix.move_to_end(key)
         if len(self._prefix) > PREFIX_CACHE_ENTRIES:
             self._prefix.popitem(last=False)
-        return cache, logits[:, -1]
+        return entry
 
     async def generate(
         self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
@@ -245,7 +261,13 @@ class TorchGenerationWorker(GenerationWorker):
             return await self._generate_group(prompt_ids, n, params, seed)
         run = await self._batcher.submit(prompt_ids, n, params, seed)
         return Generated(
-            run.tokens, run.logprobs, run.finished, run.first_version, run.last_version, run.busy_seconds
+            run.tokens,
+            run.logprobs,
+            run.finished,
+            run.oldest_versions,
+            run.first_version,
+            run.last_version,
+            run.busy_seconds,
         )
 
     async def _generate_group(
@@ -258,7 +280,7 @@ class TorchGenerationWorker(GenerationWorker):
             t0 = time.perf_counter()
             first_version = self.version
             with torch.no_grad():
-                cache, last = self._prefill(prompt_ids)
+                cache, last, prefilled_by = self._prefill(prompt_ids)
                 cache = sampling.expand_cache(cache, n)
             last = last.expand(n, -1)
             busy = time.perf_counter() - t0
@@ -278,7 +300,15 @@ class TorchGenerationWorker(GenerationWorker):
         self.busy_seconds += busy
         out = state.result()
         self.tokens_generated += sum(len(r) for r in out.response_ids)
-        return Generated(out.response_ids, out.logprobs, out.finished, first_version, self.version, busy)
+        return Generated(
+            out.response_ids,
+            out.logprobs,
+            out.finished,
+            [prefilled_by] * n,
+            first_version,
+            self.version,
+            busy,
+        )
 
     async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> float:
         """Copy `state` into the model's parameters in place, then `adopt_weights(version)`. With

@@ -590,6 +590,7 @@ class StepTotals:
             "clip_fraction": self.sums["clip_fraction_sum"] / tokens,
             "kl": self.sums["kl_sum"] / tokens,
             "gen_kl_error": self.sums["gen_kl_sum"] / tokens,
+            "behaviour_kl": self.sums["behaviour_kl_sum"] / tokens,
             "entropy": self.sums["entropy_sum"] / tokens,
             "gen_logprob_error": self.sums["gen_logprob_error_sum"] / fresh if fresh else None,
         }
@@ -685,6 +686,7 @@ _SUMMED = (
     "clip_fraction_sum",
     "kl_sum",
     "gen_kl_sum",
+    "behaviour_kl_sum",
     "entropy_sum",
     "gen_logprob_error_sum",
     "fresh_tokens",

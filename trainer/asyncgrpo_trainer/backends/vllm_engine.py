@@ -2,8 +2,9 @@
 
 Same contract as the torch engine (read `generation`'s module docstring first): `generate` returns N
 samples of one prompt with the log-prob of each sampled token, the weight versions at its start and
-end, and whether each sample ended; refits arrive by the object store, the bucketed broadcast or
-CUDA IPC; the prefix cache is reset when the controller asks. How each maps onto vLLM:
+end and the oldest that shaped each sample (its staleness stamp), and whether each sample ended;
+refits arrive by the object store, the bucketed broadcast or CUDA IPC; the prefix cache is reset
+when the controller asks. How each maps onto vLLM:
 
 - One request per prompt group (`SamplingParams.n` = N) on the job's checkpoint directory; token
   ids in and out (vLLM's tokenizer is never loaded: `skip_tokenizer_init`). A sample ends at any of
@@ -21,7 +22,12 @@ CUDA IPC; the prefix cache is reset when the controller asks. How each maps onto
   recompute their KV with the new weights (sync mode; recomputeKVCacheAfterWeightUpdates).
   Without a reset a cached prefix could hold KV from any older version, so the engine also
   resets it once `max_prefix_age` (= S) versions have passed since the last reset, the same bound
-  the torch engine's prefix cache keeps.
+  the torch engine's prefix cache keeps. vLLM does not say which weights wrote a cached block a
+  request reused (blocks are shared across prompts by content, and its cached-token count also
+  counts a request's own samples sharing their prompt), so a sample's staleness stamp (its oldest
+  version) is the version of the last reset before its request started: every block it could
+  reuse was written after that. With LoRA a block's hash includes the adapter's name (one per
+  version), so a request reuses only blocks of its own version, and its stamp is its first version.
 - LoRA (policy.lora): the engine starts with LoRA enabled for the adapters' rank, and each refit
   (the adapters only, over the object store) is written as a PEFT directory (`lora.PeftAdapter`)
   and added as LoRA adapter `v<version>`; every request after it is served with that adapter. A
@@ -226,6 +232,7 @@ class VLLMGenerationWorker(GenerationWorker):
         from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
 
         first_version = self.version
+        oldest = first_version if self.build.lora is not None else self._reset_at  # see above
         request = self._sampling(len(prompt_ids), n, params, seed)
         adapter = self._adapter
         if adapter is not None:
@@ -255,7 +262,9 @@ class VLLMGenerationWorker(GenerationWorker):
         self.tokens_generated += sum(len(t) for t in tokens)
         finished = [o.finish_reason == "stop" for o in outputs]
         last_version = first_version if self.build.lora is not None else self.version  # see above
-        return Generated(tokens, logprobs, finished, first_version, last_version, busy)
+        return Generated(
+            tokens, logprobs, finished, [oldest] * len(tokens), first_version, last_version, busy
+        )
 
     # --- refit ---------------------------------------------------------------------------------
 
