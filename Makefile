@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 KUEUE ?=
 REAL_NODE ?=
 
-.PHONY: venv prepare demo test lint typecheck generated unit e2e ctrlplane images
+.PHONY: venv prepare demo test quick lint typecheck generated unit e2e ctrlplane images
 
 venv: $(VENV)/.installed
 	@:  # a recipe, so an up-to-date venv is silent (not `make[1]: Nothing to be done`)
@@ -78,3 +78,9 @@ test: venv
 	@start=$$(date +%s) && $(MAKE) --no-print-directory lint typecheck generated && \
 		echo "=== time: checks (ruff, mypy, import contracts, generated files) $$(( $$(date +%s) - start )) s ==="
 	$(PY) -m tests.halves $(PYTEST_ARGS)
+
+# The inner loop: the checks and every test that needs neither the control plane, a Ray run of the
+# trainer, vLLM, the images nor a learning run (issue 45: under 5 minutes warm).
+QUICK := not cluster and not trainer and not vllm and not images and not slow
+quick: lint typecheck
+	$(PY) -m pytest -q -p no:cacheprovider -m "$(QUICK)" tests $(PYTEST_ARGS)
