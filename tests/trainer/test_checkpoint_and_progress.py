@@ -192,7 +192,9 @@ def test_a_state_file_holding_a_pickled_object_is_refused_at_resume_and_nothing_
     root, marker = tmp_path / "ckpt", tmp_path / "marker"
     final = _controller_only(root, 1, {"step": 1}, keep_last=1)
     torch.save({"step": 1, "buffer": _WritesAMarker(marker)}, final / checkpoint.STATE_FILE)
-    with pytest.raises(checkpoint.UnsafeCheckpoint, match=f"refusing to resume from {final / 'state.pt'}"):
+    with pytest.raises(
+        checkpoint.UnsafeCheckpointError, match=f"refusing to resume from {final / 'state.pt'}"
+    ):
         driver.resume_state(str(root))
     assert not marker.exists()
 

@@ -22,9 +22,9 @@ re-dispatch) and the run metrics needed to continue the progress report, all as 
 lists, tuples, str, numbers, None), never as pickled objects. Every checkpoint file is loaded with
 `torch.load(weights_only=True)`, which builds only such data and tensors: the checkpoint directory
 lies on a volume the job's own pods write, where a tool call or any code of the job could replace a
-file, and a full unpickle of it on resume would run whatever that file asks (`load` refuses it). On resume each policy
-worker reads its own file(s) from the step directory (`read`, onto the CPU, so a checkpoint
-written on GPUs loads on CPUs and the other way round).
+file, and a full unpickle of it on resume would run whatever that file asks (`load` refuses it).
+On resume each policy worker reads its own file(s) from the step directory (`read`, onto the CPU,
+so a checkpoint written on GPUs loads on CPUs and the other way round).
 """
 
 from __future__ import annotations
@@ -170,19 +170,19 @@ def latest(root: str | Path) -> int | None:
     return steps[-1] if steps else None
 
 
-class UnsafeCheckpoint(Exception):
+class UnsafeCheckpointError(Exception):
     """A checkpoint file holds more than plain data and tensors: it is not loaded."""
 
 
 def load(root: str | Path, step: int) -> dict[str, Any]:
     """The controller's payload of the checkpoint of `step` (the policy files stay for the workers).
     Plain data only (module docstring): a file that asks the unpickler for anything else, such as
-    a callable to run, raises `UnsafeCheckpoint` naming it, and nothing of it runs."""
+    a callable to run, raises `UnsafeCheckpointError` naming it, and nothing of it runs."""
     path = step_dir(Path(root), step) / STATE_FILE
     try:
         payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpoint(
+        raise UnsafeCheckpointError(
             f"refusing to resume from {path}: it holds more than plain data and tensors, so it was not "
             f"written by the trainer (a job's code or a tool call may have replaced it); delete that "
             f"checkpoint directory to resume from the one before. {str(exc).splitlines()[0]}"
