@@ -215,7 +215,8 @@ def _filesystem() -> str:
     if landlock_abi() < 1:
         raise SandboxUnavailableError(
             "tool calls are not run: this kernel has no Landlock (Linux 5.13 or later with landlock "
-            "in its LSM list), so the sandbox cannot keep a call from writing the job's checkpoints "
+            "in its LSM list), or the pod's seccomp profile refuses its syscalls, so the sandbox "
+            "cannot keep a call from writing the job's checkpoints "
             f"and code; run the job on nodes with Landlock, or set {FILESYSTEM_ENV}={UNISOLATED} in "
             "spec.env to run tool calls with the write access of the trainer's user"
         )
