@@ -9,12 +9,20 @@ spec.storage.objectStore when the job names one (`stored_logs`), and otherwise s
 files are and on which volume. `--attempt N` asks for an earlier attempt's log, which no pod runs
 any more: from the object store, or its file on the volume. `decide` is the pure part (tested
 without a cluster); `main` does the API calls.
+
+Everything it prints passes through `TerminalFilter`: the log is the job's code's output (and the
+status fields it names come from the job), so it could hold escape sequences that a terminal acts
+on, such as rewriting what was printed before, setting the window title or writing the clipboard
+(OSC 52). The reader's terminal gets the text with every control character but newline and tab
+removed, and whole escape sequences where they are complete.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +31,41 @@ from typing import Any
 from asyncgrpo_api import outputs
 from asyncgrpo_api.v1alpha1.runtime import CheckpointSpec, ObjectStoreSpec
 from asyncgrpo_operator import k8s, naming, stored_logs
+
+_SEQUENCE = re.compile(
+    r"\x1b(?:"
+    r"\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor movement, erasing, device queries
+    r"|[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC, DCS, SOS, PM, APC: up to BEL or ST
+    r"|[ -/]+[0-~]|[0-OQ-WYZ\\`-~]"  # the others (charset selection, RIS, ...), not an introducer
+    r")"
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but tab and newline, DEL, and the C1 controls (U+0080-U+009F; U+009B is a CSI)."""
+_HELD_BACK = 64
+"""At most this much of a chunk's end is kept for the next chunk when it may begin an escape
+sequence split between the two; a longer one loses its ESC and shows as text."""
+
+
+class TerminalFilter:
+    """The bytes of a log, as UTF-8 text safe to write to a terminal (module docstring). Chunks
+    may split a character or an escape sequence: both are completed from the next chunk."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = ""
+
+    def feed(self, chunk: bytes, *, final: bool = False) -> bytes:
+        text = self._held + self._decoder.decode(chunk, final)
+        self._held = ""
+        start = text.rfind("\x1b")
+        if not final and start >= 0 and len(text) - start <= _HELD_BACK and not _SEQUENCE.match(text, start):
+            text, self._held = text[:start], text[start:]
+        return safe_text(text).encode()
+
+
+def safe_text(text: str) -> str:
+    """`text` without escape sequences and control characters (but newline and tab)."""
+    return _CONTROL.sub("", _SEQUENCE.sub("", text))
 
 
 @dataclass(frozen=True)
@@ -149,36 +192,38 @@ async def _run(name: str, namespace: str | None, follow: bool, attempt: int | No
             heads = await api.list_items(f"/api/v1/namespaces/{ns}/pods", selector)
         outcome = decide(job, heads, follow=follow, attempt=attempt)
         if isinstance(outcome, NoSuchAttempt):
-            print(f"asyncgrpo logs: {outcome.text}", file=sys.stderr)
+            print(f"asyncgrpo logs: {safe_text(outcome.text)}", file=sys.stderr)
             return 1
         if isinstance(outcome, Files):
-            print(outcome.text)
+            print(safe_text(outcome.text))
             return 0
         if isinstance(outcome, Stored):
             return _print_stored(name, outcome)
-        out = sys.stdout.buffer
+        out, terminal = sys.stdout.buffer, TerminalFilter()
         async for chunk in api.stream_pod_log(
             ns, outcome.pod, naming.DRIVER_CONTAINER, follow=outcome.follow
         ):
-            out.write(chunk)
+            out.write(terminal.feed(chunk))
             out.flush()
+        out.write(terminal.feed(b"", final=True))
+        out.flush()
         return 0
     except k8s.ApiError as err:
-        print(f"asyncgrpo logs: {err}", file=sys.stderr)
+        print(f"asyncgrpo logs: {safe_text(str(err))}", file=sys.stderr)
         return 1
     finally:
         await api.close()
 
 
 def _print_stored(name: str, outcome: Stored) -> int:
-    print(f"{outcome.why}; its driver log from the object store:", file=sys.stderr)
+    print(f"{safe_text(outcome.why)}; its driver log from the object store:", file=sys.stderr)
     try:
         attempt, text = stored_logs.stored_driver_log(outcome.store, outcome.namespace, name, outcome.attempt)
     except stored_logs.StoredLogError as exc:
-        print(f"asyncgrpo logs: {exc}", file=sys.stderr)
+        print(f"asyncgrpo logs: {safe_text(str(exc))}", file=sys.stderr)
         return 1
     print(f"(attempt {attempt})", file=sys.stderr)
-    sys.stdout.buffer.write(text)
+    sys.stdout.buffer.write(TerminalFilter().feed(text, final=True))
     sys.stdout.flush()
     return 0
 

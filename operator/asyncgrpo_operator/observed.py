@@ -9,7 +9,7 @@ exception, because the objects are written by other controllers (KubeRay, the ku
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -191,6 +191,10 @@ class ClusterView:
     """spec.suspend of the RayCluster: set while the job is suspended or not admitted by Kueue."""
     suspend_complete: bool = False
     """KubeRay's RayClusterSuspended: every pod is gone and RayClusterProvisioned was reset."""
+    head_pod: str = ""
+    """KubeRay's status.head.podName: the head pod KubeRay created for it ("" while it reports
+    none). Written through the status subresource, which a job's author cannot write, unlike a
+    pod's labels and ownerReferences (`is_kuberay_head`)."""
 
     @classmethod
     def from_dict(cls, cluster: Mapping[str, Any]) -> ClusterView:
@@ -213,7 +217,33 @@ class ClusterView:
             ),
             suspended=bool((cluster.get("spec") or {}).get("suspend")),
             suspend_complete=(conditions.get("RayClusterSuspended") or {}).get("status") == "True",
+            head_pod=str((status.get("head") or {}).get("podName") or ""),
         )
+
+
+def kuberay_head_exit(pod: PodView, clusters: Iterable[ClusterView]) -> DriverExit | None:
+    """The driver exit a watch event shows, worth remembering only when `pod` is the head pod
+    KubeRay created for one of the job's `clusters` (`is_kuberay_head`)."""
+    exit_ = DriverExit.from_pod(pod)
+    if exit_ is None or not any(is_kuberay_head(pod, c) for c in clusters):
+        return None
+    return exit_
+
+
+def is_kuberay_head(pod: PodView, cluster: ClusterView) -> bool:
+    """`pod` is the head pod KubeRay created for `cluster`, the only pod whose driver's exit
+    decides the attempt and whose /progress is read. Anyone who may create pods in the namespace
+    can give one the head's labels and a controller ownerReference to the RayCluster (the API
+    server checks neither), and its driver container could "exit 0" to finish the job and get
+    the real cluster deleted; so the pod must also be the one KubeRay names in the cluster's
+    status, besides carrying KubeRay's labels for that cluster and its owner UID."""
+    return (
+        pod.is_head
+        and pod.owner_uid == cluster.uid
+        and pod.cluster == cluster.name
+        and bool(cluster.head_pod)
+        and pod.name == cluster.head_pod
+    )
 
 
 @dataclass(frozen=True)

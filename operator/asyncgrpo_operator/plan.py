@@ -126,6 +126,7 @@ from asyncgrpo_operator.observed import (
     ProgressMark,
     ProgressReading,
     WorkloadView,
+    is_kuberay_head,
     parse_time,
 )
 
@@ -1050,10 +1051,10 @@ def _attempt(ctx: _Ctx, draft: Draft, cluster: ClusterView) -> None:
 def _head_and_exit(
     observed: Observation, pods: list[PodView], cluster: ClusterView, admitted_at: datetime | None
 ) -> tuple[PodView | None, DriverExit | None]:
-    """The attempt's head pod (a live one first) and how its driver ended, if it has: read from the
-    pod, or remembered from a head pod that is gone. An exit from before Kueue's latest admission
-    is the preempted run's, not this one's."""
-    heads = sorted((p for p in pods if p.is_head), key=lambda p: p.deleting)
+    """The attempt's head pod (a live one first; only the one KubeRay created, `is_kuberay_head`)
+    and how its driver ended, if it has: read from the pod, or remembered from a head pod that is
+    gone. An exit from before Kueue's latest admission is the preempted run's, not this one's."""
+    heads = sorted((p for p in pods if is_kuberay_head(p, cluster)), key=lambda p: p.deleting)
     head = heads[0] if heads else None
     exit_ = DriverExit.from_pod(head) if head is not None else None
     remembered = observed.remembered_exit

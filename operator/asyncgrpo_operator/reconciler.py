@@ -51,6 +51,7 @@ from asyncgrpo_operator.observed import (
     PodView,
     ProgressMark,
     WorkloadView,
+    is_kuberay_head,
 )
 
 log = logging.getLogger(__name__)
@@ -226,9 +227,7 @@ class Reconciler:
         current = next((c for c in clusters if c.name == current_name and c.owner_uid == uid), None)
         head = None
         if current is not None:
-            head = next(
-                (p for p in pods if p.is_head and p.owner_uid == current.uid and not p.deleting), None
-            )
+            head = next((p for p in pods if is_kuberay_head(p, current) and not p.deleting), None)
         poll = self._poll(key, job, head, now) if job is not None else None
         kueue_view = await self._observe_kueue(namespace, uid, job) if job is not None else _KueueView()
         return Observation(

@@ -33,7 +33,7 @@ from asyncgrpo_operator.informer import Informer, Sink
 from asyncgrpo_operator.leader import LeaseElector, Timing
 from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.metrics_access import MetricsAccess
-from asyncgrpo_operator.observed import DriverExit, PodView
+from asyncgrpo_operator.observed import PodView, kuberay_head_exit
 from asyncgrpo_operator.reconciler import ConflictError, Reconciler
 
 log = logging.getLogger(__name__)
@@ -145,9 +145,10 @@ async def start(memo: Any) -> Runtime:
 
     def pod_seen(key: Key, pod: dict[str, Any]) -> None:
         """Remember a driver's exit: KubeRay deletes a head pod whose Ray container ended, and the
-        last state of a deleted pod is only in its watch event."""
+        last state of a deleted pod is only in its watch event. Only the exit of the head pod
+        KubeRay created for one of the job's RayClusters (`is_kuberay_head`), not of a look-alike."""
         if (pod["metadata"].get("labels") or {}).get(naming.RAY_NODE_TYPE_LABEL) == "head":
-            exit_ = DriverExit.from_pod(PodView.from_dict(pod))
+            exit_ = kuberay_head_exit(PodView.from_dict(pod), cache.clusters.of(key))
             if exit_ is not None:
                 reconciler.remember_exit(key, exit_)
 

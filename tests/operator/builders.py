@@ -75,7 +75,8 @@ def cluster(
     uid: str = "",
     owner_uid: str | None = JOB_UID,
 ) -> ClusterView:
-    """A RayCluster of the job's attempt; owned by the job unless `owner_uid` says otherwise."""
+    """A RayCluster of the job's attempt; owned by the job unless `owner_uid` says otherwise. Its
+    status names the head pod KubeRay created for it (`pod(..., head=True)`)."""
     name = naming.raycluster_name("demo", attempt)
     return ClusterView(
         name=name,
@@ -85,7 +86,12 @@ def cluster(
         deleting=deleting,
         created_at=at(created),
         provisioned=provisioned,
+        head_pod=head_pod_name(name),
     )
+
+
+def head_pod_name(cluster_name: str) -> str:
+    return f"{cluster_name}-head"
 
 
 def pod(owner: ClusterView, **fields: Any) -> PodView:
@@ -104,7 +110,10 @@ def raw_cluster(view: ClusterView) -> dict[str, Any]:
             "labels": {naming.JOB_NAME_LABEL: "demo", naming.ATTEMPT_LABEL: "0"},
             "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
         },
-        "status": {"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]},
+        "status": {
+            "conditions": [{"type": "RayClusterProvisioned", "status": "True"}],
+            "head": {"podName": view.head_pod},
+        },
     }
 
 
@@ -123,7 +132,7 @@ def raw_pod(
     deleting: bool = False,
 ) -> dict[str, Any]:
     """A pod of the job (namespace team) as the API returns it."""
-    name = f"{owner.name}-head" if head else f"{owner.name}-{group}-worker-{index}"
+    name = head_pod_name(owner.name) if head else f"{owner.name}-{group}-worker-{index}"
     containers = []
     ray_container = naming.RAY_HEAD_CONTAINER if head else naming.RAY_WORKER_CONTAINER
     ray_state: dict[str, Any] = (
@@ -147,6 +156,7 @@ def raw_pod(
             "labels": {
                 naming.RAY_NODE_TYPE_LABEL: "head" if head else "worker",
                 naming.RAY_GROUP_LABEL: "headgroup" if head else group,
+                naming.RAY_CLUSTER_LABEL: owner.name,
                 naming.JOB_NAME_LABEL: "demo",
             },
             "ownerReferences": [

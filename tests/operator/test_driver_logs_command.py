@@ -1,9 +1,17 @@
 """`asyncgrpo logs`: what it shows for a job in each state (the API calls are in tests/e2e/test_kueue.py,
 against a real API server; kwok's fake nodes serve no container logs, so streaming itself is not
-exercised there)."""
+exercised there), and that a streamed log reaches the terminal without its control sequences (from
+a local stand-in for the API server's three answers)."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 from asyncgrpo_operator.driverlog import Files, NoSuchAttempt, Stored, Stream, decide
@@ -95,3 +103,79 @@ def test_an_earlier_attempt_without_an_object_store_is_named_on_the_volume() -> 
 def test_an_attempt_the_job_has_not_reached_is_refused_with_the_attempts_it_has() -> None:
     outcome = decide(the_job(phase="Running", attempt=1), [], follow=False, attempt=3)
     assert outcome == NoSuchAttempt("job demo has no attempt 3: its attempts so far are 0 to 1")
+
+
+# --- what reaches the terminal ------------------------------------------------------------------
+
+HOSTILE_LOG = [
+    b"step 1 \x1b[31mreward\x1b[0m\t0.5\n",
+    b"\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;title\x1b\\",  # write the clipboard, set the window title
+    b"\x1b[2J\x1b[Hstep 2\r\x08\xc2\x9b6n caf\xc3",  # clear the screen, C1 CSI, a split character
+    b"\xa9 \x1b[3",  # a colour split between two chunks
+    b"1mdone\x1bc\n",  # ... and RIS, the terminal's reset
+]
+
+
+class _ApiServer(http.server.BaseHTTPRequestHandler):
+    """The three calls `asyncgrpo logs demo` makes, answered as the API server would for a job
+    whose driver runs; the log is `HOSTILE_LOG`, one chunk at a time."""
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        if path.endswith("/log"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            for chunk in HOSTILE_LOG:
+                self.wfile.write(chunk)
+                self.wfile.flush()
+            return
+        if path == "/apis/asyncgrpo.dev/v1alpha1/namespaces/team/asyncgrpojobs/demo":
+            answer: dict[str, Any] = {**the_job(phase="Running", rayClusterName="demo-0")}
+        elif path == "/api/v1/namespaces/team/pods":
+            answer = {"items": [head("demo-0-head", {"running": {}})]}
+        else:
+            self.send_error(404)
+            return
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the test reads what the command printed, not the server's access log."""
+
+
+def test_the_log_reaches_the_terminal_without_its_escape_sequences_and_control_characters(
+    tmp_path: Path,
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ApiServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "team"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}  # not in-cluster
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "asyncgrpo_cli.main", "logs", "demo"],
+            env={**env, "KUBECONFIG": str(kubeconfig)},
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode() == "step 1 reward\t0.5\nstep 26n café done\n"

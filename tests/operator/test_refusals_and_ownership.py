@@ -8,11 +8,19 @@ Like test_job_phase_transitions.py, each test feeds one decision's status into t
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import plan
-from asyncgrpo_operator.observed import CreateFailure, Observation
+from asyncgrpo_operator.observed import (
+    ClusterView,
+    CreateFailure,
+    DriverExit,
+    Observation,
+    PodView,
+    kuberay_head_exit,
+)
 from tests.operator.builders import (
     OWNER,
     at,
@@ -20,6 +28,8 @@ from tests.operator.builders import (
     healthy_pods,
     job,
     observe,
+    pod,
+    raw_pod,
     spec_configmap,
     terminated,
 )
@@ -373,3 +383,38 @@ def test_a_status_written_with_the_old_succeeded_condition_reads_as_complete() -
     assert again.status.phase == "Succeeded"
     assert condition(again, "Complete").status == "True" and again.condition("Succeeded") is None
     assert again.events == ()
+
+
+# --- a look-alike head pod ------------------------------------------------------------------------
+
+
+def forged_head(rc: ClusterView, driver: dict[str, Any]) -> PodView:
+    """A pod anyone who may create pods in the namespace can make: KubeRay's head labels for the
+    cluster and a controller ownerReference to it (the API server checks neither), but a name of
+    its own, which KubeRay's status does not report."""
+    raw = raw_pod(rc, head=True, driver=driver)
+    raw["metadata"]["name"] = f"{rc.name}-head-forged"
+    return PodView.from_dict(raw)
+
+
+def test_a_forged_head_pod_whose_driver_exits_0_neither_completes_the_job_nor_deletes_its_cluster() -> None:
+    rc = cluster(0, provisioned=True)
+    forged = forged_head(rc, terminated(0))
+    assert (forged.node_type, forged.cluster, forged.owner_uid) == ("head", rc.name, rc.uid)
+    before = running()
+
+    # Listed first (the cache's order is the API server's, which the forger may win).
+    beside = step(job(), before.status, observe(60, rc, pods=(forged, *healthy_pods(rc))))
+    assert (beside.status.phase, beside.status.head_pod) == ("Running", "demo-0-head")
+    assert actions_of(beside, plan.DeleteRayCluster) == []
+
+    # Alone (the real head gone), it is no head at all: the attempt's head is lost, not finished.
+    alone = step(job(), before.status, observe(60, rc, pods=(forged, *healthy_pods(rc)[1:])))
+    assert alone.status.phase != "Succeeded" and alone.status.reason == "HeadPodLost"
+    assert alone.status.head_pod != forged.name
+
+    # Its exit is not remembered from the watch either; the real head's is.
+    assert kuberay_head_exit(forged, [rc]) is None
+    real = pod(rc, head=True, driver=terminated(0))
+    assert kuberay_head_exit(real, [rc]) == DriverExit.from_pod(real)
+    assert kuberay_head_exit(real, [replace(rc, head_pod="")]) is None  # before KubeRay names it

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from asyncgrpo_trainer import checkpoint, progress
+from asyncgrpo_trainer import checkpoint, driver, progress
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy
+from asyncgrpo_trainer.buffer import GroupRecord, ReplayBuffer
+from asyncgrpo_trainer.envs.base import Example
 from tests.skip_policy import requires_cuda
 from tests.trainer.test_grpo_math import BUILD, _rows
 
@@ -172,6 +174,58 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_and_the_other_way_round(
     _step(back, rows)
     assert back.steps_taken == 3
     assert all(torch.isfinite(v).all() for v in back.model.state_dict().values())
+
+
+class _WritesAMarker:
+    """What a tool call or the job's code could leave in `state.pt`: unpickling it calls `open`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_state_file_holding_a_pickled_object_is_refused_at_resume_and_nothing_of_it_runs(
+    tmp_path: Path,
+) -> None:
+    root, marker = tmp_path / "ckpt", tmp_path / "marker"
+    final = _controller_only(root, 1, {"step": 1}, keep_last=1)
+    torch.save({"step": 1, "buffer": _WritesAMarker(marker)}, final / checkpoint.STATE_FILE)
+    with pytest.raises(
+        checkpoint.UnsafeCheckpointError, match=f"refusing to resume from {final / 'state.pt'}"
+    ):
+        driver.resume_state(str(root))
+    assert not marker.exists()
+
+
+def test_the_controllers_whole_state_resumes_through_the_plain_data_load(tmp_path: Path) -> None:
+    """Everything `controller._checkpoint` stores (a buffer with a scored group and one in flight,
+    chat prompts, the queue, the loader, the counters) loads back as it was saved."""
+    buffer = ReplayBuffer()
+    chat = Example("2+2?", "4", chat=(("user", "2+2?"),), row={"prompt": "2+2?", "answer": "4", "id": 7})
+    done = buffer.reserve(chat, start_version=0, target_step=1)
+    record = GroupRecord([1, 2], [[3, 4]], [[-0.5, -0.25]], [1.0], [True], [True], 0, 1, tool_outcomes=["ok"])
+    buffer.commit(done, record, end_version=1)
+    buffer.reserve(Example("1+1?", "2"), start_version=1, target_step=None)
+    state = {
+        "step": 3,
+        "batch_index": 4,
+        "buffer": buffer.state_dict(),
+        "pending": [({"prompt": "3+3?", "answer": "6", "chat": (), "row": {"prompt": "3+3?"}}, 2)],
+        "loader": {"epoch": 1, "position": 5},
+        "counters": {"groups_committed": 9.0, "reward_failures": 0.0},
+        "validation_reward": 0.5,
+        "validation_accuracy": None,
+    }
+    _controller_only(tmp_path, 3, state, keep_last=1)
+    resumed = driver.resume_state(str(tmp_path))
+    assert resumed is not None and resumed[1] == checkpoint.step_dir(tmp_path, 3)
+    assert checkpoint.load(tmp_path, 3) == state
+    restored = ReplayBuffer.from_state_dict(resumed[0].buffer)
+    assert [(s.example, s.record) for s in restored.ordered()] == [
+        (s.example, s.record) for s in buffer.ordered()
+    ]
 
 
 def test_no_checkpoint_directory_means_no_resume(tmp_path: Path) -> None:

@@ -5,7 +5,12 @@ call still computes (`sandbox`, `envs.calculator`)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +72,99 @@ def test_a_tool_call_sees_no_network_interface_but_a_loopback() -> None:
     assert report.network == "namespace", report
     interfaces = [line.split(":")[0].strip() for line in report.output.splitlines()[2:]]
     assert interfaces == ["lo"]
+
+
+NOBODY = 65534
+AS_NOBODY = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups"]
+_CALLS_AS_NOBODY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import sandbox
+limits = sandbox.Limits(cpu_seconds=1, wall_seconds=4.0, memory_bytes=256 * 2**20)
+print(json.dumps([sandbox.run(code, limits).__dict__ for code in json.loads(sys.argv[2])]))
+"""
+
+
+_RUNS_ITSELF = (
+    "import subprocess, sys; assert sys.version_info >= (3, 11); "
+    "subprocess.run([sys.executable, '-I', '-S', '-c', 'pass'], check=True)"
+)
+
+
+def _interpreter_for(user: list[str]) -> str | None:
+    """A Python of 3.11 or later that `user` may run and that may start itself again (as the
+    sandbox does): this one unless it lies where only root reads (a pyenv under /root, as on the
+    CI machine), else the system's."""
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        real = os.path.realpath(candidate)
+        check = [*user, real, "-I", "-c", _RUNS_ITSELF]
+        if (
+            os.path.isfile(real)
+            and subprocess.run(check, capture_output=True, timeout=60, check=False).returncode == 0
+        ):
+            return real
+    return None
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="the kernel has no Landlock")
+def test_a_non_root_tool_call_cannot_write_the_checkpoints_its_own_user_owns() -> None:
+    """As the trainer image runs (uid 1000, not root, so no switch to `nobody`): the checkpoint
+    directory belongs to the very user the call runs as, and only Landlock keeps the call out."""
+    user = AS_NOBODY if os.geteuid() == 0 else []
+    python = _interpreter_for(user)
+    if python is None:
+        pytest.skip("no Python 3.11 that a non-root user may run")
+    base = Path(tempfile.mkdtemp(prefix="asyncgrpo-sandbox-"))  # not pytest's: only root enters that
+    try:
+        os.chmod(base, 0o755)
+        lib, home, step = base / "lib", base / "home", base / "ckpt" / "step-00000001"
+        lib.mkdir()
+        shutil.copy(sandbox.__file__, lib / "sandbox.py")  # the module alone: the standard library only
+        home.mkdir()
+        step.mkdir(parents=True)
+        state = step / "state.pt"
+        state.write_bytes(b"the controller's state")
+        if user:
+            for path in (home, base / "ckpt", step, state):
+                os.chown(path, NOBODY, NOBODY)
+        calls = [
+            f"open({str(state)!r}, 'wb').write(b'payload')",
+            f"open({str(step / 'policy.pt')!r}, 'x').write('payload')",
+            f"__import__('os').remove({str(state)!r})",
+            "open('scratch', 'w').write('kept'); print(open('scratch').read())",
+        ]
+        done = subprocess.run(
+            [*user, python, "-I", "-c", _CALLS_AS_NOBODY, str(lib), json.dumps(calls)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={"TMPDIR": str(home), "PATH": os.environ.get("PATH", "")},
+            cwd=home,
+        )
+        assert done.returncode == 0, done.stderr
+        *outside, own = json.loads(done.stdout)
+        assert state.read_bytes() == b"the controller's state"
+        assert sorted(p.name for p in step.iterdir()) == ["state.pt"]
+        assert [(r["outcome"], r["filesystem"]) for r in outside] == [("error", "landlock")] * 3, outside
+        assert all("Permission denied" in r["output"] for r in outside), outside
+        assert (own["outcome"], own["output"]) == ("ok", "kept")  # its own directory stays writable
+    finally:
+        shutil.rmtree(base)
+
+
+def test_without_landlock_no_call_runs_unless_the_job_opts_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "landlock_abi", lambda: 0)  # the kernel's answer on one without it
+    with pytest.raises(
+        sandbox.SandboxUnavailableError, match=r"no Landlock.*FILESYSTEM=unisolated in spec\.env"
+    ):
+        sandbox.run("6*7", LIMITS)
+    monkeypatch.setenv(sandbox.FILESYSTEM_ENV, "off")
+    with pytest.raises(sandbox.SandboxUnavailableError, match="the only value it takes is 'unisolated'"):
+        sandbox.run("6*7", LIMITS)
+    monkeypatch.setenv(sandbox.FILESYSTEM_ENV, "unisolated")
+    report = sandbox.run("6*7", LIMITS)
+    assert (report.output, report.filesystem) == ("42", "unisolated")
 
 
 def test_the_calculator_answers_a_tool_call_with_its_value_and_a_failed_one_with_a_mark() -> None:

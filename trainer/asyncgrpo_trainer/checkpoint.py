@@ -18,15 +18,20 @@ head's memory, but the job goes on, as the admission warning about such storage 
 
 `state.pt` holds the controller's part: its clocks (trainer version, dispatch batch index), the
 loader position, the replay buffer (ready groups with their data, in-flight groups as prompts to
-re-dispatch) and the run metrics needed to continue the progress report. On resume each policy
-worker reads its own file(s) from the step directory (`read`, onto the CPU, so a checkpoint
-written on GPUs loads on CPUs and the other way round).
+re-dispatch) and the run metrics needed to continue the progress report, all as plain data (dicts,
+lists, tuples, str, numbers, None), never as pickled objects. Every checkpoint file is loaded with
+`torch.load(weights_only=True)`, which builds only such data and tensors: the checkpoint directory
+lies on a volume the job's own pods write, where a tool call or any code of the job could replace a
+file, and a full unpickle of it on resume would run whatever that file asks (`load` refuses it).
+On resume each policy worker reads its own file(s) from the step directory (`read`, onto the CPU,
+so a checkpoint written on GPUs loads on CPUs and the other way round).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import uuid
 from pathlib import Path
@@ -165,9 +170,23 @@ def latest(root: str | Path) -> int | None:
     return steps[-1] if steps else None
 
 
+class UnsafeCheckpointError(Exception):
+    """A checkpoint file holds more than plain data and tensors: it is not loaded."""
+
+
 def load(root: str | Path, step: int) -> dict[str, Any]:
-    """The controller's payload of the checkpoint of `step` (the policy files stay for the workers)."""
-    payload: dict[str, Any] = torch.load(step_dir(Path(root), step) / STATE_FILE, weights_only=False)
+    """The controller's payload of the checkpoint of `step` (the policy files stay for the workers).
+    Plain data only (module docstring): a file that asks the unpickler for anything else, such as
+    a callable to run, raises `UnsafeCheckpointError` naming it, and nothing of it runs."""
+    path = step_dir(Path(root), step) / STATE_FILE
+    try:
+        payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UnsafeCheckpointError(
+            f"refusing to resume from {path}: it holds more than plain data and tensors, so it was not "
+            f"written by the trainer (a job's code or a tool call may have replaced it); delete that "
+            f"checkpoint directory to resume from the one before. {str(exc).splitlines()[0]}"
+        ) from exc
     return payload
 
 
