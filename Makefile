@@ -71,9 +71,9 @@ generated: venv
 	$(PY) -m asyncgrpo_api.apidoc --check
 
 # The checks, then the suite as two pytest processes side by side (tests/halves.py says why): the
-# control plane's half builds what its tests start (the control plane, Kueue, the real node,
-# SeaweedFS; a no-op when cached) before its tests, while the trainer's half, which needs none of
-# it, runs at once. Each phase's time is printed (`=== time: ...`), and .ci/run repeats them last.
+# control plane's half builds the control plane (a no-op when cached) before its tests, Kueue, the
+# real node and SeaweedFS build beside them, and the trainer's half, which needs none of it, runs
+# at once. Each phase's time is printed (`=== time: ...`), and .ci/run repeats them last.
 test: venv
 	@start=$$(date +%s) && $(MAKE) --no-print-directory lint typecheck generated && \
 		echo "=== time: checks (ruff, mypy, import contracts, generated files) $$(( $$(date +%s) - start )) s ==="

@@ -92,7 +92,19 @@ def run_seed(
         "samples_at_validation": [r["samples_trained"] for r in validations],
         "reward_every_10": [round(r["reward_mean"], 2) for r in step_lines[::10]],
         "zero_advantage_every_10": [round(r["zero_advantage_groups"], 2) for r in step_lines[::10]],
+        **{f"step_mean_{key}": _mean(step_lines, key) for key in OFF_POLICY_FIGURES},
     }
+
+
+OFF_POLICY_FIGURES = ("behaviour_kl", "is_out_of_bounds", "mean_staleness", "mean_oldest_staleness")
+"""How far off-policy a run's training data was, per step (issue 46): KL(pi_generation || pi_old)
+over the trained tokens, the share of tokens whose importance weight was truncated, and the data's
+age in versions by the dispatch stamp and by the oldest weights that shaped it."""
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in records if r.get(key) is not None]
+    return round(sum(values) / len(values), 4) if values else None
 
 
 def main() -> None:
