@@ -200,7 +200,9 @@ def _convert(node: Schema, defs: dict[str, Schema], *, with_defaults: bool) -> S
     """Rewrite one JSON-schema node into its structural OpenAPI v3 form."""
     node = dict(node)
     if node.get(OPAQUE):
-        return _ordered({"description": node.get("description", ""), "type": "object", OPAQUE: True})
+        # Free-form content (checked by the webhook): the CRD bounds at least its top-level keys.
+        bound = {"maxProperties": node["maxProperties"]} if "maxProperties" in node else {}
+        return _ordered({"description": node.get("description", ""), "type": "object", OPAQUE: True, **bound})
     if "$ref" in node:
         target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
         node = {**target, **node}

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.job import MAX_PROGRESS_INT
 from asyncgrpo_operator import naming
-from asyncgrpo_operator.workload import Flavor, Priority
+from asyncgrpo_operator.workload import Flavor, PodSetShape, Priority, quota_shapes
 
 ContainerPhase = Literal["waiting", "running", "terminated", "unknown"]
 
@@ -388,6 +388,9 @@ class WorkloadView:
     pods_ready: bool | None = None
     digest: str = ""
     """The pod-set digest annotation it was written with (workload.DIGEST_ANNOTATION)."""
+    shapes: tuple[PodSetShape, ...] = ()
+    """Its pod sets as Kueue counts them (workload.quota_shapes of spec.podSets): what an admitted
+    job may run."""
     assignments: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Pod set name -> the ResourceFlavors Kueue assigned it (status.admission)."""
     conditions: tuple[Mapping[str, Any], ...] = ()
@@ -456,6 +459,9 @@ class WorkloadView:
             finished=true("Finished") is not None,
             pods_ready=None if ready is None else ready.get("status") == "True",
             digest=str((meta.get("annotations") or {}).get(WORKLOAD_DIGEST_ANNOTATION, "")),
+            shapes=quota_shapes(
+                [p for p in (workload.get("spec") or {}).get("podSets") or [] if isinstance(p, Mapping)]
+            ),
             assignments=assignments,
             conditions=raw,
             accumulated_seconds=_count(status.get("accumulatedPastExecutionTimeSeconds")) or 0,

@@ -208,7 +208,11 @@ def plan_dispatched(
         draft.events.append(Event("Warning", *problem))
         draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
     else:
-        current = _own_workload(ctx, draft)
+        current = observed.workload
+        if owner is not None:
+            # What runs is the worker's copy, which its own operator compares with the prebuilt
+            # Workload on every pass (`_prebuilt_usable`): an admitted mismatch here costs nothing.
+            _own_workload(ctx, draft, current)
         if current is not None and current.evicted and current.quota_reserved and not _runs_on_worker(stored):
             _release(
                 draft,
@@ -502,35 +506,42 @@ def _kueue(ctx: _Ctx, draft: Draft) -> None:
         draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
         return
     current = observed.workload
+    outgrown: list[str] = []
     if job.prebuilt_workload_name is not None:
         if not _prebuilt_usable(ctx, draft, current):
             return
-    elif _own_workload(ctx, draft) is None and owner is not None:
-        name = workload.workload_name(job.metadata.name, owner.uid)
-        _hold(
-            ctx,
-            draft,
-            None,
-            "WaitingForKueue",
-            f"Workload {name} created in LocalQueue {queue}; waiting for Kueue",
-        )
-        return
+    elif owner is not None:
+        outgrown = _own_workload(ctx, draft, current)
+        if current is None:
+            name = workload.workload_name(job.metadata.name, owner.uid)
+            _hold(
+                ctx,
+                draft,
+                None,
+                "WaitingForKueue",
+                f"Workload {name} created in LocalQueue {queue}; waiting for Kueue",
+            )
+            return
     if current is not None:
         draft.set_field("workload_name", current.name)
     if current is None or not current.admitted:
         _hold(ctx, draft, current, *_kueue_reason(current, queue))
         return
+    if outgrown:
+        _no_matching_workload(ctx, draft, current, "; ".join(outgrown))
+        return
     _admitted(ctx, draft, current)
 
 
-def _own_workload(ctx: _Ctx, draft: Draft) -> WorkloadView | None:
-    """The job's own Workload, created when there is none (then None) and kept in step with the
-    spec: rewritten while Kueue holds no quota for it, deleted (and so made anew) when Kueue
-    reserved quota for an older shape that has not started."""
+def _own_workload(ctx: _Ctx, draft: Draft, current: WorkloadView | None) -> list[str]:
+    """Keep the job's own Workload in step with the spec: create it when there is none, rewrite it
+    while Kueue holds no quota for it, delete it (and so make it anew) when Kueue reserved quota
+    for an older shape that has not started. Returns how an admitted Workload's pod sets differ
+    from those the job would run now (empty while they match): compared on every pass, admitted
+    or not, since the webhook lets spec.cluster change while the job is suspended, which it still
+    is right after admission, and a bypassed webhook lets it change at any time."""
     job, observed, owner = ctx.job, ctx.observed, ctx.owner
-    current = observed.workload
-    if owner is None:
-        return current
+    assert owner is not None
     queue = job.kueue_queue_name
     desired = workload.manifest(
         job, owner, manifests.ray_cluster(job, draft.attempt, owner, observed.runtime), observed.priority
@@ -544,9 +555,11 @@ def _own_workload(ctx: _Ctx, draft: Draft) -> WorkloadView | None:
                 f"creating Workload {desired['metadata']['name']} in LocalQueue {queue}",
             ),
         )
-        return None
+        return []
+    if current.admitted:
+        return workload.shape_changes(workload.quota_shapes(desired["spec"]["podSets"]), current.shapes)
     wanted = desired["metadata"]["annotations"][workload.DIGEST_ANNOTATION]
-    if current.digest != wanted and not current.admitted:
+    if current.digest != wanted:
         if not current.quota_reserved:
             draft.act(UpdateWorkload(current.name, current.resource_version, workload.spec_update(desired)))
         elif not current.evicted:  # reserved for the old shape, not started: ask for the new one
@@ -555,7 +568,31 @@ def _own_workload(ctx: _Ctx, draft: Draft) -> WorkloadView | None:
                 DeleteWorkload(current.name, current.uid, why),
                 Event("Normal", "DeletedWorkload", f"deleting Workload {current.name}: {why}"),
             )
-    return current
+    return []
+
+
+NO_MATCHING_WORKLOAD = "NoMatchingWorkload"
+"""Kueue's jobframework's stop reason for a job its admitted Workload no longer stands for."""
+
+
+def _no_matching_workload(ctx: _Ctx, draft: Draft, current: WorkloadView, changes: str) -> None:
+    """The job asks for other pods than Kueue admitted (its pools resized after admission): as
+    Kueue's jobframework does (StopReasonNoMatchingWorkload), the job stops, suspended in place like
+    an eviction, and its Workload is deleted once no pod of it is left (until then the running pods
+    hold the quota Kueue counted); the next pass creates the Workload for what the job asks now,
+    which Kueue queues and counts anew. Running on the old admission would use quota nobody
+    granted: 4x the GPUs Kueue counted after a generationWorkers.replicas patch."""
+    message = (
+        f"the job no longer matches Workload {current.name}, which Kueue admitted ({changes}); "
+        "it is stopped and queued again with a new Workload"
+    )
+    _hold(ctx, draft, current, NO_MATCHING_WORKLOAD, message)
+    if _stopped(ctx):
+        why = "the job no longer matches what Kueue admitted"
+        draft.act(
+            DeleteWorkload(current.name, current.uid, why),
+            Event("Normal", "DeletedWorkload", f"deleting Workload {current.name}: {why} ({changes})"),
+        )
 
 
 PREBUILT_OUT_OF_SYNC = "PrebuiltWorkloadOutOfSync"
@@ -640,20 +677,16 @@ def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, me
     """The job is not admitted (not yet, or evicted): suspended, its RayCluster suspended in place
     (KubeRay deletes the pods), Queued with Kueue's reason; an evicted Workload's quota is given back
     once no pod of the job is left (Kueue's contract: quota is freed only when the job stopped)."""
-    job, observed = ctx.job, ctx.observed
+    job = ctx.job
+    owned = _owned(ctx)
+    # The cluster first: its suspend is what frees the GPUs a preemptor waits for, and the job's
+    # own write may fail (a conflict, an object the API server refuses) and end the pass.
+    _suspend_clusters(draft, owned, naming.raycluster_name(job.metadata.name, draft.attempt), reason)
     if not job.spec.suspend:
         draft.act(SetJobSuspend(True, f"Kueue has not admitted the job ({reason})"))
-    owned = _owned(ctx)
-    _suspend_clusters(draft, owned, naming.raycluster_name(job.metadata.name, draft.attempt), reason)
     uids = {c.uid for c in owned}
-    live = [p for p in observed.pods if p.owner_uid in uids]
-    if (
-        current is not None
-        and current.evicted
-        and current.quota_reserved
-        and not live
-        and not any(not c.suspended for c in owned)
-    ):
+    live = any(p.owner_uid in uids for p in ctx.observed.pods)
+    if current is not None and current.evicted and current.quota_reserved and _stopped(ctx):
         _release(
             draft,
             current,
@@ -675,6 +708,14 @@ def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, me
         draft.set(STALLED, False, reason, "the job is queued")
     draft.set_field("attempt_start_time", None)
     draft.requeue(DELETION_RECHECK_SECONDS if live else KUEUE_RECHECK_SECONDS)
+
+
+def _stopped(ctx: _Ctx) -> bool:
+    """Whether no pod of the job is left and each of its RayClusters is suspended: Kueue's
+    condition for the quota a job held to be given back."""
+    owned = _owned(ctx)
+    uids = {c.uid for c in owned}
+    return all(c.suspended for c in owned) and not any(p.owner_uid in uids for p in ctx.observed.pods)
 
 
 def _release(draft: Draft, current: WorkloadView, why: str) -> None:

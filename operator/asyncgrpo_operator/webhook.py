@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from asyncgrpo_api import runtime_rules
@@ -409,6 +410,26 @@ class WebhookConfig:
         return self.cert_dir / "tls.key"
 
 
+API_SERVER_MAX_REQUEST_BYTES = 3 * 1024 * 1024
+"""The largest request body the API server accepts (apiserver's MaxRequestBodyBytes, 3 MiB; etcd
+then refuses an object over its own 1.5 MiB --max-request-bytes)."""
+MAX_REVIEW_BYTES = 2 * API_SERVER_MAX_REQUEST_BYTES + 64 * 1024
+"""The largest AdmissionReview the webhook reads: an UPDATE's carries the object twice (object and
+oldObject), each up to the API server's limit, and an envelope (the user's name, groups, extra).
+aiohttp's default, 1 MiB, answered 413 for an update of a job over about 512 KiB, and so refused
+the operator's own suspend patch: a preempted job's cluster never stopped. Anything larger
+cannot come from the API server and is refused unread."""
+
+
+class _WebhookServer(kopf.WebhookServer):
+    """kopf's server, reading request bodies up to MAX_REVIEW_BYTES (kopf builds its aiohttp
+    application with the 1 MiB default and has no setting for it)."""
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return await kopf.WebhookServer._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
+
+
 class WebhookConfigError(RuntimeError):
     """The webhook cannot be served as configured (e.g. no certificate files)."""
 
@@ -439,7 +460,7 @@ def build_server(config: WebhookConfig) -> kopf.WebhookServer:
             f"kubernetes.io/tls Secret at {config.cert_dir} (the chart does), point "
             f"ASYNCGRPO_WEBHOOK_CERT_DIR elsewhere, or set ASYNCGRPO_WEBHOOK_SELF_SIGNED=1 for local runs"
         )
-    return kopf.WebhookServer(
+    return _WebhookServer(
         addr=config.addr,
         port=config.port,
         certfile=str(config.certfile),

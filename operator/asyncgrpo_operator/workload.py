@@ -32,8 +32,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
+from asyncgrpo_api import quantity
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
 from asyncgrpo_operator import naming
@@ -88,6 +90,72 @@ def pod_sets(cluster: Manifest) -> list[Manifest]:
 def digest(sets: Sequence[Mapping[str, Any]], queue: str, priority: Priority | None) -> str:
     payload = {"podSets": sets, "queue": queue, "priority": _priority_spec(priority)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+Amounts = tuple[tuple[str, "Decimal | str"], ...]
+PodSetShape = tuple[str, int, tuple[tuple[str, Amounts, Amounts], ...], Amounts]
+"""What Kueue counts of one pod set: its name, its pod count, each container's (init containers
+first) requests and limits, and the pod's overhead; quantities as values."""
+
+
+def quota_shapes(sets: Sequence[Mapping[str, Any]]) -> tuple[PodSetShape, ...]:
+    """The pod sets as Kueue counts them, to tell whether an admitted Workload still covers a job.
+
+    Only what quota is computed from, as Kueue's jobframework compares an admitted Workload with its
+    job (equality.ComparePodSetSlices): a retry's new attempt label or env, or a flavor's node
+    labels, change no quota and must not requeue a running job. Quantities compare by value: the API
+    server stores the Workload's in canonical form ("2048Mi" reads back as "2Gi")."""
+    shapes: list[PodSetShape] = []
+    for pod_set in sets:
+        spec = (pod_set.get("template") or {}).get("spec") or {}
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        shapes.append(
+            (
+                str(pod_set.get("name", "")),
+                int(pod_set.get("count", 1)),  # Kueue's default; its CRD makes it an integer
+                tuple(
+                    (
+                        str(c.get("name", "")),
+                        _amounts((c.get("resources") or {}).get("requests")),
+                        _amounts((c.get("resources") or {}).get("limits")),
+                    )
+                    for c in containers
+                    if isinstance(c, Mapping)
+                ),
+                _amounts(spec.get("overhead")),
+            )
+        )
+    return tuple(shapes)
+
+
+def shape_changes(wanted: Sequence[PodSetShape], counted: Sequence[PodSetShape]) -> list[str]:
+    """How the pod sets a job would run differ from those Kueue counted, one phrase per pod set."""
+    have = {shape[0]: shape for shape in counted}
+    changes = []
+    for shape in wanted:
+        old = have.pop(shape[0], None)
+        if old is None:
+            changes.append(f"pod set {shape[0]} is new")
+        elif old[1] != shape[1]:
+            changes.append(f"pod set {shape[0]} has {shape[1]} pods, Kueue admitted {old[1]}")
+        elif old != shape:
+            changes.append(f"pod set {shape[0]} asks for other resources than Kueue admitted")
+    changes.extend(f"pod set {name} is gone" for name in have)
+    return changes
+
+
+def _amounts(values: Any) -> Amounts:
+    if not isinstance(values, Mapping):
+        return ()
+    return tuple(sorted((str(k), _value(v)) for k, v in values.items()))
+
+
+def _value(raw: Any) -> Decimal | str:
+    """A quantity's value; its text when it is none (it then compares as written)."""
+    try:
+        return quantity.parse(str(raw))
+    except ValueError:
+        return str(raw)
 
 
 def manifest(
@@ -284,7 +352,9 @@ __all__ = [
     "inject_flavors",
     "manifest",
     "pod_sets",
+    "quota_shapes",
     "released",
+    "shape_changes",
     "spec_update",
     "with_condition",
     "workload_name",

@@ -266,7 +266,11 @@ def test_webhook_configuration_is_deliberate(default_objects: Objects) -> None:
     ]
     assert entry["namespaceSelector"] == {} and entry["objectSelector"] == {}
     expressions = {c["name"]: c["expression"] for c in entry["matchConditions"]}
+    operator = (
+        f"system:serviceaccount:asyncgrpo-system:{one(default_objects, 'ServiceAccount')['metadata']['name']}"
+    )
     assert expressions == {
+        "not-the-operator": f"request.userInfo.username != '{operator}'",
         "not-being-deleted": "!has(object.metadata.deletionTimestamp)",
         "spec-or-queue-changed": (
             "request.operation != 'UPDATE' || object.spec != oldObject.spec || "
@@ -277,6 +281,20 @@ def test_webhook_configuration_is_deliberate(default_objects: Objects) -> None:
             "oldObject.metadata.labels[k] : ''))"
         ),
     }
+
+
+def test_the_operators_own_writes_never_reach_the_webhook(default_objects: Objects) -> None:
+    """Suspending a job Kueue evicted must not depend on the webhook's answer (a 413 for a large
+    job kept a preempted job running): the operator's ServiceAccount is matched out, and a user's
+    update of the same job is still judged."""
+    (condition,) = [
+        c for c in webhook_entry(default_objects)["matchConditions"] if c["name"] == "not-the-operator"
+    ]
+    sa = one(default_objects, "ServiceAccount")["metadata"]
+    operator = f"system:serviceaccount:{sa['namespace']}:{sa['name']}"
+    for username, judged in ((operator, False), ("alice", True), (f"{operator}-lookalike", True)):
+        request = {"userInfo": {"username": username}, "operation": "UPDATE"}
+        assert bool(cel(condition["expression"], request=request)) is judged, username
 
 
 def test_webhook_calls_the_service_on_the_kopf_handler_path(default_objects: Objects) -> None:

@@ -454,3 +454,92 @@ def test_a_pods_ready_timeout_suspends_in_place_and_leaves_the_requeue_to_kueues
     requeued = step(gone.status, seen(57, held, workload=backed_off), kueue_job(suspend=True))
     assert (requeued.status.phase, requeued.status.reason) == ("Queued", "Requeued")
     assert requeued.status.restarts == 0 and requeued.status.attempt == 0
+
+
+def resized(suspend: bool, generation_replicas: int = 4) -> AsyncGRPOJob:
+    """The job with generationWorkers.replicas changed (Kueue admitted one replica)."""
+    pools = BASE_JOB["spec"]["cluster"]
+    return kueue_job(
+        suspend=suspend,
+        cluster={
+            **pools,
+            "generationWorkers": {**pools["generationWorkers"], "replicas": generation_replicas},
+        },
+    )
+
+
+def test_a_job_resized_right_after_admission_stays_suspended_and_gets_a_new_workload() -> None:
+    """Kueue admitted one generation replica; before the operator unsuspended the job (the webhook
+    lets spec.cluster change while it is suspended) its replicas became 4. The admitted Workload no
+    longer counts what the job would run: the job stays suspended, creates no cluster, and, no pod
+    of it running, its Workload is deleted; the next pass asks Kueue for the new shape."""
+    first = step(None, seen(0, workload=wl(PENDING)))
+    bigger = resized(suspend=True)
+    held = step(first.status, seen(10, workload=admitted_at(10), the_job=bigger), bigger)
+    assert (held.status.phase, held.status.reason) == ("Queued", "NoMatchingWorkload")
+    assert "generation" in (held.status.message or "")
+    assert not actions(held, plan.CreateRayCluster)
+    assert not [a for a in actions(held, plan.SetJobSuspend) if not a.suspend]
+    (delete,) = actions(held, plan.DeleteWorkload)
+    assert (delete.name, delete.uid) == (admitted_at(10).name, "wl-uid")
+
+    anew = step(held.status, seen(12, workload=None, the_job=bigger), bigger)
+    (create,) = actions(anew, plan.CreateWorkload)
+    assert [s["count"] for s in create.manifest["spec"]["podSets"]] == [1, 1, 4]
+    assert anew.status.phase == "Queued"
+
+
+def test_a_running_job_that_outgrows_its_admitted_workload_stops_before_the_workload_goes() -> None:
+    """A running job's pools grew (the webhook bypassed or raced): it is stopped in place like an
+    eviction, and its Workload, whose quota Kueue still counts for the running pods, is deleted only
+    once they are gone (Kueue's NoMatchingWorkload), never while they still hold the GPUs."""
+    running, live = admitted_and_running(since=10)
+    bigger = resized(suspend=False)
+    stopping = step(running.status, seen(60, live, pods=healthy_pods(live), workload=admitted_at(10)), bigger)
+    assert (stopping.status.phase, stopping.status.reason) == ("Queued", "NoMatchingWorkload")
+    assert [a.suspend for a in actions(stopping, plan.SetJobSuspend)] == [True]
+    assert [(a.name, a.suspend) for a in actions(stopping, plan.SetRayClusterSpec)] == [(live.name, True)]
+    assert not actions(stopping, plan.DeleteWorkload)  # the pods still run on the admitted quota
+
+    stopped = replace(live, suspended=True, suspend_complete=True, provisioned=False)
+    gone = step(stopping.status, seen(70, stopped, workload=admitted_at(10)), resized(suspend=True))
+    assert [a.name for a in actions(gone, plan.DeleteWorkload)] == [admitted_at(10).name]
+    assert not actions(gone, plan.SetRayClusterSpec) and gone.status.restarts == 0
+
+
+def test_an_admitted_workload_in_the_api_servers_canonical_quantities_still_matches() -> None:
+    """The API server stores the Workload's quantities in canonical form ("2048Mi" reads back as
+    "2Gi", "1000m" as "1"): the comparison is by value, so an unchanged job is never taken for a
+    resized one."""
+    head = {"resources": {"requests": {"cpu": "1000m", "memory": "2048Mi"}}}
+    the_job = kueue_job(cluster={**BASE_JOB["spec"]["cluster"], "head": head})
+    raw = workload.manifest(the_job, OWNER, plan.manifests.ray_cluster(the_job, 0, OWNER), None)
+    requests = raw["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests == {"cpu": "1000m", "memory": "2048Mi"}
+    requests.update(cpu="1", memory="2Gi")
+    stored = WorkloadView.from_dict(
+        {
+            **raw,
+            "metadata": {**raw["metadata"], "uid": "wl-uid"},
+            "status": {"conditions": list(admitted_at(10).conditions)},
+        }
+    )
+    first = step(None, seen(0, workload=wl(PENDING, the_job=the_job), the_job=the_job), the_job)
+    suspended = kueue_job(suspend=True, cluster={**BASE_JOB["spec"]["cluster"], "head": head})
+    start = step(first.status, seen(10, workload=stored, the_job=suspended), suspended)
+    assert actions(start, plan.CreateRayCluster) and not actions(start, plan.DeleteWorkload)
+
+
+def test_an_eviction_suspends_the_cluster_before_the_job() -> None:
+    """The RayCluster's suspend is what frees the preemptor's GPUs; the job's own write can fail
+    (a job too big for the webhook, a conflict) and must not keep the cluster running."""
+    running, live = admitted_and_running(since=10)
+    evicted = wl(
+        condition("QuotaReserved", "True", since=10),
+        condition("Admitted", "True", since=10),
+        condition("Evicted", "True", "Preempted", "Preempted", since=100),
+        admitted=True,
+    )
+    stopping = step(running.status, seen(100, live, pods=healthy_pods(live), workload=evicted))
+    writes = [type(a) for a in stopping.actions if isinstance(a, plan.SetRayClusterSpec | plan.SetJobSuspend)]
+    assert writes == [plan.SetRayClusterSpec, plan.SetJobSuspend]

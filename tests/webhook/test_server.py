@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
 
@@ -16,6 +17,7 @@ from asyncgrpo_operator import certs
 from asyncgrpo_operator.webhook import (
     DEFAULT_CERT_DIR,
     DEFAULT_PORT,
+    MAX_REVIEW_BYTES,
     WEBHOOK_PATH,
     WebhookConfig,
     WebhookConfigError,
@@ -85,6 +87,46 @@ def test_a_valid_job_is_allowed_and_its_warnings_returned(tmp_path: Path) -> Non
     assert plain["allowed"] is True and "status" not in plain
     assert warned["allowed"] is True
     assert any(str(w).startswith("spec.trainer.asyncRL.forceInOrder: is ignored") for w in warned["warnings"])
+
+
+def padded(manifest: dict[str, Any], kib: int) -> dict[str, Any]:
+    """The job with annotations adding about `kib` KiB (the API server allows 256 KiB of them)."""
+    chunks = {f"pad.example.com/{i}": "x" * 200 * 1024 for i in range(kib // 200)}
+    return {**manifest, "metadata": {**manifest["metadata"], "annotations": chunks}}
+
+
+def test_the_update_review_of_a_600_kib_job_is_answered_not_refused_as_too_large(tmp_path: Path) -> None:
+    """An UPDATE's review carries the job twice (object and oldObject): over aiohttp's default 1 MiB
+    body limit for a job over about 512 KiB, which made the webhook answer 413 and the operator's
+    own suspend patch fail, so a preempted job never stopped. The server takes what the API server
+    can send: each of the two objects up to its own 3 MiB request limit."""
+    config = tls_config(tmp_path)
+    big = padded(VALID_MODES[1].manifest, 600)
+    suspended = {**big, "spec": {**big["spec"], "suspend": True}}
+
+    async def scenario() -> dict[str, Any]:
+        async with serving(config):
+            review = admission_review("UPDATE", suspended, big)
+            return await post(url(config), config.cert_dir / "ca.crt", review)
+
+    assert asyncio.run(scenario())["response"]["allowed"] is True
+
+
+def test_a_review_larger_than_the_api_server_can_send_is_refused_unread(tmp_path: Path) -> None:
+    config = tls_config(tmp_path)
+    huge = padded(VALID_MODES[1].manifest, MAX_REVIEW_BYTES // 1024 // 2 + 200)
+
+    async def scenario() -> int:
+        async with serving(config):
+            context = ssl.create_default_context(cafile=str(config.cert_dir / "ca.crt"))
+            review = admission_review("UPDATE", huge, huge)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url(config), json=review, ssl=context) as resp,
+            ):
+                return resp.status
+
+    assert asyncio.run(scenario()) == 413
 
 
 def test_rotated_certificate_files_are_served_without_a_restart(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ class Placement(ApiModel):
         description="A core/v1 Affinity (nodeAffinity, podAffinity, podAntiAffinity), typed and checked "
         "like the API server checks a pod's (by the admission webhook and `asyncgrpo validate`), then "
         "copied into the pod spec unchanged.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "maxProperties": 3},
     )
     annotations: dict[LabelKey, ShortText] = Field(
         default_factory=dict, max_length=32, description="Extra annotations on the pool's pods."
@@ -85,6 +85,7 @@ class Placement(ApiModel):
         "merges its securityContext over the operator's; other entries are added as sidecars). The "
         "driver command, the Ray ports and the operator's names cannot be overridden; admission names the "
         "field. See docs/guides/pod-templates.md.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "maxProperties": 2},
     )
 
 
