@@ -93,6 +93,7 @@ def local_driver_log(kubelet: DriverKubelet, driver: LocalDriver, attempt: int) 
     return found[0]
 
 
+@pytest.mark.budget(300, "two attempts through SeaweedFS: resuming from the bucket with the volume gone")
 @pytest.mark.parametrize("run", range(RUNS))
 def test_a_killed_job_resumes_from_the_bucket_and_its_logs_are_read_after_the_cluster_is_gone(
     chart: Installation, kubelet: DriverKubelet, s3_server: S3Server, bucket: str, run: int

@@ -90,6 +90,7 @@ def chart(real_node: LocalCluster, images: dict[str, Built]) -> Iterator[InClust
         installation.uninstall()
 
 
+@pytest.mark.budget(400, "its module fixture imports both images into the node and runs the chart as a pod")
 def test_the_operator_runs_as_a_pod_on_the_real_node_and_the_api_server_calls_its_webhook_service(
     chart: InClusterChart,
 ) -> None:
@@ -156,6 +157,7 @@ def head_log(chart: InClusterChart, pod: JSON) -> str:
     return done.stdout
 
 
+@pytest.mark.budget(300, "the demo job trained in a Ray head and two worker pods of the trainer image")
 def test_a_cpu_job_trains_across_real_pods_to_succeeded_with_held_out_accuracy(
     chart: InClusterChart, images: dict[str, Built], tmp_path: Path
 ) -> None:
@@ -186,6 +188,7 @@ def test_a_cpu_job_trains_across_real_pods_to_succeeded_with_held_out_accuracy(
     )
 
 
+@pytest.mark.budget(600, "two attempts in real pods: the one proof that a lost pod resumes from its checkpoint")
 def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpoint(
     chart: InClusterChart, images: dict[str, Built], tmp_path: Path
 ) -> None:

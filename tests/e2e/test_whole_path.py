@@ -69,6 +69,7 @@ def test_a_job_trains_to_succeeded_with_step_and_reward_in_kubectl_get(
     print(f"scenario 1: {time.monotonic() - started:.0f} s; rewards {watch.rewards()}")
 
 
+@pytest.mark.budget(360, "two attempts of a training driver, the second from the first's checkpoint")
 def test_a_killed_driver_is_retried_and_the_next_attempt_resumes_from_the_checkpoint(
     chart: Installation, kubelet: DriverKubelet
 ) -> None:
@@ -181,6 +182,7 @@ def queued_tiny_job(name: str, priority_class: str, max_steps: int) -> dict[str,
     return manifest
 
 
+@pytest.mark.budget(600, "a driver held until KubeRay deletes its pod, then resumed: preemption end to end")
 def test_a_preempted_job_checkpoints_on_sigterm_and_resumes_without_a_lost_or_repeated_step(
     chart: Installation, kubelet: DriverKubelet, kueue_queue: tuple[str, str]
 ) -> None:

@@ -53,6 +53,7 @@ def _guide_job(backend: str) -> dict[str, Any]:
     return job  # type: ignore[no-any-return]
 
 
+@pytest.mark.budget(900, "the guide's warm start and job as written: the one proof that a tool is learned")
 @pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_a_model_that_rarely_calls_the_calculator_learns_to_use_it(
     calculator_models: Path, tmp_path: Path, backend: str

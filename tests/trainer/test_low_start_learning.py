@@ -63,6 +63,7 @@ def _manifest(model: Path, checkpoints: Path) -> dict[str, Any]:
     return job
 
 
+@pytest.mark.budget(400, "a warm start and STEPS steps: the real-model path learning more than the stop")
 def test_a_checkpoint_that_gets_the_fourth_digit_wrong_learns_it_and_the_stop(
     ray_address: str, low_start_checkpoint: Path, tmp_path: Path
 ) -> None:

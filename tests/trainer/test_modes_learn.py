@@ -98,6 +98,7 @@ def runs(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 @pytest.mark.trainer
+@pytest.mark.budget(1200, "its first mode trains all four modes STEPS steps (the module's one run per mode)")
 @pytest.mark.parametrize("mode", list(jobs.MODES))
 def test_every_mode_raises_held_out_accuracy_from_near_zero_to_the_bar(
     mode: str, runs: dict[str, Run]

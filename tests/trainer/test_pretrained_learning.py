@@ -63,6 +63,7 @@ def _job(backend: str, *, lora: bool = False) -> dict[str, Any]:
     ],
     ids=["torch", "torch-lora", "vllm"],
 )
+@pytest.mark.budget(600, "80 steps of the learning job: the real-model path learns, per engine")
 def test_a_warm_started_checkpoint_learns_reversal_in_an_async_job(
     warm_qwen2: Path, tmp_path: Path, backend: str, lora: bool
 ) -> None:
