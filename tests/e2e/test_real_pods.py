@@ -188,7 +188,7 @@ def test_a_cpu_job_trains_across_real_pods_to_succeeded_with_held_out_accuracy(
     )
 
 
-@pytest.mark.budget(600, "two attempts in real pods: the one proof that a lost pod resumes from its checkpoint")
+@pytest.mark.budget(600, "two attempts in real pods: the one proof a lost pod resumes from its checkpoint")
 def test_a_deleted_worker_pod_is_survived_and_the_retry_resumes_from_the_checkpoint(
     chart: InClusterChart, images: dict[str, Built], tmp_path: Path
 ) -> None:
