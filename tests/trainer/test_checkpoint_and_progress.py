@@ -205,7 +205,9 @@ def test_the_controllers_whole_state_resumes_through_the_plain_data_load(tmp_pat
     buffer = ReplayBuffer()
     chat = Example("2+2?", "4", chat=(("user", "2+2?"),), row={"prompt": "2+2?", "answer": "4", "id": 7})
     done = buffer.reserve(chat, start_version=0, target_step=1)
-    record = GroupRecord([1, 2], [[3, 4]], [[-0.5, -0.25]], [1.0], [True], [True], 0, 1, tool_outcomes=["ok"])
+    record = GroupRecord(
+        [1, 2], [[3, 4]], [[-0.5, -0.25]], [1.0], [True], [True], 0, 0, 1, tool_outcomes=["ok"]
+    )
     buffer.commit(done, record, end_version=1)
     buffer.reserve(Example("1+1?", "2"), start_version=1, target_step=None)
     state = {

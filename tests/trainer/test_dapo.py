@@ -227,6 +227,7 @@ def test_without_dynamic_sampling_all_equal_groups_are_trained_and_nothing_is_dr
 
 
 @pytest.mark.trainer
+@pytest.mark.budget(250, "a whole CPU run with dynamic sampling: drops and the cap in real step records")
 def test_a_cpu_run_with_dapo_on_finishes_and_its_step_records_show_drops_and_the_cap(
     ray_address: str, tmp_path: Path
 ) -> None:

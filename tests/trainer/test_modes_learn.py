@@ -163,8 +163,14 @@ def test_each_run_leaves_tensorboard_curves_that_asyncgrpo_plot_reads(
 @pytest.mark.parametrize("mode", list(jobs.MODES))
 def test_each_mode_keeps_its_staleness_contract(mode: str, runs: dict[str, Run]) -> None:
     steps = runs[mode].steps
-    staleness = [r["max_staleness"] for r in steps]
-    assert max(staleness) == 0 if mode == "sync" else max(staleness) <= 1
+    staleness = [r["max_staleness"] for r in steps]  # by the version a group was dispatched with
+    oldest = [r["max_oldest_staleness"] for r in steps]  # by its stamp: the oldest weights that shaped it
+    if mode == "sync":
+        assert max(staleness) == max(oldest) == 0
+    elif mode.startswith("streaming"):  # the window bounds the stamp (docs/guides/async-modes.md)
+        assert max(oldest) <= 1, oldest
+    else:  # in order: the dispatch version is bounded; a prompt's cached KV may add up to S more
+        assert max(staleness) <= 1 and max(oldest) <= 2, (staleness, oldest)
     if mode.startswith("streaming"):
         assert max(r["chunks"] for r in steps) > 1  # steps were streamed in chunks of >= P/2 groups
     if mode != "sync":  # data one version old: the importance weights average about 1

@@ -243,6 +243,7 @@ def _held_out_accuracy(tmp_path: Path, name: str, policy_spec: dict[str, int]) -
 
 
 @pytest.mark.trainer
+@pytest.mark.budget(400, "a packed and a padded job trained side by side to the same accuracy")
 def test_a_packed_job_learns_reversal_as_far_as_its_plain_counterpart(tmp_path: Path) -> None:
     plain = _held_out_accuracy(tmp_path, "plain", {})
     packed = _held_out_accuracy(tmp_path, "packed", {"maxTokensPerMicroBatch": 512})

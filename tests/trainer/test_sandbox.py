@@ -114,7 +114,8 @@ def test_a_non_root_tool_call_cannot_write_the_checkpoints_its_own_user_owns() -
     python = _interpreter_for(user)
     if python is None:
         pytest.skip("no Python 3.11 that a non-root user may run")
-    base = Path(tempfile.mkdtemp(prefix="asyncgrpo-sandbox-"))  # not pytest's: only root enters that
+    # Under /tmp, not TMPDIR: pytest's folders and `make test`'s TMPDIR (mkdtemp: mode 700) only root enters.
+    base = Path(tempfile.mkdtemp(prefix="asyncgrpo-sandbox-", dir="/tmp"))
     try:
         os.chmod(base, 0o755)
         lib, home, step = base / "lib", base / "home", base / "ckpt" / "step-00000001"
