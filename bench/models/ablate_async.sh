@@ -3,7 +3,7 @@
 # warm-started tiny Qwen2, 30 steps, 5 seeds), once per condition, each condition one set of
 # `--set` overrides of the trainer section. Runs on the device machine's 16 CPU cores (the GPU is
 # not used): it needs Ray and boto3 importable, which travel as files (docs/benchmarks.md,
-# "Why async learned slower per sample"):
+# "Issue 46's ablation: the script, not yet run"):
 #
 #   bash shared/gpu/wheelhouse-ray.sh .wh/ray      # here, once; boto3 as an unpacked site, see docs
 #   OUT=/tmp/out bash bench/models/ablate_async.sh "base:" "kv-reset:generation.recomputeKVCacheAfterWeightUpdates=true"
