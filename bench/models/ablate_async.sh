@@ -18,9 +18,10 @@ MODELS=${MODELS:-/tmp/models}
 SEEDS=${SEEDS:-1-5}
 PARALLEL=${PARALLEL:-10}
 CASES=${CASES:-real}
+PY=${PYTHON:-python3}  # here: PYTHON=.venv/bin/python, whose Ray and boto3 are installed
 mkdir -p "$OUT" "$MODELS"
-if [ -d .wh/ray/wheels ] && ! python3 -c "import ray" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wh/ray/wheels/*.whl
+if [ -d .wh/ray/wheels ] && ! "$PY" -c "import ray" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wh/ray/wheels/*.whl
 fi
 export PYTHONPATH="/tmp/site:$PWD/.wh/boto-site:$PWD/trainer:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
 export RAY_USAGE_STATS_ENABLED=0
@@ -29,12 +30,12 @@ if [ -f .wh/models.tar.gz ] && [ ! -d "$MODELS/tiny-qwen2" ]; then
   tar -xzf .wh/models.tar.gz -C "$MODELS"
 fi
 if [ ! -d "$MODELS/tiny-qwen2" ]; then
-  python3 -m asyncgrpo_cli.main make-tiny-checkpoint "$MODELS/tiny-qwen2" --hidden-size 128 --heads 4 \
+  "$PY" -m asyncgrpo_cli.main make-tiny-checkpoint "$MODELS/tiny-qwen2" --hidden-size 128 --heads 4 \
     --intermediate-size 512 --warm-start | tail -1
   tar -czf "$OUT/models.tar.gz" -C "$MODELS" tiny-qwen2
 fi
 if [[ " $CASES " == *" low-start "* ]] && [ ! -d "$MODELS/tiny-qwen2-low-start" ]; then
-  python3 -m asyncgrpo_cli.main make-tiny-checkpoint "$MODELS/tiny-qwen2-low-start" --hidden-size 128 \
+  "$PY" -m asyncgrpo_cli.main make-tiny-checkpoint "$MODELS/tiny-qwen2-low-start" --hidden-size 128 \
     --heads 4 --intermediate-size 512 --warm-start --warm-start-steps 80 | tail -1
 fi
 for condition in "$@"; do
@@ -43,7 +44,7 @@ for condition in "$@"; do
   IFS=',' read -ra assignments <<< "${condition#*:}"
   for a in "${assignments[@]}"; do [ -n "$a" ] && sets+=(--set "$a"); done
   echo "== $name: ${sets[*]:-(defaults)}"
-  python3 bench/models/sample_efficiency.py --models "$MODELS" --seeds "$SEEDS" --parallel "$PARALLEL" \
+  "$PY" bench/models/sample_efficiency.py --models "$MODELS" --seeds "$SEEDS" --parallel "$PARALLEL" \
     --timeout 400 --cases $CASES --modes sync async-in-order "${sets[@]}" > "$OUT/$name.txt" 2>&1
   grep -E "^\| (sync|async)|FAILED|done after" "$OUT/$name.txt"
 done
