@@ -90,6 +90,7 @@ def run_seed(
         "seconds": round(time.perf_counter() - started, 1),
         "held_out": [[r["step"], r["validation_accuracy"]] for r in validations],
         "samples_at_validation": [r["samples_trained"] for r in validations],
+        "seconds_at_validation": [r.get("run_seconds") for r in validations],
         "reward_every_10": [round(r["reward_mean"], 2) for r in step_lines[::10]],
         "zero_advantage_every_10": [round(r["zero_advantage_groups"], 2) for r in step_lines[::10]],
         **{f"step_mean_{key}": _mean(step_lines, key) for key in OFF_POLICY_FIGURES},

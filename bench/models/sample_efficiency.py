@@ -98,6 +98,15 @@ def curve(run: dict[str, Any]) -> dict[int, float]:
     return dict(run["held_out"])
 
 
+def seconds_to(run: dict[str, Any], threshold: float) -> int | None:
+    """Seconds from the run's start until the weights that first validated at `threshold` or above
+    existed (the validation record's run_seconds); None when it never did."""
+    step = learning_curves.steps_to(curve(run), threshold)
+    seconds = dict(zip((s for s, _ in run["held_out"]), run.get("seconds_at_validation", []), strict=False))
+    at = seconds.get(step) if step is not None else None
+    return None if at is None else round(at)
+
+
 def area(run: dict[str, Any]) -> float:
     """The run's area under held-out accuracy against the samples trained at each validation."""
     accuracies = [accuracy for _, accuracy in run["held_out"]]
@@ -122,8 +131,9 @@ def case_report(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
         f"### {name}",
         "",
         "| mode | seeds | held-out at the end: mean ± std (worst) | steps to 0.5: mean (worst) "
-        "| steps to 0.8: mean (worst) | area: mean ± std (worst) | against sync (area) |",
-        "|---|---|---|---|---|---|---|",
+        "| steps to 0.8: mean (worst) | seconds to 0.8: mean (worst) | area: mean ± std (worst) "
+        "| against sync (area) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     areas = {mode: learning_curves.spread([area(r) for r in done]) for mode, done in runs.items() if done}
     curves: list[str] = []
@@ -139,10 +149,12 @@ def case_report(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             if mode == "sync" or "sync" not in areas
             else learning_curves.verdict(areas[mode], areas["sync"])
         )
+        timed = all("seconds_at_validation" in r for r in done)  # runs recorded before were not
+        seconds = learning_curves.reached([seconds_to(r, THRESHOLDS[-1]) for r in done])
         seeds = ",".join(str(r["seed"]) for r in sorted(done, key=lambda r: r["seed"]))
         lines.append(
             f"| {mode} | {seeds} | {spread_text(finals)} | {steps_text(to[0])} | {steps_text(to[1])} "
-            f"| {spread_text(areas[mode])} | {against} |"
+            f"| {steps_text(seconds) if timed else '—'} | {spread_text(areas[mode])} | {against} |"
         )
         mean = learning_curves.mean_curve([curve(r) for r in done])
         worst = min(done, key=area)

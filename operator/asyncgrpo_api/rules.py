@@ -729,16 +729,6 @@ def _warn_force_in_order_in_sync_mode(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
-def _warn_stale_data_without_correction(job: AsyncGRPOJob) -> Iterator[Finding]:
-    trainer = job.spec.trainer
-    if not trainer.is_sync and not trainer.loss.use_importance_sampling_correction:
-        yield Finding(
-            f"{TRAINER}.loss.useImportanceSamplingCorrection",
-            "is false in an asynchronous mode: data from older policies is trained on without "
-            "correction, which is known to destabilise training; set it to true",
-        )
-
-
 def _warn_checkpoints_not_durable(job: AsyncGRPOJob) -> Iterator[Finding]:
     volume = job.spec.storage.checkpoints
     path = job.spec.checkpoint.path
@@ -798,17 +788,25 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 "N): the ratio to pi_old is exactly 1; set trainGlobalBatchSize to a divisor of P x N or "
                 "remove it",
             )
+    if trainer.is_sync and trainer.loss.use_importance_sampling_correction:
+        for field in _non_default(trainer.loss, "importance_sampling_on_stale_data"):
+            yield Finding(
+                f"{TRAINER}.loss.{field}",
+                "is ignored in sync mode (maxStalenessVersions 0): every sample comes from the weights "
+                "being trained; remove it",
+            )
     if not trainer.loss.use_importance_sampling_correction:
         for field in _non_default(
             trainer.loss,
             "truncated_importance_sampling_ratio",
             "truncated_importance_sampling_ratio_min",
             "truncated_importance_sampling_type",
+            "importance_sampling_on_stale_data",
         ):
             yield Finding(
                 f"{TRAINER}.loss.{field}",
                 "is ignored while loss.useImportanceSamplingCorrection is false (no importance weight to "
-                "truncate); set it true or remove this",
+                "truncate or extend); set it true or remove this",
             )
         if trainer.train_global_batch_size == trainer.samples_per_step:
             for field in _non_default(trainer.loss, "sequence_level_importance_ratios"):
@@ -975,7 +973,6 @@ _WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _warn_unread_data_settings,
     _warn_force_in_order_in_sync_mode,
     _inflight_within_buffer,
-    _warn_stale_data_without_correction,
     _warn_checkpoints_not_durable,
     _warn_ignored_settings,
     _warn_inert_knobs,

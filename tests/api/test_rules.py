@@ -138,6 +138,24 @@ def test_over_sampling_defaults_force_in_order_off() -> None:
     assert job is not None and job.spec.trainer.force_in_order is False
 
 
+@pytest.mark.parametrize(
+    ("async_rl", "drains"),
+    [
+        ({}, True),  # async-in-order: the exact, reproducible schedule
+        ({"drainBeforeRefit": False}, False),
+        ({"forceInOrder": False}, False),  # streaming-gated
+        ({"overSampling": True}, False),
+        ({"maxStalenessVersions": 0}, False),  # sync: nothing is in flight at a refit
+        ({"overSampling": True, "drainBeforeRefit": True}, True),
+    ],
+)
+def test_the_drain_before_a_refit_is_on_by_default_in_async_in_order_mode_only(
+    async_rl: dict[str, Any], drains: bool
+) -> None:
+    job = validate_manifest(job_with(asyncRL=async_rl)).job
+    assert job is not None and job.spec.trainer.drain_before_refit is drains
+
+
 def test_force_in_order_in_sync_mode_is_accepted_with_a_warning() -> None:
     report = validate_manifest(job_with(asyncRL={"maxStalenessVersions": 0, "forceInOrder": True}))
     assert report.ok
@@ -808,6 +826,12 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
             ("truncatedImportanceSamplingRatio", 5.0),
             ("truncatedImportanceSamplingRatioMin", 0.5),
         )
+    ),
+    (
+        "loss.importanceSamplingOnStaleData",
+        True,
+        [{"trainer": {"loss": {"useImportanceSamplingCorrection": False}}}, {"trainer": SYNC}],
+        [{}],
     ),
     (
         "loss.truncatedImportanceSamplingType",

@@ -87,6 +87,28 @@ def test_the_log_prob_gate_counts_only_samples_of_the_weights_being_trained() ->
     assert totals.metrics(grad_norm=0.0, lr=0.0)["gen_logprob_error"] is None  # no fresh row this step
 
 
+def test_a_stale_sample_weighs_one_unless_stale_data_is_weighted_too() -> None:
+    """Issue 46: weighting one-step-old samples by pi_old / pi_gen halved the learning speed on the
+    real-model case, so by default only the samples of the weights being trained are weighted."""
+    logp = torch.tensor([[math.log(0.5)], [math.log(0.5)]], requires_grad=True)
+    gen = torch.tensor([[math.log(0.25)], [math.log(0.25)]])  # the engine's: weight 2 on both rows
+    fresh = torch.tensor([1.0, 0.0])
+
+    def gradient(cfg: losses.LossConfig) -> tuple[list[float], float]:
+        logp.grad = None
+        total, m = losses.policy_loss_terms(
+            logprobs=logp, prev_logprobs=logp.detach(), generation_logprobs=gen,
+            advantages=torch.ones(2), mask=torch.ones(2, 1), cfg=cfg, fresh=fresh,
+        )  # fmt: skip
+        total.backward()  # type: ignore[no-untyped-call]
+        assert logp.grad is not None
+        return logp.grad[:, 0].tolist(), float(m["is_weight_sum"])
+
+    assert gradient(losses.LossConfig()) == ([-2.0, -1.0], 3.0)  # the fresh row weighted, the stale one not
+    assert gradient(losses.LossConfig(importance_sampling_on_stale_data=True)) == ([-2.0, -2.0], 4.0)
+    assert gradient(losses.LossConfig(use_importance_sampling_correction=False)) == ([-1.0, -1.0], 2.0)
+
+
 def test_kl_penalty_needs_reference_logprobs_and_is_zero_at_the_reference() -> None:
     cfg = losses.LossConfig(reference_policy_kl_penalty=0.1, use_importance_sampling_correction=False)
     logp = torch.tensor([[-1.0, -2.0]])

@@ -417,6 +417,17 @@ class SingleController:
         """Gated modes stop after the batch of the last step; over-sampling runs until the end."""
         return self.sampler.gated and self.batch_index >= self.s.max_steps and not self.pending
 
+    async def _dispatched_for_current_weights(self) -> None:
+        """Until the rollout pump has dispatched every group that the current version lets it
+        (the gated modes' batches up to v + S, and any replacement waiting): the drain that follows
+        in `_refit` then waits for all of them, so no group of those batches starts under newer
+        weights because the pump had not run yet. With in-order dispatch this makes the schedule
+        exact: batch k comes from weights k - S, whatever the timing."""
+        while self.pending or not (
+            self._dispatch_done() or not self.sampler.may_dispatch(self.batch_index, self.version)
+        ):
+            await self.changed.wait(0.01)
+
     async def _rollout_pump(self) -> None:
         while True:
             if not self.pending:
@@ -589,6 +600,10 @@ class SingleController:
         t0 = time.perf_counter()
         metrics = await self.a.policy.finish_step()
         step["training"] += time.perf_counter() - t0
+        if self.s.drain_before_refit and self.sampler.gated:
+            t0 = time.perf_counter()
+            await self._dispatched_for_current_weights()
+            self.totals.add("drain_wait", time.perf_counter() - t0)
         trained_at = self.version
         self.version += 1  # no await between the bump and closing the gate in _refit
         reward_failures = self.step_reward_failures.pop(trained_at, 0)
@@ -645,11 +660,12 @@ class SingleController:
 
     def _rows(self, groups: list[Slot]) -> list[policy.TrainRow]:
         """Training rows of whole groups; advantages are exact per group. A conversation's row
-        trains only its policy tokens within the staleness bound (`GroupRecord.trainable_mask`):
-        the importance weight then corrects each of them by the version that sampled it, since its
-        recorded log-prob is that version's. A row is fresh (the log-prob gate measures it) only
+        trains only its policy tokens within the staleness bound (`GroupRecord.trainable_mask`);
+        each token's recorded log-prob is that of the version that sampled it. A row is fresh only
         when its group's stamp is the version trained: all of its KV and logits came from these
-        weights, so the engine's log-probs and the policy's should agree."""
+        weights, so the engine's log-probs and the policy's should agree, and the log-prob gate
+        measures it. Only fresh rows carry an importance weight unless
+        loss.importanceSamplingOnStaleData (`algorithms.losses`)."""
         scored = [(g.record, g.record.oldest_version == self.version) for g in groups if g.record is not None]
         rewards = torch.tensor([rec.rewards for rec, _ in scored], dtype=torch.float32)
         adv = advantages.group_relative(
@@ -762,6 +778,7 @@ class SingleController:
         other version would be a broken pin: the run fails rather than report it as this step's."""
         version = self.gen_version
         t0 = time.perf_counter()
+        run_seconds = t0 - self.t_start  # when these weights existed: time-to-accuracy's clock
         try:
             if not self.a.validation:
                 return
@@ -809,6 +826,7 @@ class SingleController:
                 "step": step,
                 "weight_version": version,
                 "samples_trained": samples,
+                "run_seconds": round(run_seconds, 3),
                 "validation_reward": self.validation_reward,
                 "validation_accuracy": self.validation_accuracy,
             }
