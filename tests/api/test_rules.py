@@ -829,7 +829,7 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
     ),
     (
         "loss.importanceSamplingOnStaleData",
-        True,
+        False,
         [{"trainer": {"loss": {"useImportanceSamplingCorrection": False}}}, {"trainer": SYNC}],
         [{}],
     ),

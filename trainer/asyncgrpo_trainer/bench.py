@@ -95,6 +95,15 @@ def modes(p: int) -> dict[str, dict[str, Any]]:
             "maxInflightPrompts": p,
             "minGroupsForStreamingTrain": p // 2,
         },
+        # async-in-order without its default drain before each refit (issue 46's reproducible
+        # schedule): what the exact schedule costs in throughput.
+        "async-in-order-undrained": {
+            "maxStalenessVersions": 1,
+            "overSampling": False,
+            "forceInOrder": True,
+            "maxBufferedRollouts": 2 * p,
+            "drainBeforeRefit": False,
+        },
     }
 
 

@@ -664,8 +664,8 @@ class SingleController:
         each token's recorded log-prob is that of the version that sampled it. A row is fresh only
         when its group's stamp is the version trained: all of its KV and logits came from these
         weights, so the engine's log-probs and the policy's should agree, and the log-prob gate
-        measures it. Only fresh rows carry an importance weight unless
-        loss.importanceSamplingOnStaleData (`algorithms.losses`)."""
+        measures it. With loss.importanceSamplingOnStaleData false only fresh rows carry an
+        importance weight (`algorithms.losses`)."""
         scored = [(g.record, g.record.oldest_version == self.version) for g in groups if g.record is not None]
         rewards = torch.tensor([rec.rewards for rec, _ in scored], dtype=torch.float32)
         adv = advantages.group_relative(

@@ -33,16 +33,16 @@ prev_logprobs)) (the geometric mean of the token ratios, clipped as a whole) and
 the sequence's tokens.
 
 Which rows w weighs. On a fresh row w corrects only the engine's numerics against the policy's
-(both hold the same weights). On a stale row it would also correct for the policy's own change
-since the sample was drawn, and that is off by default (`importance_sampling_on_stale_data`): a
-stale row weighs 1 and the step is a one-step-off trainer's (the ratio's anchor pi_old recomputed,
-as verl's one-step-off recipe does). Measured on the real-model case (docs/benchmarks.md, issue
-46's ablation: 5 seeds, 30 steps, one step of staleness, lr 1e-3): weighting stale rows, truncated
-at 2, learned with 0.42x sync's area under held-out accuracy, uncapped 0.20x, unweighted 0.92x.
-The weights there are right (the engine's log-probs equal the previous weights' to 1e-4); what
-they do is put the step's signal on the few tokens where the policy moved most in the last step
-(by step 4, half the rows had a token weighted below 0.17 or above 5.8), a variance that costs
-more than the bias it removes.
+(both hold the same weights). On a stale row it also corrects for the policy's own change since the
+sample was drawn (`importance_sampling_on_stale_data`, on by default); off, a stale row weighs 1 and
+the step is that of a one-step-off trainer without a behaviour correction (the ratio's anchor
+pi_old recomputed under the weights being trained). Which learns faster depends on the task
+(docs/benchmarks.md, issue 46; 5 seeds, one step of staleness): on the real-model reversal case the
+weight, truncated at 2, learned at 0.42x sync's area under held-out accuracy (uncapped 0.20x) and
+without it at 0.92x; there it puts a step's signal on the few tokens the last update moved most (by
+step 4, half the rows had a token weighted below 0.17 or above 5.8, the others at 1.000). On the
+calculator tool task the weight is what keeps the fast early steps from overshooting: 1.00 held-out
+at step 40 with it, 0.80 without (one seed; behaviour KL up to 0.21 a token at step 10).
 
 Truncation of w, NeMo-RL's three choices (`truncated_importance_sampling_type`), with bounds
 [lo, hi] = [truncated_importance_sampling_ratio_min or 0, truncated_importance_sampling_ratio]:
@@ -74,7 +74,7 @@ class LossConfig:
     truncated_importance_sampling_ratio_min: float | None = None
     truncated_importance_sampling_type: str = "tis"
     sequence_level_importance_ratios: bool = False
-    importance_sampling_on_stale_data: bool = False
+    importance_sampling_on_stale_data: bool = True
     """Weight stale rows (`fresh` 0) too; off: their weight is 1 (see the module's docstring)."""
     reference_policy_kl_penalty: float = 0.0
     kl_type: str = "k3"
