@@ -180,6 +180,18 @@ class SetRayClusterSpec:
 
 
 @dataclass(frozen=True)
+class ScaleRayClusterWorkers:
+    """Set every worker group of a RayCluster to zero replicas (KubeRay deletes the worker pods; the
+    head, its driver log and the cluster stay): a finished Kueue job's kept cluster gives its
+    workers back before Kueue's quota is. UID precondition."""
+
+    name: str
+    uid: str
+    groups: int
+    why: str
+
+
+@dataclass(frozen=True)
 class SetJobSuspend:
     """Write the job's spec.suspend: for a job Kueue manages it is Kueue's gate (true until the
     Workload is admitted, true again when it is evicted), as for Kueue's built-in kinds."""
@@ -241,6 +253,7 @@ Action = (
     | DeleteRayCluster
     | DeleteJob
     | SetRayClusterSpec
+    | ScaleRayClusterWorkers
     | SetJobSuspend
     | CreateWorkload
     | UpdateWorkload

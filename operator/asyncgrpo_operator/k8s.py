@@ -348,6 +348,25 @@ class Api:
             query={"fieldManager": naming.MANAGER},
         )
 
+    async def scale_raycluster_workers(self, namespace: str, name: str, uid: str, groups: int) -> Obj:
+        """Every worker group of a RayCluster to zero replicas (minReplicas too; UID test)."""
+        ops: list[Obj] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        for i in range(groups):
+            ops += [
+                {"op": "add", "path": f"/spec/workerGroupSpecs/{i}/replicas", "value": 0},
+                {"op": "add", "path": f"/spec/workerGroupSpecs/{i}/minReplicas", "value": 0},
+            ]
+        path = (
+            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+        )
+        return await self.request(
+            "PATCH",
+            f"{path}/{name}",
+            body=ops,
+            content_type=JSON_PATCH,
+            query={"fieldManager": naming.MANAGER},
+        )
+
     async def stream_pod_log(
         self, namespace: str, pod: str, container: str, *, follow: bool
     ) -> AsyncIterator[bytes]:

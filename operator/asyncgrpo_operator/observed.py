@@ -195,6 +195,10 @@ class ClusterView:
     """KubeRay's status.head.podName: the head pod KubeRay created for it ("" while it reports
     none). Written through the status subresource, which a job's author cannot write, unlike a
     pod's labels and ownerReferences (`is_kuberay_head`)."""
+    worker_groups: int = 0
+    """How many worker groups its spec has (each one's replicas are what KubeRay keeps running)."""
+    worker_replicas: int = 0
+    """The sum of its worker groups' spec replicas: 0 once the workers are scaled away."""
 
     @classmethod
     def from_dict(cls, cluster: Mapping[str, Any]) -> ClusterView:
@@ -202,6 +206,9 @@ class ClusterView:
         status = cluster.get("status") or {}
         conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
         failure = conditions.get("ReplicaFailure") or {}
+        groups = [
+            g for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or [] if isinstance(g, Mapping)
+        ]
         return cls(
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
@@ -218,6 +225,8 @@ class ClusterView:
             suspended=bool((cluster.get("spec") or {}).get("suspend")),
             suspend_complete=(conditions.get("RayClusterSuspended") or {}).get("status") == "True",
             head_pod=str((status.get("head") or {}).get("podName") or ""),
+            worker_groups=len(groups),
+            worker_replicas=sum(_int_or_none(g.get("replicas")) or 0 for g in groups),
         )
 
 

@@ -112,6 +112,7 @@ from asyncgrpo_operator.decision import (
     Draft,
     Event,
     PatchWorkloadStatus,
+    ScaleRayClusterWorkers,
     SetJobSuspend,
     SetRayClusterSpec,
     UpdateWorkload,
@@ -805,9 +806,15 @@ def _admitted(ctx: _Ctx, draft: Draft, current: WorkloadView) -> None:
 
 
 def _workload_finished(ctx: _Ctx, draft: Draft) -> None:
-    """A finished job finishes its Workload, which gives its quota back (Kueue's Finished)."""
+    """A finished job finishes its Workload, which gives its quota back (Kueue's Finished), once no
+    worker of its clusters is left: a cluster that cleanupPolicy keeps has its worker groups scaled
+    to zero first (the head, its driver log and the cluster stay for inspection), and a deleted one
+    is waited for, so that Kueue never hands out GPUs that the job's pods still hold."""
     current = ctx.observed.workload
     if current is None or current.finished:
+        return
+    if _workers_left(ctx, draft):
+        draft.requeue(KUEUE_RECHECK_SECONDS)
         return
     succeeded = draft.is_true(COMPLETE)
     reason = "Succeeded" if succeeded else "Failed"
@@ -819,6 +826,24 @@ def _workload_finished(ctx: _Ctx, draft: Draft) -> None:
         workload.with_condition(current.conditions, "Finished", True, reason, message, now=draft.now),
         f"the job {reason.lower()}",
     )
+
+
+def _workers_left(ctx: _Ctx, draft: Draft) -> bool:
+    """Whether a worker pod of the finished job's clusters may still hold resources; scales a kept
+    cluster's workers to zero on the way."""
+    owned = _owned(ctx)
+    for cluster in owned:
+        if not cluster.deleting and cluster.worker_replicas:
+            why = "the job finished under Kueue: its workers go before its quota is given back"
+            draft.act(
+                ScaleRayClusterWorkers(cluster.name, cluster.uid, cluster.worker_groups, why),
+                Event(
+                    "Normal", "ScaledDownWorkers", f"scaling RayCluster {cluster.name}'s workers to 0: {why}"
+                ),
+            )
+    names = {c.name for c in owned}
+    pods = [p for p in ctx.observed.pods if not p.is_head and p.cluster in names]
+    return any(c.worker_replicas and not c.deleting for c in owned) or bool(pods)
 
 
 def _workload_status(draft: Draft, current: WorkloadView, status: Manifest, why: str) -> None:

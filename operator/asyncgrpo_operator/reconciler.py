@@ -463,6 +463,11 @@ class Reconciler:
                     namespace, action.name, action.uid, action.suspend, action.spec
                 )
                 self.cache.clusters.apply(cache.MODIFIED, written)
+            elif isinstance(action, decision.ScaleRayClusterWorkers):
+                written = await self.api.scale_raycluster_workers(
+                    namespace, action.name, action.uid, action.groups
+                )
+                self.cache.clusters.apply(cache.MODIFIED, written)
             elif isinstance(action, decision.SetJobSuspend):
                 job = await self.api.set_job_suspend(namespace, name, str(meta["uid"]), action.suspend)
                 self.cache.jobs.apply(cache.MODIFIED, job)

@@ -668,8 +668,9 @@ def test_deactivating_the_workload_stops_the_job_in_place_until_it_is_active_aga
     assert state(again, "Admitted")[0] == "True"
     assert state(again, "Requeued") == ("True", "Reactivated")  # Kueue's, when it became active
 
-    # finished (Failed): the Workload Finished True Failed; the RayCluster kept (cleanupPolicy
-    # onFailure: KeepCluster, the default); spec.suspend stays false
+    # finished (Failed): the Workload Finished True Failed, once the kept RayCluster's workers are
+    # gone (issue 47: Kueue must not hand out GPUs its workers still hold); the RayCluster and its
+    # head stay (cleanupPolicy onFailure: KeepCluster, the default); spec.suspend stays false
     failed = finish(kube_api, namespace, "stoppable", exit_code=exitcodes.TRAINING_ERROR)
     assert failed["restarts"] == 0
     finished = wait_until(
@@ -681,4 +682,10 @@ def test_deactivating_the_workload_stops_the_job_in_place_until_it_is_active_aga
     assert ended["spec"]["suspend"] is False
     assert state(ended, "Failed")[0] == "True"
     assert shown(kube_api, namespace, "stoppable")[0] == "Failed"
-    assert [c["metadata"]["name"] for c in clusters_of(kube_api, namespace, "stoppable")] == [cluster]
+    (kept,) = clusters_of(kube_api, namespace, "stoppable")
+    assert kept["metadata"]["name"] == cluster
+    assert [g["replicas"] for g in kept["spec"]["workerGroupSpecs"]] == [0] * len(
+        kept["spec"]["workerGroupSpecs"]
+    )
+    left = pods(kube_api, namespace, f"ray.io/cluster={cluster}")
+    assert [p["metadata"]["labels"].get("ray.io/node-type") for p in left] == ["head"], left

@@ -309,17 +309,34 @@ def test_pods_ready_is_reported_to_kueue_for_wait_for_pods_ready() -> None:
     assert (ready["status"], ready["reason"]) == ("True", "Started")
 
 
-@pytest.mark.parametrize(("exit_code", "phase"), [(0, "Succeeded"), (1, "Failed")])
-def test_a_finished_job_finishes_its_workload_with_its_phase(exit_code: int, phase: str) -> None:
+@pytest.mark.parametrize(
+    ("exit_code", "phase", "cleanup"),
+    [(0, "Succeeded", plan.DeleteRayCluster), (1, "Failed", plan.ScaleRayClusterWorkers)],
+)
+def test_a_finished_job_gives_its_workers_back_before_kueue_gives_its_quota_back(
+    exit_code: int, phase: str, cleanup: type
+) -> None:
+    """Issue 47: a finished job's Workload was marked Finished (Kueue frees its quota) while the
+    cluster that cleanupPolicy keeps after a failure still ran its GPU workers. Now the kept
+    cluster's workers are scaled to zero (its head and driver log stay), a deleted cluster is
+    waited for, and only then is the Workload Finished."""
     running, live = admitted_and_running(since=10)
+    live = replace(live, worker_groups=2, worker_replicas=2)
     done = step(
         running.status,
         seen(60, live, pods=healthy_pods(live, driver=terminated(exit_code)), workload=admitted_at(10)),
     )
     assert done.status.phase == phase
-    (finish,) = actions(done, plan.PatchWorkloadStatus)
+    (act,) = actions(done, cleanup)
+    assert act.name == live.name and (cleanup is plan.DeleteRayCluster or act.groups == 2)
+    assert not actions(done, plan.PatchWorkloadStatus)  # the workers still run: the quota stays taken
+    head_only = (pod(live, head=True, driver=terminated(exit_code)),)
+    left = (replace(live, worker_replicas=0),) if cleanup is plan.ScaleRayClusterWorkers else ()
+    after = step(done.status, seen(70, *left, pods=head_only if left else (), workload=admitted_at(10)))
+    (finish,) = actions(after, plan.PatchWorkloadStatus)
     finished = {c["type"]: c for c in finish.status["conditions"]}["Finished"]
     assert (finished["status"], finished["reason"]) == ("True", phase)
+    assert not actions(after, plan.ScaleRayClusterWorkers) and not actions(after, plan.DeleteRayCluster)
 
 
 def test_a_spec_changed_while_queued_updates_the_same_workload() -> None:

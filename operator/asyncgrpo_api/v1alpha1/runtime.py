@@ -220,7 +220,8 @@ class CleanupPolicy(ApiModel):
     )
     on_failure: Literal["DeleteCluster", "KeepCluster"] = Field(
         default="KeepCluster",
-        description="After failure: keep the RayCluster for debugging (it keeps its GPUs) or delete it.",
+        description="After failure: keep the RayCluster for debugging (it keeps its GPUs; under Kueue "
+        "only its head, its workers scaled to zero before the quota is given back) or delete it.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
