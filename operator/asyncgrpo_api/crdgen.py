@@ -97,6 +97,13 @@ ROOT_RULES: list[Schema] = [
         "(!has(self.spec.managedBy) || self.spec.managedBy == oldSelf.spec.managedBy)",
         "message": "spec.managedBy cannot change once the job exists; create a new job",
     },
+    {
+        # The webhook refuses the change too; this holds with no webhook replica answering, where
+        # removing the runtime would lift what it fixes (ServiceAccount, securityContext, images).
+        "rule": "has(self.spec.runtimeRef) == has(oldSelf.spec.runtimeRef) && "
+        "(!has(self.spec.runtimeRef) || self.spec.runtimeRef == oldSelf.spec.runtimeRef)",
+        "message": "spec.runtimeRef cannot change once the job exists; create a new job",
+    },
 ]
 
 

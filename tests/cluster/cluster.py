@@ -72,6 +72,16 @@ def _log(msg: str) -> None:
     print(f"[ctrlplane] {msg}", file=sys.stderr, flush=True)
 
 
+def _serves(api: Api, group_version: str, resource: str) -> bool:
+    """Whether the API server's discovery lists `resource` under `group_version` (a CRD's kinds are
+    served a moment after it is Established)."""
+    try:
+        listed = api.get(group_version).get("resources") or []
+    except ApiError:
+        return False
+    return any(r.get("name") == resource for r in listed)
+
+
 def _probe(url: str, ctx: ssl.SSLContext | None) -> bool:
     try:
         with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
@@ -440,8 +450,12 @@ class LocalCluster:
 
             self._forget("kueue")  # a dead one's record would make the cluster look dead
             self.install_crds(sorted(binaries.crds.glob("*.json")))
-            mark("CRDs established")
             api = self.api
+            # Established is not yet served: Kueue's first act is to index Workloads by their kind,
+            # and on a control plane that had just restarted it once exited with "no matches for
+            # kind Workload in version kueue.x-k8s.io/v1beta2" although the CRDs were Established.
+            self._wait(lambda: _serves(api, kueue.BASE, "workloads"), "Kueue's API served", self.records())
+            mark("CRDs established")
             try:
                 api.create("/api/v1/namespaces", {"metadata": {"name": kueue.NAMESPACE}})
             except ApiError as err:
