@@ -684,7 +684,7 @@ def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, me
     # own write may fail (a conflict, an object the API server refuses) and end the pass.
     _suspend_clusters(draft, owned, naming.raycluster_name(job.metadata.name, draft.attempt), reason)
     if not job.spec.suspend:
-        draft.act(SetJobSuspend(True, f"Kueue has not admitted the job ({reason})"))
+        draft.act(SetJobSuspend(True, f"held for Kueue ({reason}): {message}"))
     uids = {c.uid for c in owned}
     live = any(p.owner_uid in uids for p in ctx.observed.pods)
     if current is not None and current.evicted and current.quota_reserved and _stopped(ctx):
