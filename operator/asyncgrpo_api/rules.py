@@ -788,6 +788,13 @@ def _warn_inert_knobs(job: AsyncGRPOJob) -> Iterator[Finding]:
                 "N): the ratio to pi_old is exactly 1; set trainGlobalBatchSize to a divisor of P x N or "
                 "remove it",
             )
+    if trainer.is_sync:
+        for field in _non_default(trainer.async_rl, "drain_before_refit"):
+            yield Finding(
+                f"{ASYNC_RL}.{field}",
+                "is ignored in sync mode (maxStalenessVersions 0): nothing is in flight at a refit; "
+                "remove it",
+            )
     if trainer.is_sync and trainer.loss.use_importance_sampling_correction:
         for field in _non_default(trainer.loss, "importance_sampling_on_stale_data"):
             yield Finding(

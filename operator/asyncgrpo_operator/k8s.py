@@ -263,9 +263,7 @@ class Api:
     # --- children ------------------------------------------------------------------------------
 
     async def list_rayclusters(self, namespace: str, job_name: str) -> list[Obj]:
-        path = (
-            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
-        )
+        path = _rayclusters_path(namespace)
         return await self.list_items(path, f"{naming.JOB_NAME_LABEL}={job_name}")
 
     async def list_pods(self, namespace: str, job_name: str) -> list[Obj]:
@@ -332,37 +330,28 @@ class Api:
         self, namespace: str, name: str, uid: str, suspend: bool, spec: Obj | None
     ) -> Obj:
         """Suspend a RayCluster in place (`spec` None), or replace its whole spec (UID test)."""
-        ops: list[Obj] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
         if spec is None:
-            ops.append({"op": "add", "path": "/spec/suspend", "value": suspend})
+            op: Obj = {"op": "add", "path": "/spec/suspend", "value": suspend}
         else:
-            ops.append({"op": "replace", "path": "/spec", "value": {**spec, "suspend": suspend}})
-        path = (
-            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
-        )
-        return await self.request(
-            "PATCH",
-            f"{path}/{name}",
-            body=ops,
-            content_type=JSON_PATCH,
-            query={"fieldManager": naming.MANAGER},
-        )
+            op = {"op": "replace", "path": "/spec", "value": {**spec, "suspend": suspend}}
+        return await self._patch_raycluster(namespace, name, uid, [op])
 
     async def scale_raycluster_workers(self, namespace: str, name: str, uid: str, groups: int) -> Obj:
         """Every worker group of a RayCluster to zero replicas (minReplicas too; UID test)."""
-        ops: list[Obj] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
-        for i in range(groups):
-            ops += [
-                {"op": "add", "path": f"/spec/workerGroupSpecs/{i}/replicas", "value": 0},
-                {"op": "add", "path": f"/spec/workerGroupSpecs/{i}/minReplicas", "value": 0},
-            ]
-        path = (
-            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
-        )
+        ops = [
+            {"op": "add", "path": f"/spec/workerGroupSpecs/{i}/{field}", "value": 0}
+            for i in range(groups)
+            for field in ("replicas", "minReplicas")
+        ]
+        return await self._patch_raycluster(namespace, name, uid, ops)
+
+    async def _patch_raycluster(self, namespace: str, name: str, uid: str, ops: list[Obj]) -> Obj:
+        """A JSON patch of the RayCluster `name`, applied only while its UID is `uid`."""
+        test: Obj = {"op": "test", "path": "/metadata/uid", "value": uid}
         return await self.request(
             "PATCH",
-            f"{path}/{name}",
-            body=ops,
+            f"{_rayclusters_path(namespace)}/{name}",
+            body=[test, *ops],
             content_type=JSON_PATCH,
             query={"fieldManager": naming.MANAGER},
         )
@@ -433,26 +422,20 @@ class Api:
         """Create a RayCluster; returns it as created, or None when it already exists (idempotent:
         names are per attempt)."""
         namespace = manifest["metadata"]["namespace"]
-        path = (
-            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
-        )
+        path = _rayclusters_path(namespace)
         return await self._create(path, manifest)
 
     async def dry_run_raycluster(self, manifest: Obj) -> None:
         """POST a RayCluster with dryRun=All: the API server runs its whole create path (schema,
         CEL, admission webhooks and policies, quota) and stores nothing. Raises its refusal."""
         namespace = manifest["metadata"]["namespace"]
-        path = (
-            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
-        )
+        path = _rayclusters_path(namespace)
         await self.request(
             "POST", path, body=manifest, query={"dryRun": "All", "fieldManager": naming.MANAGER}
         )
 
     async def delete_raycluster(self, namespace: str, name: str, uid: str) -> None:
-        path = (
-            f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
-        )
+        path = _rayclusters_path(namespace)
         await self._delete(f"{path}/{name}", uid)
 
     # --- who may read /metrics (metrics_access.py) -----------------------------------------------
@@ -561,6 +544,10 @@ def verb_and_resource(method: str, path: str) -> tuple[str, str]:
         resource = f"{resource}/{rest[2]}"
     verbs = {"GET": "get" if named else "list", "POST": "create", "PUT": "update", "PATCH": "patch"}
     return verbs.get(method.upper(), method.lower()), resource
+
+
+def _rayclusters_path(namespace: str) -> str:
+    return f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
 
 
 def _job_path(namespace: str, name: str) -> str:

@@ -830,20 +830,19 @@ def _workload_finished(ctx: _Ctx, draft: Draft) -> None:
 
 def _workers_left(ctx: _Ctx, draft: Draft) -> bool:
     """Whether a worker pod of the finished job's clusters may still hold resources; scales a kept
-    cluster's workers to zero on the way."""
+    cluster's workers to zero on the way (a cluster being deleted, or deleted in this pass by
+    cleanupPolicy, takes its workers with it)."""
     owned = _owned(ctx)
-    for cluster in owned:
-        if not cluster.deleting and cluster.worker_replicas:
-            why = "the job finished under Kueue: its workers go before its quota is given back"
-            draft.act(
-                ScaleRayClusterWorkers(cluster.name, cluster.uid, cluster.worker_groups, why),
-                Event(
-                    "Normal", "ScaledDownWorkers", f"scaling RayCluster {cluster.name}'s workers to 0: {why}"
-                ),
-            )
+    deleted = {a.uid for a in draft.actions if isinstance(a, DeleteRayCluster)}
+    scaling = [c for c in owned if c.worker_replicas and not c.deleting and c.uid not in deleted]
+    for cluster in scaling:
+        why = "the job finished under Kueue: its workers go before its quota is given back"
+        draft.act(
+            ScaleRayClusterWorkers(cluster.name, cluster.uid, cluster.worker_groups, why),
+            Event("Normal", "ScaledDownWorkers", f"scaling RayCluster {cluster.name}'s workers to 0: {why}"),
+        )
     names = {c.name for c in owned}
-    pods = [p for p in ctx.observed.pods if not p.is_head and p.cluster in names]
-    return any(c.worker_replicas and not c.deleting for c in owned) or bool(pods)
+    return bool(scaling) or any(not p.is_head and p.cluster in names for p in ctx.observed.pods)
 
 
 def _workload_status(draft: Draft, current: WorkloadView, status: Manifest, why: str) -> None:

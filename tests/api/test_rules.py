@@ -828,6 +828,12 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
         )
     ),
     (
+        "asyncRL.drainBeforeRefit",
+        True,
+        [{"trainer": SYNC}],
+        [{}, {"trainer": {"asyncRL": {"overSampling": True}}}],
+    ),
+    (
         "loss.importanceSamplingOnStaleData",
         False,
         [{"trainer": {"loss": {"useImportanceSamplingCorrection": False}}}, {"trainer": SYNC}],

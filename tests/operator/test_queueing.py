@@ -329,6 +329,7 @@ def test_a_finished_job_gives_its_workers_back_before_kueue_gives_its_quota_back
     assert done.status.phase == phase
     (act,) = actions(done, cleanup)
     assert act.name == live.name and (cleanup is plan.DeleteRayCluster or act.groups == 2)
+    assert len(actions(done, plan.DeleteRayCluster) + actions(done, plan.ScaleRayClusterWorkers)) == 1
     assert not actions(done, plan.PatchWorkloadStatus)  # the workers still run: the quota stays taken
     head_only = (pod(live, head=True, driver=terminated(exit_code)),)
     left = (replace(live, worker_replicas=0),) if cleanup is plan.ScaleRayClusterWorkers else ()
