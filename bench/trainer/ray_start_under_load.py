@@ -31,7 +31,7 @@ class Count(logging.Handler):
     def emit(self, record):
         if "did not start within" in record.getMessage():
             attempts.append(record.getMessage())
-logging.getLogger(driver.__name__).addHandler(Count())
+driver.log.addHandler(Count())
 started = time.monotonic()
 try:
     local_run.start_own_ray(num_cpus=2, num_gpus=0)
