@@ -20,6 +20,8 @@ RAY_VERSION: Final = "v1"
 RAY_API_VERSION: Final = f"{RAY_GROUP}/{RAY_VERSION}"
 RAYCLUSTER_KIND: Final = "RayCluster"
 RAYCLUSTER_PLURAL: Final = "rayclusters"
+WORKLOAD_PLURAL: Final = "workloads"
+"""Kueue's Workloads (kueue.x-k8s.io), watched like the job's children (informer.py)."""
 
 RAY_CLUSTER_LABEL: Final = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL: Final = "ray.io/node-type"

@@ -172,7 +172,7 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"patch"}
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/finalizers") == {"update"}
     assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete", "patch"}
-    assert granted(rules, "kueue.x-k8s.io", "workloads") == {"get", "list", "create", "patch", "delete"}
+    assert granted(rules, "kueue.x-k8s.io", "workloads") == {"list", "watch", "create", "patch", "delete"}
     assert granted(rules, "kueue.x-k8s.io", "workloads/status") == {"patch"}
     assert granted(rules, "kueue.x-k8s.io", "resourceflavors") == {"get"}
     assert granted(rules, "scheduling.k8s.io", "priorityclasses") == {"get"}

@@ -12,7 +12,8 @@ Together these observe every row of "The lifecycle under Kueue" in docs/guides/s
 `kubectl get agj -o wide` (the API server's Table of the CRD's printer columns) and the job's
 conditions show in each state. The preemption test runs the operator as the chart's
 ServiceAccount behind a recording proxy, so a Kueue rule the chart lacks would be refused, and one
-it grants but nothing needs would show.
+it grants but nothing needs would show; and it counts the operator's reads of Workloads (watched,
+not polled).
 
 These are slow (Kueue admission, preemption and KubeRay's pod churn, twice per test), so they
 are marked `slow` as well as `cluster`; CI runs them.
@@ -53,7 +54,7 @@ from tests.e2e.test_operator import (
     operator,  # noqa: F401 - the fixture, reused
     wait_phase,
 )
-from tests.reliability.apiproxy import Permission
+from tests.reliability.apiproxy import Permission, permission
 from tests.reliability.proxied import (
     ProxiedInstallation,
     chart_rules,
@@ -458,9 +459,9 @@ def test_admission_puts_the_flavors_into_the_pods_and_a_retry_keeps_the_admissio
         kube_api.delete(f"{kueue.BASE}/clusterqueues/{name}")
 
 
+READS = ("get", "list", "watch")
+
 KUEUE_RULES_USED_ELSEWHERE = {
-    Permission("kueue.x-k8s.io", "workloads", "get"): "a MultiKueue worker reads the Workload MultiKueue "
-    "prebuilt for its copy of a job by name (tests/e2e/test_multikueue.py)",
     Permission("kueue.x-k8s.io", "workloads", "delete"): "a job whose pods changed after Kueue reserved "
     "quota but before it admitted (admission checks pending) asks anew (tests/operator/test_queueing.py)",
 }
@@ -551,6 +552,12 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_in_place_u
     assert used - granted == set(), f"used but not granted: {used - granted}"
     kueue_rules = {p for p in granted if p.group in ("kueue.x-k8s.io", "scheduling.k8s.io")}
     assert kueue_rules - used == set(KUEUE_RULES_USED_ELSEWHERE), kueue_rules - used
+    # Workloads are watched: two jobs' whole lives read them only through the informer (a list,
+    # then watches resumed every few minutes), where every pass used to list them.
+    seen = [(c.path, permission(c)) for c in calls]
+    reads = [(p.verb, path) for path, p in seen if p and p.resource == "workloads" and p.verb in READS]
+    assert {verb for verb, _ in reads} == {"list", "watch"}, reads
+    assert [verb for verb, _ in reads].count("list") <= 3, reads
 
 
 @pytest.mark.usefixtures("operator")

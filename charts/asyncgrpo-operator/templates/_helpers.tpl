@@ -128,12 +128,13 @@ in a Role per watched namespace.
 # A job Kueue manages owns its Kueue Workload (Kueue's externalFrameworks contract): created,
 # its pod sets updated while it holds no quota, deleted when its quota no longer fits the job;
 # its status written as a job's controller does (quota given back after an eviction, PodsReady,
-# Finished). Without Kueue installed the list answers 404 and the job says so. On a MultiKueue
-# worker cluster the copy of a dispatched job reads the Workload MultiKueue prebuilt for it by name
-# (get) and becomes its controller (patch).
+# Finished). Watched (those labelled with a job's name), so Kueue's decisions queue the job's
+# pass and a pass reads none; without Kueue installed the list answers 404 and the job says so.
+# On a MultiKueue worker cluster the copy of a dispatched job finds the Workload MultiKueue
+# prebuilt for it in that watch (it carries the manager's labels) and becomes its controller (patch).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
