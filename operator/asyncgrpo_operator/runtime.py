@@ -98,6 +98,11 @@ class Runtime:
         return [self.task, self.poller, *self.informers, *(t for t in optional if t is not None)]
 
 
+def watched_namespaces() -> list[str]:
+    """The namespaces the operator acts in ($ASYNCGRPO_WATCH_NAMESPACES); empty: all of them."""
+    return [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
+
+
 def of(memo: Any) -> Runtime:
     """The runtime stored in kopf's memo by the startup handler."""
     runtime = memo[MEMO_KEY]
@@ -119,7 +124,7 @@ async def start(memo: Any) -> Runtime:
     metrics = Metrics()
     api = await k8s.Api.connect(metrics)
     session = aiohttp.ClientSession()
-    namespaces = [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
+    namespaces = watched_namespaces()
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     cache = Cache(scopes=tuple(scopes))
     elector = _elector(api)

@@ -180,7 +180,7 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
     assert granted(rules, "", "pods") == {"list", "watch"}
     assert granted(rules, "", "events") == {"create"}
-    assert granted(rules, "", "namespaces") == {"list", "watch"}
+    assert not granted(rules, "", "namespaces"), "kopf reads no namespaces when it watches all of them"
     assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
     # who scrapes /metrics (metrics.secure): the caller's token, then its right to get /metrics
     assert granted(rules, "authentication.k8s.io", "tokenreviews") == {"create"}
@@ -208,17 +208,25 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
         },
     )
     cluster_rules = operator_role(objects)["rules"]
+    # Only what no Role can grant: cluster-scoped objects a job names, read by name, and the two
+    # reviews of /metrics callers. kopf's scanning is off, so no CRDs and no namespaces.
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
-        "customresourcedefinitions",
-        "namespaces",
         "resourceflavors",
         "workloadpriorityclasses",
         "priorityclasses",
-        "asyncgrporuntimes",  # cluster-scoped, like the rows above
+        "asyncgrporuntimes",
         "tokenreviews",
         "subjectaccessreviews",
     }
-    assert granted(cluster_rules, "asyncgrpo.dev", "asyncgrporuntimes") == {"get"}
+    for group, resource in (
+        ("kueue.x-k8s.io", "resourceflavors"),
+        ("kueue.x-k8s.io", "workloadpriorityclasses"),
+        ("scheduling.k8s.io", "priorityclasses"),
+        ("asyncgrpo.dev", "asyncgrporuntimes"),
+    ):
+        assert granted(cluster_rules, group, resource) == {"get"}, resource
+    assert granted(cluster_rules, "authentication.k8s.io", "tokenreviews") == {"create"}
+    assert granted(cluster_rules, "authorization.k8s.io", "subjectaccessreviews") == {"create"}
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for rules in roles.values():
@@ -229,6 +237,33 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
     assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
     assert all(b["subjects"][0]["name"] == sa and b["roleRef"]["kind"] == "Role" for b in bindings)
+
+
+def test_with_watched_namespaces_the_webhook_and_the_policy_judge_only_those_namespaces(
+    helm_bin: Path,
+) -> None:
+    """The operator may dry-run RayClusters only there, and another install's operator, running
+    the other namespaces' jobs, must not meet this install's webhook (its matchConditions exempt
+    this install's ServiceAccount only). An explicit webhook.namespaceSelector still wins."""
+    watched = {"operator.watchNamespaces": ["team-a", "team-b"]}
+    objects = template(helm_bin, watched)
+    only_those = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+    }
+    (hook,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"] == only_those
+    policies = [
+        p
+        for p in by_kind(objects, "ValidatingAdmissionPolicy")
+        if not p["metadata"]["name"].endswith("-runtime")
+    ]
+    assert [p["spec"]["matchConstraints"]["namespaceSelector"] for p in policies] == [only_those]
+    chosen = {"matchLabels": {"tenant": "a"}}
+    objects = template(helm_bin, {**watched, "webhook.namespaceSelector": chosen})
+    (hook,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"] == chosen
 
 
 def test_users_get_jobs_through_the_default_edit_admin_and_view_roles(default_objects: Objects) -> None:

@@ -70,6 +70,25 @@ app.kubernetes.io/part-of: asyncgrpo
 {{- end }}
 
 {{/*
+The namespaces the webhook and the admission policy judge: webhook.namespaceSelector when set;
+else, with operator.watchNamespaces, those namespaces (an install judges the jobs it runs and no
+others: its dry-run may create RayClusters only there, and another install's operator, running
+the other namespaces' jobs, must not meet this install's webhook); else all.
+*/}}
+{{- define "asyncgrpo-operator.admissionNamespaceSelector" -}}
+{{- if .Values.webhook.namespaceSelector }}
+{{- toYaml .Values.webhook.namespaceSelector }}
+{{- else if .Values.operator.watchNamespaces }}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values: {{ toJson .Values.operator.watchNamespaces }}
+{{- else }}
+{}
+{{- end }}
+{{- end }}
+
+{{/*
 Checks the schema cannot express; each fails `helm install` with the value to fix.
 */}}
 {{- define "asyncgrpo-operator.validateValues" -}}
