@@ -302,6 +302,10 @@ class Api:
     async def get_workload_priority_class(self, name: str) -> Obj | None:
         return await self.get_or_none(f"{KUEUE_BASE}/workloadpriorityclasses/{name}")
 
+    async def get_local_queue(self, namespace: str, name: str) -> Obj | None:
+        """A Kueue LocalQueue, or None when it does not exist (or Kueue's API is not served)."""
+        return await self.get_or_none(f"{KUEUE_BASE}/namespaces/{namespace}/localqueues/{name}")
+
     async def set_job_suspend(self, namespace: str, name: str, uid: str, suspend: bool) -> Obj:
         """Write the job's spec.suspend (JSON patch with a UID test: never a namesake's)."""
         ops = [

@@ -266,6 +266,54 @@ def test_with_watched_namespaces_the_webhook_and_the_policy_judge_only_those_nam
     assert hook["namespaceSelector"] == chosen
 
 
+def test_jobs_that_name_no_queue_meet_a_mutating_webhook_only_where_kueues_settings_say(
+    helm_bin: Path, default_objects: Objects
+) -> None:
+    """kueue.manageJobsWithoutQueueName (or localQueueDefaulting) adds the webhook that queues such
+    a job in LocalQueue default or refuses it (issue 47, item 11): in the namespaces both admission
+    and Kueue's managedJobsNamespaceSelector pick, for a job without the queue label, and of
+    updates only those that remove it; with the rights and settings it needs. Off by default."""
+    assert not by_kind(default_objects, "MutatingWebhookConfiguration")
+    assert not granted(operator_role(default_objects)["rules"], "kueue.x-k8s.io", "localqueues")
+    objects = template(
+        helm_bin,
+        {"kueue.manageJobsWithoutQueueName": True, "operator.watchNamespaces": ["team-a"]},
+    )
+    (hook,) = one(objects, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["service"]["path"] == "/default-queue-asyncgrpojob"
+    assert hook["clientConfig"]["caBundle"] == webhook_entry(objects)["clientConfig"]["caBundle"]
+    assert (hook["failurePolicy"], hook["reinvocationPolicy"]) == ("Fail", "Never")
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]},
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "kueue-system"],
+            },
+        ]
+    }
+    assert hook["objectSelector"] == {
+        "matchExpressions": [{"key": "kueue.x-k8s.io/queue-name", "operator": "DoesNotExist"}]
+    }
+    conditions = {c["name"]: c["expression"] for c in hook["matchConditions"]}
+    assert conditions["created-or-label-removed"] == (
+        "request.operation == 'CREATE' || (has(oldObject.metadata.labels) && "
+        "'kueue.x-k8s.io/queue-name' in oldObject.metadata.labels)"
+    )
+    assert (
+        conditions["not-the-operator"]
+        == {c["name"]: c["expression"] for c in webhook_entry(objects)["matchConditions"]}["not-the-operator"]
+    )
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "team-a"]
+    assert granted(role["rules"], "kueue.x-k8s.io", "localqueues") == {"get"}
+    assert env(objects)["ASYNCGRPO_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"] == "true"
+    assert "ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING" not in env(objects)
+    defaulting = template(helm_bin, {"kueue.localQueueDefaulting": True})
+    assert one(defaulting, "MutatingWebhookConfiguration")
+    assert env(defaulting)["ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING"] == "true"
+
+
 def test_users_get_jobs_through_the_default_edit_admin_and_view_roles(default_objects: Objects) -> None:
     roles = {r["metadata"]["name"]: r for r in by_kind(default_objects, "ClusterRole")}
     edit, view = (roles[name] for name in AGGREGATED)
@@ -555,7 +603,7 @@ def leaf_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
     keys: list[str] = []
     for key, value in values.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and key not in {"resources"}:
+        if isinstance(value, dict) and value and key not in {"resources", "managedJobsNamespaceSelector"}:
             keys += leaf_keys(value, f"{path}.")
         else:
             keys.append(path)

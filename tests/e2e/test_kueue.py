@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from asyncgrpo_api import exitcodes
+from asyncgrpo_operator import kueue_admission
 from tests.cluster import faults, kueue
 from tests.cluster.build import build_optional
 from tests.cluster.cluster import LocalCluster
@@ -104,12 +105,19 @@ def queue(kueue_on: LocalCluster, kube_api: Api, namespace: str) -> Iterator[str
         yield name
 
 
+MANAGED = {"kueue.manageJobsWithoutQueueName": True}
+"""The chart values of a cluster whose Kueue manages every job (its manageJobsWithoutQueueName)."""
+
+
 @pytest.fixture
 def chart_operator(kueue_on: LocalCluster, driver_progress: ProgressServer) -> Iterator[ProxiedInstallation]:
     """The chart installed, its operator running as the chart's ServiceAccount behind a recording
     proxy (tests/reliability/proxied.py) and watching `jobs_ns` only, where its rights are the
-    chart's Role: a Kueue call the chart does not allow is refused (403) and recorded."""
-    with proxied_chart(kueue_on, driver_progress.template) as installation:
+    chart's Role: a Kueue call the chart does not allow is refused (403) and recorded. Installed
+    as for a Kueue that manages jobs without a queue name, so jobs that name none meet the chart's
+    mutating webhook."""
+    env = {kueue_admission.MANAGE_ENV: "true"}  # what the chart's Deployment sets for MANAGED
+    with proxied_chart(kueue_on, driver_progress.template, values=MANAGED, operator_env=env) as installation:
         yield installation
 
 
@@ -476,11 +484,13 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_in_place_u
 ) -> None:
     """The table's preempted and requeued rows, and readmission; the operator runs as the chart's
     ServiceAccount, so every Kueue call it makes goes through the chart's rules: none is refused,
-    and every Kueue rule the chart grants is called here or needed elsewhere (named)."""
+    and every Kueue rule the chart grants is called here or needed elsewhere (named). Last, with
+    Kueue managing every job (kueue.manageJobsWithoutQueueName), a job that names no queue is
+    refused, then queued in the LocalQueue default once the namespace has one."""
     namespace, proxy = chart_operator.jobs_ns, chart_operator.proxy
     assert proxy is not None
     low, high = priorities
-    with one_job_queue(kube_api, namespace):
+    with one_job_queue(kube_api, namespace) as cluster_queue:
         create_job(kube_api, namespace, queued_job("low", scheduler={"priorityClassName": low}))
         running(kube_api, namespace, "low", driver_progress)
         cluster = get_job(kube_api, namespace, "low")["status"]["rayClusterName"]
@@ -544,11 +554,23 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_in_place_u
         assert done["restarts"] == 0
         assert get_job(kube_api, namespace, "high")["status"]["phase"] == "Succeeded"
 
+        # Kueue manages every job here (MANAGED): a job that names no queue is refused at
+        # admission while the namespace has no LocalQueue default, then queued in it.
+        with pytest.raises(ApiError) as no_queue:
+            create_job(kube_api, namespace, job_manifest("unqueued"))
+        said = str(no_queue.value.body.get("message"))
+        assert "metadata.labels.kueue.x-k8s.io/queue-name: is required" in said, said
+        assert "LocalQueue named default" in said
+        kueue.create_local_queue(kube_api, namespace, "default", cluster_queue)
+        create_job(kube_api, namespace, job_manifest("unqueued"))
+        assert get_job(kube_api, namespace, "unqueued")["metadata"]["labels"][kueue.QUEUE_LABEL] == "default"
+        assert workload_of(kube_api, namespace, "unqueued")["spec"]["queueName"] == "default"
+
     calls = list(proxy.calls)
     refused = forbidden(calls)
     assert not refused, refused
     used = used_permissions(calls)
-    granted = chart_rules({"operator.watchNamespaces": [namespace]})
+    granted = chart_rules({"operator.watchNamespaces": [namespace], **MANAGED})
     assert used - granted == set(), f"used but not granted: {used - granted}"
     kueue_rules = {p for p in granted if p.group in ("kueue.x-k8s.io", "scheduling.k8s.io")}
     assert kueue_rules - used == set(KUEUE_RULES_USED_ELSEWHERE), kueue_rules - used

@@ -79,13 +79,31 @@ the other namespaces' jobs, must not meet this install's webhook); else all.
 {{- if .Values.webhook.namespaceSelector }}
 {{- toYaml .Values.webhook.namespaceSelector }}
 {{- else if .Values.operator.watchNamespaces }}
-matchExpressions:
-  - key: kubernetes.io/metadata.name
-    operator: In
-    values: {{ toJson .Values.operator.watchNamespaces }}
+{{- $watched := dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" .Values.operator.watchNamespaces }}
+{{- toYaml (dict "matchExpressions" (list $watched)) }}
 {{- else }}
-{}
+{{- toYaml dict }}
 {{- end }}
+{{- end }}
+
+{{/* Whether jobs that name no Kueue queue are judged (kueue_admission.py): the mutating webhook. */}}
+{{- define "asyncgrpo-operator.queueAdmission" -}}
+{{- if or .Values.kueue.manageJobsWithoutQueueName .Values.kueue.localQueueDefaulting }}true{{ end }}
+{{- end }}
+
+{{/*
+The namespaces the mutating webhook judges: those admission judges (above) that Kueue's
+managedJobsNamespaceSelector picks too (both selectors' terms, ANDed).
+*/}}
+{{- define "asyncgrpo-operator.queueNamespaceSelector" -}}
+{{- $admission := include "asyncgrpo-operator.admissionNamespaceSelector" . | fromYaml }}
+{{- $kueue := .Values.kueue.managedJobsNamespaceSelector }}
+{{- $labels := merge (dict) ($admission.matchLabels | default dict) ($kueue.matchLabels | default dict) }}
+{{- $expressions := concat ($admission.matchExpressions | default list) ($kueue.matchExpressions | default list) }}
+{{- $selector := dict }}
+{{- with $labels }}{{- $_ := set $selector "matchLabels" . }}{{- end }}
+{{- with $expressions }}{{- $_ := set $selector "matchExpressions" . }}{{- end }}
+{{- toYaml $selector }}
 {{- end }}
 
 {{/*
@@ -165,4 +183,11 @@ in a Role per watched namespace.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if include "asyncgrpo-operator.queueAdmission" . }}
+# A job that names no Kueue queue (kueue.manageJobsWithoutQueueName, kueue.localQueueDefaulting):
+# the mutating webhook reads whether its namespace has the LocalQueue `default`.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
