@@ -2,7 +2,7 @@
 
 Issue 45 item 5: a Ray node that "timed out during startup" (Ray's fixed 30 s in node.py) failed CI
 runs at load 16-20 and a user's `asyncgrpo run` beside a build. `driver.init_ray` starts such a
-node again, up to `driver.RAY_START_ATTEMPTS` times, and logs each slow start as a warning. This
+node again, for up to `driver.RAY_START_SECONDS`, and logs each slow start as a warning. This
 loads the machine with `--busy` processes spinning at the caller's priority (a build's compilers
 stand-in), then starts and stops the node `--starts` times the way `asyncgrpo run` does
 (`local_run.start_own_ray`), each in a fresh interpreter, as a run is. It prints one line per start
