@@ -835,7 +835,7 @@ INERT: list[tuple[str, Any, list[dict[str, Any]], list[dict[str, Any]]]] = [
     ),
     (
         "loss.importanceSamplingOnStaleData",
-        False,
+        True,
         [{"trainer": {"loss": {"useImportanceSamplingCorrection": False}}}, {"trainer": SYNC}],
         [{}],
     ),

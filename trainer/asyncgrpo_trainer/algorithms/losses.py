@@ -33,16 +33,16 @@ prev_logprobs)) (the geometric mean of the token ratios, clipped as a whole) and
 the sequence's tokens.
 
 Which rows w weighs. On a fresh row w corrects only the engine's numerics against the policy's
-(both hold the same weights). On a stale row it also corrects for the policy's own change since the
-sample was drawn (`importance_sampling_on_stale_data`, on by default); off, a stale row weighs 1 and
-the step is that of a one-step-off trainer without a behaviour correction (the ratio's anchor
-pi_old recomputed under the weights being trained). Which learns faster depends on the task
-(docs/benchmarks.md, issue 46; 5 seeds, one step of staleness): on the real-model reversal case the
-weight, truncated at 2, learned at 0.42x sync's area under held-out accuracy (uncapped 0.20x) and
-without it at 0.92x; there it puts a step's signal on the few tokens the last update moved most (by
-step 4, half the rows had a token weighted below 0.17 or above 5.8, the others at 1.000). On the
-calculator tool task the weight is what keeps the fast early steps from overshooting: 1.00 held-out
-at step 40 with it, 0.80 without (one seed; behaviour KL up to 0.21 a token at step 10).
+(both hold the same weights). On a stale row it would also correct for the policy's own change since
+the sample was drawn (`importance_sampling_on_stale_data`); off, the default, a stale row weighs 1
+and the step is that of a one-step-off trainer without a behaviour correction (the ratio's anchor
+pi_old recomputed under the weights being trained). Measured with one step of staleness, 5 seeds
+each (docs/benchmarks.md, issue 46): on the real-model reversal case the weight, truncated at 2,
+learned at 0.42x sync's area under held-out accuracy (uncapped 0.20x; masked outside [0.5, 2],
+icepop 0.22x, seq-mask-tis 0.25x) and without it at 0.92x; there it puts a step's signal on the
+few tokens the last update moved most (by step 4, half the rows had a token weighted below 0.17 or
+above 5.8, the others at 1.000). On the calculator tool task it made no difference beyond the seed
+spread (1.00x sync's area with it, 0.95x without).
 
 Truncation of w, NeMo-RL's three choices (`truncated_importance_sampling_type`), with bounds
 [lo, hi] = [truncated_importance_sampling_ratio_min or 0, truncated_importance_sampling_ratio]:
@@ -74,8 +74,8 @@ class LossConfig:
     truncated_importance_sampling_ratio_min: float | None = None
     truncated_importance_sampling_type: str = "tis"
     sequence_level_importance_ratios: bool = False
-    importance_sampling_on_stale_data: bool = True
-    """Weight stale rows (`fresh` 0) too; off: their weight is 1 (see the module's docstring)."""
+    importance_sampling_on_stale_data: bool = False
+    """Weight stale rows (`fresh` 0) too; off (the default): their weight is 1 (the module's docstring)."""
     reference_policy_kl_penalty: float = 0.0
     kl_type: str = "k3"
     token_level_loss: bool = True
