@@ -214,7 +214,7 @@ async def start(memo: Any) -> Runtime:
 
 def operator_pods() -> OperatorPods | None:
     """This operator's pods as $POD_NAMESPACE and $ASYNCGRPO_OPERATOR_POD_LABELS name them, or None
-    for an operator that is not a pod (both unset)."""
+    for an operator that is not a pod (either unset)."""
     namespace = os.environ.get("POD_NAMESPACE")
     pairs = [item.partition("=") for item in os.environ.get(POD_LABELS_ENV, "").split(",") if item.strip()]
     labels = {key.strip(): value.strip() for key, _, value in pairs}
