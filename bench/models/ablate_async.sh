@@ -39,6 +39,13 @@ if [[ " $CASES " == *" low-start "* ]] && [ ! -d "$MODELS/tiny-qwen2-low-start" 
   "$PY" -m asyncgrpo_cli.main make-tiny-checkpoint "$MODELS/tiny-qwen2-low-start" --hidden-size 128 \
     --heads 4 --intermediate-size 512 --warm-start --warm-start-steps 80 | tail -1
 fi
+if [[ " $CASES " == *" calculator "* ]]; then
+  if [ -f .wh/calc.tar.gz ] && [ ! -d "$MODELS/tiny-calc" ]; then tar -xzf .wh/calc.tar.gz -C "$MODELS"; fi
+  if [ ! -d "$MODELS/tiny-calc" ]; then
+    "$PY" -m asyncgrpo_cli.main make-tiny-checkpoint "$MODELS/tiny-calc" --family qwen2 --hidden-size 128 \
+      --heads 4 --intermediate-size 512 --warm-start calculator | tail -1
+  fi
+fi
 for condition in "$@"; do
   name=${condition%%:*}
   sets=()

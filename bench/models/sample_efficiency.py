@@ -17,7 +17,11 @@ sample. The cases:
 - low-start: the same job over 40 steps from the same warm start stopped after 80 of its 600 steps
   (`tiny-qwen2-low-start`): its answers have the first three digits right, the fourth right on
   about two prompts in three and a fifth too many, so RL has to teach it the fourth digit as well
-  as the stop (tests/trainer/test_low_start_learning.py).
+  as the stop (tests/trainer/test_low_start_learning.py);
+- calculator: the multi-turn tool job of docs/guides/environments.md over its 20 steps, from the
+  guide's warm start (`tiny-calc`, `--warm-start calculator`): the model rarely calls the tool and
+  cannot multiply, so RL has to teach it to call and copy the reply (a task where stale samples'
+  importance weights helped on one seed, where on `real` they hurt: issue 46).
 
 Each run is one `asyncgrpo run` with its own Ray (learning_seeds.run_seed), `--parallel` at once.
 It prints one JSON line per run as it finishes and, once a case's runs are done, its table (every
@@ -31,6 +35,8 @@ start sets its 2 threads itself):
         --warm-start
     asyncgrpo make-tiny-checkpoint DIR/tiny-qwen2-low-start --hidden-size 128 --heads 4 \\
         --intermediate-size 512 --warm-start --warm-start-steps 80
+    asyncgrpo make-tiny-checkpoint DIR/tiny-calc --family qwen2 --hidden-size 128 --heads 4 \\
+        --intermediate-size 512 --warm-start calculator
     PYTHONPATH=trainer:operator python bench/models/sample_efficiency.py --models DIR --seeds 1-5 \\
         --parallel 8 --modes sync async-in-order > A.txt
     PYTHONPATH=trainer:operator python bench/models/sample_efficiency.py --models DIR --seeds 1-5 \\
@@ -45,6 +51,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -66,11 +73,20 @@ THRESHOLDS = (0.5, 0.8)
 
 @dataclass(frozen=True)
 class Case:
-    """A job every mode learns: its file, the `--set`s on its trainer section and its steps."""
+    """A job every mode learns: its file, the `--set`s on its trainer section and its steps. A guide
+    (a Markdown file) holds its jobs in YAML blocks: `document` names the one (metadata.name)."""
 
     job: Path
     steps: int
     overrides: tuple[str, ...] = ()
+    document: str | None = None
+
+    def load(self) -> dict[str, Any]:
+        if self.document is None:
+            return yaml.safe_load(self.job.read_text())  # type: ignore[no-any-return]
+        blocks = re.findall(r"```yaml\n(.*?)```", self.job.read_text(), flags=re.DOTALL)
+        (job,) = [j for j in map(yaml.safe_load, blocks) if j["metadata"]["name"] == self.document]
+        return job  # type: ignore[no-any-return]
 
 
 CASES = {
@@ -81,12 +97,15 @@ CASES = {
         40,
         ("grpo.valPeriod=5", "model.path=/models/tiny-qwen2-low-start"),
     ),
+    "calculator": Case(
+        REPO / "docs" / "guides" / "environments.md", 20, ("grpo.valPeriod=5",), document="calculator-cpu"
+    ),
 }
 
 
 def job_of(case: Case, mode: str, extra: Sequence[str] = ()) -> dict[str, Any]:
     """The case's job file with its overrides, then `extra` (`--set`), and `mode`'s asyncRL settings."""
-    job: dict[str, Any] = yaml.safe_load(case.job.read_text())
+    job = case.load()
     trainer = job["spec"]["trainer"]
     for assignment in (*case.overrides, *extra):
         learning_seeds.apply_override(trainer, assignment)
@@ -227,7 +246,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", type=Path, help="holds tiny-qwen2/ and tiny-qwen2-low-start/")
+    parser.add_argument(
+        "--models", type=Path, help="the cases' checkpoints: tiny-qwen2/, tiny-qwen2-low-start/, tiny-calc/"
+    )
     parser.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 4,9,42")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

@@ -1,11 +1,12 @@
-"""The operator's in-memory copy of what it reconciles: the jobs, and their RayClusters, pods and
-spec ConfigMaps, indexed by the job that owns them.
+"""The operator's in-memory copy of what it reconciles: the jobs, and their RayClusters, pods, spec
+ConfigMaps and Kueue Workloads, indexed by the job that owns them.
 
 A reconcile pass reads only from here (reconciler.py); the watches keep it current (informer.py
 for the children, the kopf job watch for the jobs), and so do the answers to the operator's own
 writes (a created RayCluster or ConfigMap, a written status), so the next pass does not act again
 on what it just did before the watch shows it. Without it every pass re-read the job, its
-RayClusters, pods and ConfigMap from the API server: 30-44 requests per job (docs/benchmarks.md).
+RayClusters, pods and ConfigMap from the API server: 30-44 requests per job (docs/benchmarks.md),
+and a job Kueue manages listed its Workloads on every pass.
 
 Correctness does not rest on the cache being current:
 - Order: an object is replaced only by a newer one. resourceVersions are compared as integers
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from asyncgrpo_operator import naming
-from asyncgrpo_operator.observed import ClusterView, ConfigMapView, PodView
+from asyncgrpo_operator.observed import ClusterView, ConfigMapView, PodView, WorkloadView
 
 Key = tuple[str, str]
 """(namespace, name) of a job."""
@@ -247,6 +248,10 @@ def _slim(obj: Obj) -> Obj:
     return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
+CHILD_RESOURCES = (naming.RAYCLUSTER_PLURAL, "pods", "configmaps", naming.WORKLOAD_PLURAL)
+"""What the informers watch besides the jobs (one informer per resource and watched namespace)."""
+
+
 @dataclass
 class Cache:
     """Everything a pass reads. `synced` once every watch has listed once (like client-go's
@@ -257,6 +262,9 @@ class Cache:
     clusters: Index[ClusterView] = field(default_factory=lambda: Index(ClusterView.from_dict))
     pods: Index[PodView] = field(default_factory=lambda: Index(PodView.from_dict))
     configmaps: Index[ConfigMapView] = field(default_factory=lambda: Index(ConfigMapView.from_dict))
+    workloads: Index[WorkloadView] = field(default_factory=lambda: Index(WorkloadView.from_dict))
+    """Kueue's Workloads labelled with a job's name: the ones the operator creates, and on a
+    MultiKueue worker the prebuilt ones (MultiKueue copies the manager's labels)."""
     scopes: tuple[str | None, ...] = (None,)
     """The namespaces watched (None: all)."""
     children_listed: set[tuple[str, str | None]] = field(default_factory=set)
@@ -264,12 +272,16 @@ class Cache:
 
     def synced(self) -> bool:
         scopes = set(self.scopes)
-        listed = {(r, s) for r in ("rayclusters", "pods", "configmaps") for s in scopes}
+        listed = {(r, s) for r in CHILD_RESOURCES for s in scopes}
         return scopes <= self.jobs.listed and listed <= self.children_listed
 
     def kuberay_missing(self) -> str | None:
         """The API server's answer when it does not serve RayClusters (KubeRay not installed)."""
         return next(iter(self.clusters.missing.values()), None)
+
+    def kueue_missing(self) -> str | None:
+        """The API server's answer when it does not serve Workloads (Kueue not installed)."""
+        return next(iter(self.workloads.missing.values()), None)
 
     def configmap(self, job: Key, name: str) -> ConfigMapView | None:
         return next((c for c in self.configmaps.of(job) if c.name == name), None)

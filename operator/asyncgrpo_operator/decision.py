@@ -288,6 +288,10 @@ class Decision:
     writes_status: bool = True
     """False for a job MultiKueue dispatched, on the manager cluster: its status is the worker's,
     which MultiKueue copies over it, so the operator never writes it there."""
+    reported_problem: tuple[str, str] | None = None
+    """For such a job: the Kueue problem (reason, message) it is held by, if any. It cannot go into
+    a status, so the reconciler remembers it (`Observation.reported_problem`) and the plan posts
+    its Warning once, not on every pass."""
 
     def status_patch(self) -> dict[str, Any]:
         """The full status as a JSON merge patch body: cleared fields are null, so they go."""

@@ -1,4 +1,5 @@
-"""List-then-watch loops that keep the cache's children (RayClusters, pods, ConfigMaps) current.
+"""List-then-watch loops that keep the cache's children (RayClusters, pods, ConfigMaps, Kueue
+Workloads) current.
 
 One loop per resource and watched namespace, as client-go's reflector does it: list (in pages),
 replace the cache's copy with the list, then watch from the list's resourceVersion, applying each
@@ -8,10 +9,13 @@ version is gone (410 Gone: etcd compacted it, or a restarted API server no longe
 loop list again, and the replace drops what was deleted meanwhile, so no deletion is missed even
 without its event. A failed call is retried after a short backoff (the operator must catch up as
 soon as the API server is back). A resource the API server does not serve (404, e.g. KubeRay's CRD
-is not installed) is recorded for the plan (KubeRayMissing) and listed again every MISSING_SECONDS.
+is not installed, or Kueue's) is recorded for the plan (KubeRayMissing, KueueMissing) and listed
+again every MISSING_SECONDS.
 
 These loops replace kopf's watches of pods and RayClusters: kopf's handlers could not see a list
-end, so an object deleted while a watch was down would have stayed in the cache.
+end, so an object deleted while a watch was down would have stayed in the cache. Workloads were
+read by every pass of a job Kueue manages, every 3 s while Kueue decided; watched, Kueue's decision
+queues the job's pass the moment it is written, and a pass reads nothing.
 """
 
 from __future__ import annotations
@@ -44,13 +48,16 @@ class Sink(Protocol):
     ) -> set[Key]: ...
 
 
+API_BASES = {
+    naming.RAYCLUSTER_PLURAL: f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}",
+    naming.WORKLOAD_PLURAL: k8s.KUEUE_BASE,
+}
+"""The API group of each watched resource that is not in the core group."""
+
+
 def collection_path(resource: str, namespace: str | None) -> str:
-    """The API path of pods, configmaps or rayclusters, in one namespace or in all."""
-    base = (
-        f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}"
-        if resource == naming.RAYCLUSTER_PLURAL
-        else "/api/v1"
-    )
+    """The API path of pods, configmaps, rayclusters or workloads, in one namespace or in all."""
+    base = API_BASES.get(resource, "/api/v1")
     return f"{base}/namespaces/{namespace}/{resource}" if namespace else f"{base}/{resource}"
 
 

@@ -271,16 +271,6 @@ class Api:
             f"/api/v1/namespaces/{namespace}/pods", f"{naming.JOB_NAME_LABEL}={job_name}"
         )
 
-    async def list_workloads(self, namespace: str, job_uid: str) -> list[Obj]:
-        """The Kueue Workloads a job owns (label kueue.x-k8s.io/job-uid). Raises ApiError 404 when
-        Kueue's API is not served (Kueue is not installed)."""
-        path = f"{KUEUE_BASE}/namespaces/{namespace}/workloads"
-        return await self.list_items(path, f"kueue.x-k8s.io/job-uid={job_uid}")
-
-    async def get_workload(self, namespace: str, name: str) -> Obj | None:
-        """A Workload by name: the prebuilt one MultiKueue created for a job on a worker cluster."""
-        return await self.get_or_none(f"{KUEUE_BASE}/namespaces/{namespace}/workloads/{name}")
-
     async def create_workload(self, manifest: Obj) -> Obj | None:
         namespace = manifest["metadata"]["namespace"]
         return await self._create(f"{KUEUE_BASE}/namespaces/{namespace}/workloads", manifest)
@@ -311,6 +301,10 @@ class Api:
 
     async def get_workload_priority_class(self, name: str) -> Obj | None:
         return await self.get_or_none(f"{KUEUE_BASE}/workloadpriorityclasses/{name}")
+
+    async def get_local_queue(self, namespace: str, name: str) -> Obj | None:
+        """A Kueue LocalQueue, or None when it does not exist (or Kueue's API is not served)."""
+        return await self.get_or_none(f"{KUEUE_BASE}/namespaces/{namespace}/localqueues/{name}")
 
     async def set_job_suspend(self, namespace: str, name: str, uid: str, suspend: bool) -> Obj:
         """Write the job's spec.suspend (JSON patch with a UID test: never a namesake's)."""

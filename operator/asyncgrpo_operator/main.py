@@ -3,6 +3,6 @@
 Importing it registers every handler with kopf's default registry; it holds no logic.
 """
 
-from asyncgrpo_operator import handlers, settings, webhook
+from asyncgrpo_operator import handlers, kueue_admission, settings, webhook
 
-__all__ = ["handlers", "settings", "webhook"]
+__all__ = ["handlers", "kueue_admission", "settings", "webhook"]

@@ -6,7 +6,8 @@ What is measured, and where:
 - jobs by phase, as this replica last reconciled them (only the leader reconciles: a standby
   reports none), the work queue's depth and passes in flight, and whether this replica leads;
 - admission requests by operation and verdict, with latency, and the outcome of the webhook's
-  server-side dry-run of the RayCluster (handlers/admission.py).
+  server-side dry-run of the RayCluster (handlers/admission.py);
+- restarts of the operator's long-lived loops (supervisor.py), by task.
 
 One registry per operator (not prometheus_client's global one), so tests can run several
 operators in one process. The endpoint is an aiohttp app on the operator's event loop, on
@@ -95,6 +96,13 @@ class Metrics:
             "skipped (the API server could not judge it; the job is admitted), unchanged (an update "
             "that leaves the RayCluster as it was) or shed (too many at once; admitted without one).",
             ["result"],
+            registry=self.registry,
+        )
+        self.task_restarts = Counter(
+            "asyncgrpo_task_restarts",
+            "Restarts of the operator's long-lived loops (an informer, the /progress poller, the work "
+            "queue, the leader election) after one ended unexpectedly, by task; any is a bug to report.",
+            ["task"],
             registry=self.registry,
         )
 

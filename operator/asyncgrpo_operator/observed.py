@@ -536,6 +536,9 @@ class Observation:
     """The Workload's priority, resolved from the job's priority class (None: none, or unknown)."""
     priority_error: str | None = None
     """Why the job's priority class could not be resolved (it does not exist)."""
+    reported_problem: tuple[str, str] | None = None
+    """A dispatched job's Kueue problem (reason, message) whose Warning this operator has posted
+    (`Decision.reported_problem`): the same problem is not posted again."""
     runtime: AsyncGRPORuntime | None = None
     """The AsyncGRPORuntime the job names, as read this pass (None: it names none); what it fixes
     goes into the RayCluster."""

@@ -206,8 +206,11 @@ def plan_dispatched(
         else None
     )
     if problem is not None:
-        draft.events.append(Event("Warning", *problem))
-        draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
+        # Once per problem, not once a pass: the job has no status of its own to show it in.
+        if problem != observed.reported_problem:
+            draft.events.append(Event("Warning", *problem))
+        if observed.priority_error is not None:  # Kueue's arrival queues every job (its informer)
+            draft.requeue(PRIORITY_CLASS_RECHECK_SECONDS)
     else:
         current = observed.workload
         if owner is not None:
@@ -221,13 +224,13 @@ def plan_dispatched(
                 f"the dispatched job stopped on its worker after Kueue evicted it ({current.reason}): its "
                 "quota is given back and MultiKueue removes the worker's copy",
             )
-        draft.requeue(KUEUE_RECHECK_SECONDS * 5)
     return Decision(
         status=stored,
         actions=tuple(draft.actions),
         events=tuple(draft.events),
-        requeue_after=min(draft.requeues),
+        requeue_after=min(draft.requeues, default=None),
         writes_status=False,
+        reported_problem=problem,
     )
 
 
@@ -477,10 +480,10 @@ def _suspend(ctx: _Ctx, draft: Draft) -> None:
 
 # --- Kueue: the job is the Workload ---------------------------------------------------------------
 
-KUEUE_RECHECK_SECONDS = 3.0
-"""How often a job Kueue manages looks at its Workload while Kueue decides (admission, eviction,
-its reason): Workloads are read per pass, not watched."""
-KUEUE_MISSING_RECHECK_SECONDS = 30.0
+PRIORITY_CLASS_RECHECK_SECONDS = 30.0
+"""How often a job whose priority class does not exist looks for it again: priority classes are
+read by a pass, not watched. Workloads are watched: Kueue's decisions (admission, eviction, its
+reason) queue the job's pass themselves, as does Kueue's API becoming served."""
 
 
 def _kueue(ctx: _Ctx, draft: Draft) -> None:
@@ -500,11 +503,10 @@ def _kueue(ctx: _Ctx, draft: Draft) -> None:
             "KueueMissing",
             f"Workloads cannot be listed; is Kueue installed? {observed.kueue_missing}",
         )
-        draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
         return
     if observed.priority_error is not None:
         _hold(ctx, draft, None, "PriorityClassNotFound", observed.priority_error)
-        draft.requeue(KUEUE_MISSING_RECHECK_SECONDS)
+        draft.requeue(PRIORITY_CLASS_RECHECK_SECONDS)
         return
     current = observed.workload
     outgrown: list[str] = []
@@ -708,7 +710,8 @@ def _hold(ctx: _Ctx, draft: Draft, current: WorkloadView | None, reason: str, me
     if draft.has(STALLED):
         draft.set(STALLED, False, reason, "the job is queued")
     draft.set_field("attempt_start_time", None)
-    draft.requeue(DELETION_RECHECK_SECONDS if live else KUEUE_RECHECK_SECONDS)
+    if live:  # safety net while KubeRay deletes them: their watch events normally come first
+        draft.requeue(DELETION_RECHECK_SECONDS)
 
 
 def _stopped(ctx: _Ctx) -> bool:
@@ -802,7 +805,6 @@ def _admitted(ctx: _Ctx, draft: Draft, current: WorkloadView) -> None:
             workload.with_condition(current.conditions, "PodsReady", ready, reason, message, now=draft.now),
             f"PodsReady {ready}",
         )
-    draft.requeue(KUEUE_RECHECK_SECONDS * 5)  # an eviction is seen on the Workload only
 
 
 def _workload_finished(ctx: _Ctx, draft: Draft) -> None:
@@ -814,7 +816,7 @@ def _workload_finished(ctx: _Ctx, draft: Draft) -> None:
     if current is None or current.finished:
         return
     if _workers_left(ctx, draft):
-        draft.requeue(KUEUE_RECHECK_SECONDS)
+        draft.requeue(DELETION_RECHECK_SECONDS)
         return
     succeeded = draft.is_true(COMPLETE)
     reason = "Succeeded" if succeeded else "Failed"

@@ -95,6 +95,9 @@ class Memory:
     newer one, a pass would only decide on the same outdated job again."""
     phases: dict[Key, str] = field(default_factory=dict)
     """Each job's phase as the last pass left it (the jobs-by-phase metric)."""
+    problems: dict[Key, tuple[str, str]] = field(default_factory=dict)
+    """The Kueue problem a dispatched job's last pass posted a Warning for (it has no status to
+    hold it): posted again only when it changes, or after an operator restart."""
 
     def forget(self, key: Key) -> None:
         self.phases.pop(key, None)
@@ -103,6 +106,7 @@ class Memory:
         self.written.pop(key, None)
         self.create_failures.pop(key, None)
         self.conflicts.pop(key, None)
+        self.problems.pop(key, None)
 
 
 class Reconciler:
@@ -186,8 +190,13 @@ class Reconciler:
             await self._apply(key, body, outcome, now, generation)
             return outcome.requeue_after
         if job.dispatched_by_multikueue:  # on the manager cluster: MultiKueue runs it elsewhere
+            observed = replace(observed, reported_problem=self.memory.problems.get(key))
             dispatched = plan.plan_dispatched(job, status, observed, generation=generation, owner=owner)
             await self._apply(key, body, dispatched, now, generation)
+            if dispatched.reported_problem is None:
+                self.memory.problems.pop(key, None)
+            else:
+                self.memory.problems[key] = dispatched.reported_problem
             return dispatched.requeue_after
         outcome = plan.plan(
             job, status, observed, generation=generation, owner=owner, spec_errors=spec_errors
@@ -227,10 +236,10 @@ class Reconciler:
         status: AsyncGRPOJobStatus | None,
         now: datetime,
     ) -> Observation:
-        """The job's world: its RayClusters, pods and spec ConfigMap (from the cache), and (while
-        the driver runs) its /progress. `job` is None for a job that is not run; its /progress is
-        not read."""
-        namespace, name = key
+        """The job's world: its RayClusters, pods, spec ConfigMap and Kueue Workload (from the
+        cache), and (while the driver runs) its /progress. `job` is None for a job that is not run;
+        its /progress is not read."""
+        name = key[1]
         kuberay_missing = self.cache.kuberay_missing()
         clusters = () if kuberay_missing is not None else self.cache.clusters.of(key)
         pods = self.cache.pods.of(key)
@@ -245,10 +254,8 @@ class Reconciler:
         head = None
         if current is not None:
             head = next((p for p in pods if is_kuberay_head(p, current) and not p.deleting), None)
-        poll = (
-            self._poll(key, job, head, self.ray_token(namespace, name, uid), now) if job is not None else None
-        )
-        kueue_view = await self._observe_kueue(namespace, uid, job) if job is not None else _KueueView()
+        poll = self._poll(key, job, head, self.ray_token(key[0], name, uid), now) if job is not None else None
+        kueue_view = await self._observe_kueue(key, uid, job) if job is not None else _KueueView()
         return Observation(
             now=now,
             clusters=clusters,
@@ -280,27 +287,22 @@ class Reconciler:
             return None, []
         return runtime_rules.check(job, await self.api.get_runtime(job.spec.runtime_ref.name))
 
-    async def _observe_kueue(self, namespace: str, uid: str, job: AsyncGRPOJob) -> _KueueView:
-        """For a job Kueue manages: its Workload (read, not watched), the ResourceFlavors its
-        admission assigned, and (while it is not admitted) the priority its Workload should carry."""
+    async def _observe_kueue(self, key: Key, uid: str, job: AsyncGRPOJob) -> _KueueView:
+        """For a job Kueue manages: its Workload (from the watch cache: Kueue's decisions queue the
+        job's pass as they are written), the ResourceFlavors its admission assigned, and (while it
+        is not admitted) the priority its Workload should carry."""
         if job.kueue_queue_name is None:
             return _KueueView()
+        missing = self.cache.kueue_missing()
+        if missing is not None:
+            return _KueueView(missing=missing)
         prebuilt = job.prebuilt_workload_name
+        labelled = self.cache.workloads.of(key)
         if prebuilt is not None:  # a worker cluster's copy of a dispatched job: MultiKueue's Workload
-            found = await self.api.get_workload(namespace, prebuilt)
-            owned = [found] if found is not None else []
+            owned = [w for w in labelled if w.name == prebuilt]
         else:
-            try:
-                found_all = await self.api.list_workloads(namespace, uid)
-            except k8s.ApiError as err:
-                if err.status == 404:
-                    return _KueueView(missing=err.message)
-                raise
-            owned = sorted(
-                (w for w in found_all if _controller_uid(w) == uid),
-                key=lambda w: str(w["metadata"].get("name")),
-            )
-        view = WorkloadView.from_dict(owned[0]) if owned else None
+            owned = sorted((w for w in labelled if w.controller_uid == uid), key=lambda w: w.name)
+        view = owned[0] if owned else None
         out = _KueueView(workload=view)
         if view is not None and view.admitted:
             names = sorted({f for flavors in view.assignments.values() for f in flavors})
@@ -495,15 +497,21 @@ class Reconciler:
                 job = await self.api.set_job_suspend(namespace, name, str(meta["uid"]), action.suspend)
                 self.cache.jobs.apply(cache.MODIFIED, job)
             elif isinstance(action, decision.CreateWorkload):
-                await self.api.create_workload(dict(action.manifest))
+                created = await self.api.create_workload(dict(action.manifest))
+                if created is not None:
+                    self.cache.workloads.apply(cache.ADDED, created)
             elif isinstance(action, decision.UpdateWorkload | decision.AdoptWorkload):
-                await self.api.patch_workload(namespace, action.name, action.resource_version, action.patch)
+                written = await self.api.patch_workload(
+                    namespace, action.name, action.resource_version, action.patch
+                )
+                self.cache.workloads.apply(cache.MODIFIED, written)
             elif isinstance(action, decision.DeleteWorkload):
                 await self.api.delete_workload(namespace, action.name, action.uid)
             elif isinstance(action, decision.PatchWorkloadStatus):
-                await self.api.patch_workload(
+                written = await self.api.patch_workload(
                     namespace, action.name, action.resource_version, {"status": action.status}, status=True
                 )
+                self.cache.workloads.apply(cache.MODIFIED, written)
         except k8s.ApiError as err:
             if err.status not in (404, 409):
                 raise

@@ -5,8 +5,12 @@ there, the probe finds the queue's heartbeat, and the cleanup handler closes the
 global, so tests can run an operator in-process next to other code.
 
 The cache (cache.py) is filled by the job watch (kopf, handlers/jobs.py), by the resync's list of
-jobs, and by one informer per child resource and watched namespace (informer.py). No pass runs
-before each of them has listed once.
+jobs, and by one informer per child resource (Kueue's Workloads included) and watched namespace
+(informer.py). No pass runs before each of them has listed once.
+
+Every long-lived loop (the work queue, each informer, the /progress poller, the leader election,
+the metrics certificate's reload) runs under a supervisor (supervisor.py) that starts it again if
+it ever ends; the liveness probe fails only if a supervisor is gone.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.metrics_access import MetricsAccess
 from asyncgrpo_operator.observed import PodView, kuberay_head_exit
 from asyncgrpo_operator.reconciler import ConflictError, Reconciler
+from asyncgrpo_operator.supervisor import Loop, supervise
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,7 @@ class Runtime:
     controller: Controller
     metrics: Metrics
     task: asyncio.Task[None]
+    """The work queue's supervisor (like every task here: supervisor.py restarts the loop it runs)."""
     poller: asyncio.Task[None]
     """Reads the running drivers' /progress (progress.Poller), outside the passes."""
     informers: list[asyncio.Task[None]]
@@ -89,6 +95,16 @@ class Runtime:
     @property
     def is_leader(self) -> bool:
         return self.elector.is_leader if self.elector is not None else True
+
+    def loops(self) -> list[asyncio.Task[None]]:
+        """The supervisors of every long-lived loop (none of them ends while the operator runs)."""
+        optional = (self.elector_task, self.metrics_certificate)
+        return [self.task, self.poller, *self.informers, *(t for t in optional if t is not None)]
+
+
+def watched_namespaces() -> list[str]:
+    """The namespaces the operator acts in ($ASYNCGRPO_WATCH_NAMESPACES); empty: all of them."""
+    return [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
 
 
 def of(memo: Any) -> Runtime:
@@ -112,7 +128,7 @@ async def start(memo: Any) -> Runtime:
     metrics = Metrics()
     api = await k8s.Api.connect(metrics)
     session = aiohttp.ClientSession()
-    namespaces = [n.strip() for n in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if n.strip()]
+    namespaces = watched_namespaces()
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     cache = Cache(scopes=tuple(scopes))
     elector = _elector(api)
@@ -159,11 +175,19 @@ async def start(memo: Any) -> Runtime:
                 reconciler.remember_exit(key, exit_)
 
     cache.pods.seen = pod_seen
+
+    def supervised(name: str, run: Loop) -> asyncio.Task[None]:
+        restarted = metrics.task_restarts.labels
+        return asyncio.create_task(
+            supervise(name, run, lambda task: restarted(task).inc()), name=f"supervise-{name}"
+        )
+
     informers = []
     watched: tuple[tuple[str, Sink, str, bool], ...] = (
         (naming.RAYCLUSTER_PLURAL, cache.clusters, naming.JOB_NAME_LABEL, False),
         ("pods", cache.pods, naming.JOB_NAME_LABEL, False),
         ("configmaps", cache.configmaps, naming.SPEC_CONFIGMAP_SELECTOR, True),
+        (naming.WORKLOAD_PLURAL, cache.workloads, naming.JOB_NAME_LABEL, False),
     )
     for resource, index, selector, metadata_only in watched:
         for scope in scopes:
@@ -178,12 +202,10 @@ async def start(memo: Any) -> Runtime:
                 label_selector=selector,
                 metadata_only=metadata_only,
             )
-            informers.append(asyncio.create_task(informer.run(), name=f"asyncgrpo-watch-{resource}"))
-    task = asyncio.create_task(controller.run(), name="asyncgrpo-controller")
-    poller_task = asyncio.create_task(poller.run(), name="asyncgrpo-progress-poller")
-    elector_task = (
-        asyncio.create_task(elector.run(), name="asyncgrpo-leader") if elector is not None else None
-    )
+            informers.append(supervised(f"asyncgrpo-watch-{resource}-{scope or 'all'}", informer.run))
+    task = supervised("asyncgrpo-controller", controller.run)
+    poller_task = supervised("asyncgrpo-progress-poller", poller.run)
+    elector_task = supervised("asyncgrpo-leader", elector.run) if elector is not None else None
     runtime = Runtime(
         api=api,
         session=session,
@@ -206,7 +228,7 @@ async def start(memo: Any) -> Runtime:
     )
     port = os.environ.get(metrics_module.PORT_ENV)
     if port:
-        await _serve_metrics(runtime, int(port))
+        await _serve_metrics(runtime, int(port), supervised)
     memo[MEMO_KEY] = runtime
     log.info("controller started", extra={"namespaces": namespaces or "all", "progress_url": template})
     return runtime
@@ -223,7 +245,9 @@ def operator_pods() -> OperatorPods | None:
     return OperatorPods(namespace, labels)
 
 
-async def _serve_metrics(runtime: Runtime, port: int) -> None:
+async def _serve_metrics(
+    runtime: Runtime, port: int, supervised: Callable[[str, Loop], asyncio.Task[None]]
+) -> None:
     """Plain /metrics, or (ASYNCGRPO_METRICS_SECURE) HTTPS for the callers RBAC lets read it."""
     if os.environ.get(metrics_module.SECURE_ENV, "").lower() not in {"1", "true", "yes"}:
         runtime.metrics_server = await metrics_module.serve(runtime.metrics, port)
@@ -234,7 +258,9 @@ async def _serve_metrics(runtime: Runtime, port: int) -> None:
         runtime.metrics, port, tls=tls.context, access=MetricsAccess(runtime.api)
     )
     every = float(os.environ.get(metrics_module.CERT_CHECK_ENV) or metrics_tls.CHECK_SECONDS)
-    runtime.metrics_certificate = asyncio.create_task(tls.follow(every), name="asyncgrpo-metrics-certificate")
+    runtime.metrics_certificate = supervised(
+        "asyncgrpo-metrics-certificate", functools.partial(tls.follow, every)
+    )
 
 
 async def resync_keys(api: k8s.Api, cache: Cache, scopes: Iterable[str | None]) -> list[Key]:

@@ -13,6 +13,13 @@
   handler failures (WARNING and above), as component asyncgrpo-operator.
 - Watching: kopf watches only the jobs (the children are the informers', informer.py), with
   explicit timeouts so a silently dead watch is noticed and re-established (kopf#204, #698).
+- Scanning: off when the operator watches given namespaces (ASYNCGRPO_WATCH_NAMESPACES, as
+  `--namespace` sets it): kopf then neither lists and watches namespaces (to match its patterns,
+  which here are plain names) nor watches CRDs (it takes the resources API discovery shows at
+  start; the chart installs the CRD before the operator), so the operator needs no cluster-wide
+  read at all and its rights on namespaced objects are Roles in those namespaces only (the chart's
+  RBAC, docs/security.md). Watching all namespaces, kopf watches CRDs, so a reinstalled CRD is
+  served again without a restart; it never reads namespaces then.
 - Peering: standalone. The chart runs two replicas with our own Lease election (leader.py), so
   only one reconciles; the reconcile is safe even with two active replicas (deterministic names,
   UID preconditions, resourceVersion on status writes). kopf's peering would need the KopfPeering
@@ -29,7 +36,7 @@ from typing import Any
 import kopf
 
 from asyncgrpo_api.v1alpha1 import GROUP
-from asyncgrpo_operator import naming, webhook
+from asyncgrpo_operator import naming, runtime, webhook
 
 
 @kopf.on.startup(id=naming.HANDLER_STARTUP)
@@ -70,3 +77,4 @@ def apply(settings: kopf.OperatorSettings) -> None:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 60
     settings.peering.standalone = True
+    settings.scanning.disabled = bool(runtime.watched_namespaces())

@@ -49,7 +49,7 @@ from asyncgrpo_api.rules import Finding, locked_changes, validate_manifest
 from asyncgrpo_api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
-from asyncgrpo_operator import dryrun, k8s, runtime
+from asyncgrpo_operator import dryrun, k8s, naming, runtime
 from asyncgrpo_operator.workload import PRIORITY_LABEL as KUEUE_PRIORITY_LABEL
 
 logger = logging.getLogger(__name__)
@@ -474,16 +474,20 @@ class _DenialsAreNotErrors(logging.Filter):
 
     kopf reports every AdmissionError like a crashed handler. A refused `kubectl apply` is the
     webhook working, and ERROR lines for it would drown real failures (and page whoever alerts on
-    ERROR). Only this handler's permanent failures, i.e. denials, are rewritten.
+    ERROR). Only our admission handlers' permanent failures, i.e. denials, are rewritten.
     """
 
-    PREFIX = f"Webhook {HANDLER_ID!r} failed permanently: "
+    HANDLERS = (HANDLER_ID, naming.HANDLER_DEFAULT_QUEUE)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if record.levelno == logging.ERROR and message.startswith(self.PREFIX):
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-            record.msg, record.args = f"Webhook {HANDLER_ID!r} denied: {message[len(self.PREFIX) :]}", ()
+        if record.levelno != logging.ERROR:
+            return True
+        for handler in self.HANDLERS:
+            prefix = f"Webhook {handler!r} failed permanently: "
+            if message.startswith(prefix):
+                record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+                record.msg, record.args = f"Webhook {handler!r} denied: {message[len(prefix) :]}", ()
         return True
 
 

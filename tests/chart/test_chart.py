@@ -186,7 +186,7 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/status") == {"patch"}
     assert granted(rules, "asyncgrpo.dev", "asyncgrpojobs/finalizers") == {"update"}
     assert granted(rules, "ray.io", "rayclusters") == {"create", "list", "watch", "delete", "patch"}
-    assert granted(rules, "kueue.x-k8s.io", "workloads") == {"get", "list", "create", "patch", "delete"}
+    assert granted(rules, "kueue.x-k8s.io", "workloads") == {"list", "watch", "create", "patch", "delete"}
     assert granted(rules, "kueue.x-k8s.io", "workloads/status") == {"patch"}
     assert granted(rules, "kueue.x-k8s.io", "resourceflavors") == {"get"}
     assert granted(rules, "scheduling.k8s.io", "priorityclasses") == {"get"}
@@ -196,7 +196,7 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "", "secrets") == {"create"}, "each job's Ray token Secret, never read back"
     assert granted(rules, "networking.k8s.io", "networkpolicies") == {"create", "get", "update"}
     assert granted(rules, "", "events") == {"create"}
-    assert granted(rules, "", "namespaces") == {"list", "watch"}
+    assert not granted(rules, "", "namespaces"), "kopf reads no namespaces when it watches all of them"
     assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
     # who scrapes /metrics (metrics.secure): the caller's token, then its right to get /metrics
     assert granted(rules, "authentication.k8s.io", "tokenreviews") == {"create"}
@@ -224,17 +224,25 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
         },
     )
     cluster_rules = operator_role(objects)["rules"]
+    # Only what no Role can grant: cluster-scoped objects a job names, read by name, and the two
+    # reviews of /metrics callers. kopf's scanning is off, so no CRDs and no namespaces.
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
-        "customresourcedefinitions",
-        "namespaces",
         "resourceflavors",
         "workloadpriorityclasses",
         "priorityclasses",
-        "asyncgrporuntimes",  # cluster-scoped, like the rows above
+        "asyncgrporuntimes",
         "tokenreviews",
         "subjectaccessreviews",
     }
-    assert granted(cluster_rules, "asyncgrpo.dev", "asyncgrporuntimes") == {"get"}
+    for group, resource in (
+        ("kueue.x-k8s.io", "resourceflavors"),
+        ("kueue.x-k8s.io", "workloadpriorityclasses"),
+        ("scheduling.k8s.io", "priorityclasses"),
+        ("asyncgrpo.dev", "asyncgrporuntimes"),
+    ):
+        assert granted(cluster_rules, group, resource) == {"get"}, resource
+    assert granted(cluster_rules, "authentication.k8s.io", "tokenreviews") == {"create"}
+    assert granted(cluster_rules, "authorization.k8s.io", "subjectaccessreviews") == {"create"}
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(objects, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for rules in roles.values():
@@ -245,6 +253,81 @@ def test_with_watched_namespaces_the_operator_gets_roles_there_and_nothing_names
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
     assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
     assert all(b["subjects"][0]["name"] == sa and b["roleRef"]["kind"] == "Role" for b in bindings)
+
+
+def test_with_watched_namespaces_the_webhook_and_the_policy_judge_only_those_namespaces(
+    helm_bin: Path,
+) -> None:
+    """The operator may dry-run RayClusters only there, and another install's operator, running
+    the other namespaces' jobs, must not meet this install's webhook (its matchConditions exempt
+    this install's ServiceAccount only). An explicit webhook.namespaceSelector still wins."""
+    watched = {"operator.watchNamespaces": ["team-a", "team-b"]}
+    objects = template(helm_bin, watched)
+    only_those = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+    }
+    (hook,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"] == only_those
+    policies = [
+        p
+        for p in by_kind(objects, "ValidatingAdmissionPolicy")
+        if not p["metadata"]["name"].endswith("-runtime")
+    ]
+    assert [p["spec"]["matchConstraints"]["namespaceSelector"] for p in policies] == [only_those]
+    chosen = {"matchLabels": {"tenant": "a"}}
+    objects = template(helm_bin, {**watched, "webhook.namespaceSelector": chosen})
+    (hook,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"] == chosen
+
+
+def test_jobs_that_name_no_queue_meet_a_mutating_webhook_only_where_kueues_settings_say(
+    helm_bin: Path, default_objects: Objects
+) -> None:
+    """kueue.manageJobsWithoutQueueName (or localQueueDefaulting) adds the webhook that queues such
+    a job in LocalQueue default or refuses it (issue 47, item 11): in the namespaces both admission
+    and Kueue's managedJobsNamespaceSelector pick, for a job without the queue label, and of
+    updates only those that remove it; with the rights and settings it needs. Off by default."""
+    assert not by_kind(default_objects, "MutatingWebhookConfiguration")
+    assert not granted(operator_role(default_objects)["rules"], "kueue.x-k8s.io", "localqueues")
+    objects = template(
+        helm_bin,
+        {"kueue.manageJobsWithoutQueueName": True, "operator.watchNamespaces": ["team-a"]},
+    )
+    (hook,) = one(objects, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["service"]["path"] == "/default-queue-asyncgrpojob"
+    assert hook["clientConfig"]["caBundle"] == webhook_entry(objects)["clientConfig"]["caBundle"]
+    assert (hook["failurePolicy"], hook["reinvocationPolicy"]) == ("Fail", "Never")
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]},
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "kueue-system"],
+            },
+        ]
+    }
+    assert hook["objectSelector"] == {
+        "matchExpressions": [{"key": "kueue.x-k8s.io/queue-name", "operator": "DoesNotExist"}]
+    }
+    conditions = {c["name"]: c["expression"] for c in hook["matchConditions"]}
+    assert conditions["created-or-label-removed"] == (
+        "request.operation == 'CREATE' || (has(oldObject.metadata.labels) && "
+        "'kueue.x-k8s.io/queue-name' in oldObject.metadata.labels)"
+    )
+    assert (
+        conditions["not-the-operator"]
+        == {c["name"]: c["expression"] for c in webhook_entry(objects)["matchConditions"]}["not-the-operator"]
+    )
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "team-a"]
+    assert granted(role["rules"], "kueue.x-k8s.io", "localqueues") == {"get"}
+    assert env(objects)["ASYNCGRPO_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"] == "true"
+    assert "ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING" not in env(objects)
+    defaulting = template(helm_bin, {"kueue.localQueueDefaulting": True})
+    assert one(defaulting, "MutatingWebhookConfiguration")
+    assert env(defaulting)["ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING"] == "true"
 
 
 def test_users_get_jobs_through_the_default_edit_admin_and_view_roles(default_objects: Objects) -> None:
@@ -570,7 +653,7 @@ def leaf_keys(values: dict[str, Any], prefix: str = "") -> list[str]:
     keys: list[str] = []
     for key, value in values.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and key not in {"resources"}:
+        if isinstance(value, dict) and value and key not in {"resources", "managedJobsNamespaceSelector"}:
             keys += leaf_keys(value, f"{path}.")
         else:
             keys.append(path)

@@ -12,7 +12,8 @@ Together these observe every row of "The lifecycle under Kueue" in docs/guides/s
 `kubectl get agj -o wide` (the API server's Table of the CRD's printer columns) and the job's
 conditions show in each state. The preemption test runs the operator as the chart's
 ServiceAccount behind a recording proxy, so a Kueue rule the chart lacks would be refused, and one
-it grants but nothing needs would show.
+it grants but nothing needs would show; and it counts the operator's reads of Workloads (watched,
+not polled).
 
 These are slow (Kueue admission, preemption and KubeRay's pod churn, twice per test), so they
 are marked `slow` as well as `cluster`; CI runs them.
@@ -33,6 +34,7 @@ from typing import Any
 import pytest
 
 from asyncgrpo_api import exitcodes
+from asyncgrpo_operator import kueue_admission
 from tests.cluster import faults, kueue
 from tests.cluster.build import build_optional
 from tests.cluster.cluster import LocalCluster
@@ -53,7 +55,7 @@ from tests.e2e.test_operator import (
     operator,  # noqa: F401 - the fixture, reused
     wait_phase,
 )
-from tests.reliability.apiproxy import Permission
+from tests.reliability.apiproxy import Permission, permission
 from tests.reliability.proxied import (
     ProxiedInstallation,
     chart_rules,
@@ -103,12 +105,19 @@ def queue(kueue_on: LocalCluster, kube_api: Api, namespace: str) -> Iterator[str
         yield name
 
 
+MANAGED = {"kueue.manageJobsWithoutQueueName": True}
+"""The chart values of a cluster whose Kueue manages every job (its manageJobsWithoutQueueName)."""
+
+
 @pytest.fixture
 def chart_operator(kueue_on: LocalCluster, driver_progress: ProgressServer) -> Iterator[ProxiedInstallation]:
     """The chart installed, its operator running as the chart's ServiceAccount behind a recording
     proxy (tests/reliability/proxied.py) and watching `jobs_ns` only, where its rights are the
-    chart's Role: a Kueue call the chart does not allow is refused (403) and recorded."""
-    with proxied_chart(kueue_on, driver_progress.template) as installation:
+    chart's Role: a Kueue call the chart does not allow is refused (403) and recorded. Installed
+    as for a Kueue that manages jobs without a queue name, so jobs that name none meet the chart's
+    mutating webhook."""
+    env = {kueue_admission.MANAGE_ENV: "true"}  # what the chart's Deployment sets for MANAGED
+    with proxied_chart(kueue_on, driver_progress.template, values=MANAGED, operator_env=env) as installation:
         yield installation
 
 
@@ -458,9 +467,9 @@ def test_admission_puts_the_flavors_into_the_pods_and_a_retry_keeps_the_admissio
         kube_api.delete(f"{kueue.BASE}/clusterqueues/{name}")
 
 
+READS = ("get", "list", "watch")
+
 KUEUE_RULES_USED_ELSEWHERE = {
-    Permission("kueue.x-k8s.io", "workloads", "get"): "a MultiKueue worker reads the Workload MultiKueue "
-    "prebuilt for its copy of a job by name (tests/e2e/test_multikueue.py)",
     Permission("kueue.x-k8s.io", "workloads", "delete"): "a job whose pods changed after Kueue reserved "
     "quota but before it admitted (admission checks pending) asks anew (tests/operator/test_queueing.py)",
 }
@@ -475,11 +484,13 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_in_place_u
 ) -> None:
     """The table's preempted and requeued rows, and readmission; the operator runs as the chart's
     ServiceAccount, so every Kueue call it makes goes through the chart's rules: none is refused,
-    and every Kueue rule the chart grants is called here or needed elsewhere (named)."""
+    and every Kueue rule the chart grants is called here or needed elsewhere (named). Last, with
+    Kueue managing every job (kueue.manageJobsWithoutQueueName), a job that names no queue is
+    refused, then queued in the LocalQueue default once the namespace has one."""
     namespace, proxy = chart_operator.jobs_ns, chart_operator.proxy
     assert proxy is not None
     low, high = priorities
-    with one_job_queue(kube_api, namespace):
+    with one_job_queue(kube_api, namespace) as cluster_queue:
         create_job(kube_api, namespace, queued_job("low", scheduler={"priorityClassName": low}))
         running(kube_api, namespace, "low", driver_progress)
         cluster = get_job(kube_api, namespace, "low")["status"]["rayClusterName"]
@@ -543,14 +554,32 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_in_place_u
         assert done["restarts"] == 0
         assert get_job(kube_api, namespace, "high")["status"]["phase"] == "Succeeded"
 
+        # Kueue manages every job here (MANAGED): a job that names no queue is refused at
+        # admission while the namespace has no LocalQueue default, then queued in it.
+        with pytest.raises(ApiError) as no_queue:
+            create_job(kube_api, namespace, job_manifest("unqueued"))
+        said = str(no_queue.value.body.get("message"))
+        assert "metadata.labels.kueue.x-k8s.io/queue-name: is required" in said, said
+        assert "LocalQueue named default" in said
+        kueue.create_local_queue(kube_api, namespace, "default", cluster_queue)
+        create_job(kube_api, namespace, job_manifest("unqueued"))
+        assert get_job(kube_api, namespace, "unqueued")["metadata"]["labels"][kueue.QUEUE_LABEL] == "default"
+        assert workload_of(kube_api, namespace, "unqueued")["spec"]["queueName"] == "default"
+
     calls = list(proxy.calls)
     refused = forbidden(calls)
     assert not refused, refused
     used = used_permissions(calls)
-    granted = chart_rules({"operator.watchNamespaces": [namespace]})
+    granted = chart_rules({"operator.watchNamespaces": [namespace], **MANAGED})
     assert used - granted == set(), f"used but not granted: {used - granted}"
     kueue_rules = {p for p in granted if p.group in ("kueue.x-k8s.io", "scheduling.k8s.io")}
     assert kueue_rules - used == set(KUEUE_RULES_USED_ELSEWHERE), kueue_rules - used
+    # Workloads are watched: two jobs' whole lives read them only through the informer (a list,
+    # then watches resumed every few minutes), where every pass used to list them.
+    seen = [(c.path, permission(c)) for c in calls]
+    reads = [(p.verb, path) for path, p in seen if p and p.resource == "workloads" and p.verb in READS]
+    assert {verb for verb, _ in reads} == {"list", "watch"}, reads
+    assert [verb for verb, _ in reads].count("list") <= 3, reads
 
 
 @pytest.mark.usefixtures("operator")

@@ -27,6 +27,7 @@ IO_MODULES = {
     "handlers",
     "settings",
     "main",
+    "supervisor",
 }
 FORBIDDEN_IN_PURE = {
     "kopf",

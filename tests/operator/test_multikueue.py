@@ -12,6 +12,7 @@ import aiohttp
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_operator import plan, progress, workload
+from asyncgrpo_operator.cache import ADDED
 from asyncgrpo_operator.decision import (
     AdoptWorkload,
     CreateRayCluster,
@@ -202,6 +203,20 @@ def test_a_missing_priority_class_is_reported_as_an_event_not_a_status() -> None
     assert [e.reason for e in decision.events] == ["PriorityClassNotFound"]
 
 
+def test_a_missing_priority_class_is_reported_once_not_on_every_pass() -> None:
+    """The job has no status of its own to hold the problem: the Warning went out every 30 s."""
+    missing = "PriorityClass p (spec.scheduler.priorityClassName) does not exist"
+    first = dispatch(None, 5, priority_error=missing)
+    again = dispatch(None, 35, priority_error=missing, reported_problem=first.reported_problem)
+    assert [e.type for e in first.events] == ["Warning"] and not again.events
+    other = dispatch(
+        None, 65, priority_error=missing.replace(" p ", " q "), reported_problem=again.reported_problem
+    )
+    assert [e.reason for e in other.events] == ["PriorityClassNotFound"]  # another problem: news
+    fixed = dispatch(None, 95, reported_problem=other.reported_problem)
+    assert fixed.reported_problem is None
+
+
 # --- a worker cluster ------------------------------------------------------------------------------
 
 
@@ -277,19 +292,13 @@ def test_the_manager_and_worker_render_the_same_pod_sets() -> None:
 
 
 class KueueApi(TimedApi):
-    """Kueue's API besides the job's: Workloads by job UID or by name, and the writes to them."""
+    """Kueue's API besides the job's: the writes to Workloads (the operator reads them from its
+    watch cache, which `run_pass` fills with `workloads`)."""
 
     def __init__(self, job: dict[str, Any], workloads: list[dict[str, Any]]) -> None:
         super().__init__(job)
         self.workloads = workloads
         self.patches: list[dict[str, Any]] = []
-
-    async def list_workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
-        return await self._call("list_workloads", list(self.workloads))  # type: ignore[no-any-return]
-
-    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = next((w for w in self.workloads if w["metadata"]["name"] == name), None)
-        return await self._call("get_workload", found)  # type: ignore[no-any-return]
 
     async def create_workload(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return await self._call("create_workload", manifest)  # type: ignore[no-any-return]
@@ -298,6 +307,9 @@ class KueueApi(TimedApi):
         return await self._call(
             "set_job_suspend", {**self.job, "spec": {**self.job["spec"], "suspend": suspend}}
         )  # type: ignore[no-any-return]
+
+    async def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        return await self._call("get_priority_class", None)  # type: ignore[no-any-return]
 
     async def patch_workload(self, namespace: str, name: str, version: str, patch: Any, **_: Any) -> Any:
         self.patches.append(patch)
@@ -314,7 +326,10 @@ def stored(labels: dict[str, str], **spec: Any) -> dict[str, Any]:
 def run_pass(api: KueueApi) -> list[str]:
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
-            reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
+            cache = cached(api.job)
+            for found in api.workloads:
+                cache.workloads.apply(ADDED, found)
+            reconciler = Reconciler(api, progress.Poller(session), cache)  # type: ignore[arg-type]
             await reconciler.reconcile(("team", "demo"))
 
     asyncio.run(scenario())
@@ -328,7 +343,25 @@ def test_a_manager_pass_creates_the_workload_and_writes_nothing_else() -> None:
     assert not {"patch_job_status", "create_configmap", "create_raycluster", "set_job_suspend"} & set(calls)
 
 
-def test_a_worker_pass_adopts_the_prebuilt_workload_it_finds_by_name() -> None:
+def test_passes_of_a_dispatched_job_without_its_priority_class_post_one_warning() -> None:
+    """Through the reconciler: its memory carries what the last pass reported to the next."""
+    body = stored({"kueue.x-k8s.io/queue-name": "team-a"}, managedBy=MULTIKUEUE)
+    body["spec"]["scheduler"] = {"priorityClassName": "missing"}
+    api = KueueApi(body, [])
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(api, progress.Poller(session), cached(api.job))  # type: ignore[arg-type]
+            for _ in range(3):
+                await reconciler.reconcile(("team", "demo"))
+
+    asyncio.run(scenario())
+    assert [name for name, _, _ in api.calls].count("post_event") == 1
+
+
+def test_a_worker_pass_adopts_the_prebuilt_workload_it_finds_by_name_in_the_watch_cache() -> None:
+    """MultiKueue's clone carries the manager's labels (cloneForCreate), the job-name label among
+    them: the worker's informer has it, and the pass reads nothing from the API server."""
     labels = {
         "kueue.x-k8s.io/queue-name": "team-a",
         "kueue.x-k8s.io/prebuilt-workload-name": "wl-from-manager",
@@ -341,6 +374,6 @@ def test_a_worker_pass_adopts_the_prebuilt_workload_it_finds_by_name() -> None:
     built["metadata"].update(name="wl-from-manager", namespace="team", uid="w", resourceVersion="3")
     api = KueueApi(body, [built])
     calls = run_pass(api)
-    assert "get_workload" in calls and "list_workloads" not in calls and "create_workload" not in calls
+    assert "create_workload" not in calls  # and no read: KueueApi has none to call
     [adoption] = api.patches
     assert adoption["metadata"]["labels"] == {"kueue.x-k8s.io/job-uid": body["metadata"]["uid"]}

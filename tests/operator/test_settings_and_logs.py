@@ -28,6 +28,21 @@ def test_kopf_persists_nothing_under_kopf_zalando_org() -> None:
     assert config.peering.standalone is True
 
 
+def test_watching_given_namespaces_kopf_reads_no_namespaces_and_no_crds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its scanning lists and watches namespaces and watches CRDs, cluster-wide: with it off, the
+    chart grants a namespaced install nothing cluster-wide to read (issue 47, item 13)."""
+    monkeypatch.setenv(runtime.WATCH_NAMESPACES_ENV, "team-a,team-b")
+    config = kopf.OperatorSettings()
+    settings.apply(config)
+    assert config.scanning.disabled is True
+    monkeypatch.delenv(runtime.WATCH_NAMESPACES_ENV)
+    config = kopf.OperatorSettings()
+    settings.apply(config)
+    assert config.scanning.disabled is False  # all namespaces: a reinstalled CRD is noticed
+
+
 def resource(group: str, version: str, plural: str) -> references.Resource:
     return references.Resource(
         group=group, version=version, plural=plural, namespaced=True, verbs=["list", "watch"]

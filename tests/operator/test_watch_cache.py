@@ -34,6 +34,7 @@ from tests.operator.builders import (
     raw_cluster,
     raw_pod,
 )
+from tests.operator.test_queueing import PENDING, kueue_job, seen, step, wl
 
 JOB = ("team", "demo")
 
@@ -118,7 +119,7 @@ def test_no_pass_runs_before_every_watch_has_listed_once() -> None:
     cache = Cache(scopes=("team",))
     assert not cache.synced()
     cache.jobs.replace([], "1", "team")
-    for resource in ("rayclusters", "pods", "configmaps"):
+    for resource in ("rayclusters", "pods", "configmaps", "workloads"):
         assert not cache.synced()
         cache.children_listed.add((resource, "team"))
     assert cache.synced()
@@ -204,6 +205,58 @@ def test_a_resource_not_served_is_recorded_and_cleared_once_it_is(monkeypatch: p
 async def _informer(api: WatchApi, index: Index[PodView]) -> None:
     informer = Informer(api, "pods", "team", index, changed=lambda _: None, listed=lambda: None)  # type: ignore[arg-type]
     await informer.run()
+
+
+# --- Kueue's Workloads are watched, not polled ----------------------------------------------------
+
+
+def test_workloads_are_listed_and_watched_in_kueues_api_group() -> None:
+    assert informer_module.collection_path("workloads", "team") == (
+        "/apis/kueue.x-k8s.io/v1beta2/namespaces/team/workloads"
+    )
+    assert informer_module.collection_path("workloads", None) == "/apis/kueue.x-k8s.io/v1beta2/workloads"
+
+
+def test_kueues_decision_on_a_workload_queues_its_jobs_pass() -> None:
+    """Kueue admits a Workload: the watch event names the job (the Workload carries its job-name
+    label), so its pass runs now, not at the next poll."""
+    queued = workload_body(5, admitted=False)
+    admitted = workload_body(9, admitted=True)
+    cache = Cache()
+    api = WatchApi(lists=[([queued], "5")], watches=[[{"type": "MODIFIED", "object": admitted}]])
+    changed: list[tuple[str, str]] = []
+    informer = Informer(api, "workloads", None, cache.workloads, changed=changed.extend, listed=lambda: None)  # type: ignore[arg-type]
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(informer.run())
+    assert changed == [JOB, JOB]  # the list, then Kueue's admission
+    [view] = cache.workloads.of(JOB)
+    assert view.admitted and view.name == "wl"
+
+
+def test_a_job_waiting_for_kueue_is_not_polled() -> None:
+    """While Kueue decides, a pass asks for no early look (it used to, every 3 s): the Workload's
+    watch event brings the next pass."""
+    first = step(None, seen(0, workload=wl(PENDING)))
+    queued = step(first.status, seen(5, workload=wl(PENDING)), kueue_job(suspend=True))
+    assert queued.status.phase == "Queued" and queued.requeue_after is None
+
+
+def workload_body(version: int, *, admitted: bool) -> dict[str, Any]:
+    conditions = [{"type": "QuotaReserved", "status": "True" if admitted else "False", "reason": "Pending"}]
+    if admitted:
+        conditions.append({"type": "Admitted", "status": "True", "reason": "Admitted"})
+    return {
+        "metadata": {
+            "name": "wl",
+            "uid": "wl-uid",
+            "namespace": "team",
+            "resourceVersion": str(version),
+            "labels": {naming.JOB_NAME_LABEL: "demo"},
+            "ownerReferences": [{"uid": OWNER.uid, "controller": True}],
+        },
+        "spec": {"podSets": []},
+        "status": {"conditions": conditions},
+    }
 
 
 # --- writes only on change -----------------------------------------------------------------------

@@ -46,10 +46,16 @@ class ProxiedInstallation(Installation):
 
 @contextmanager
 def proxied_chart(
-    cluster: LocalCluster, progress_url_template: str, *, metrics_port: int | None = None
+    cluster: LocalCluster,
+    progress_url_template: str,
+    *,
+    metrics_port: int | None = None,
+    values: dict[str, Any] | None = None,
+    operator_env: dict[str, str] | None = None,
 ) -> Iterator[ProxiedInstallation]:
-    """Install the chart for one watched namespace (`jobs_ns`), start the operator as its
-    ServiceAccount behind a fresh RecordingProxy, yield; uninstall afterwards. Skips without helm."""
+    """Install the chart for one watched namespace (`jobs_ns`) with `values`, start the operator
+    as its ServiceAccount behind a fresh RecordingProxy (with `operator_env`, what the chart's
+    Deployment sets for those values), yield; uninstall afterwards. Skips without helm."""
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
@@ -66,6 +72,8 @@ def proxied_chart(
         progress_url_template=progress_url_template,
         watch_jobs_ns_only=True,
         metrics_port=metrics_port,
+        values=dict(values or {}),
+        operator_env=dict(operator_env or {}),
     )
     try:
         installation.install()

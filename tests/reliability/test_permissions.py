@@ -39,7 +39,7 @@ from tests.webhook.cluster_harness import JOBS_PATH, METRICS_READER, RUNTIMES_PA
 
 KUEUE_INSTALLED_ONLY = {
     Permission("kueue.x-k8s.io", "workloads", "create"),
-    Permission("kueue.x-k8s.io", "workloads", "get"),  # a MultiKueue worker's prebuilt Workload
+    Permission("kueue.x-k8s.io", "workloads", "watch"),  # the list answers 404 here: no watch follows
     Permission("kueue.x-k8s.io", "workloads", "patch"),
     Permission("kueue.x-k8s.io", "workloads", "delete"),
     Permission("kueue.x-k8s.io", "workloads/status", "patch"),
@@ -48,10 +48,10 @@ KUEUE_INSTALLED_ONLY = {
     Permission("scheduling.k8s.io", "priorityclasses", "get"),
 }
 """What the operator does only for a job Kueue manages once Kueue is installed (its Workload,
-the flavors of an admission, the priority of a queued Workload, on a MultiKueue worker the Workload
-prebuilt for a dispatched job), which this test cluster does not run: the list of Workloads
-answering 404 is as far as it gets. tests/e2e/test_kueue.py and test_multikueue.py exercise these
-against the real Kueue; here they may go unused, and any other rule may not."""
+the flavors of an admission, the priority of a queued Workload), which this test cluster does not
+run: the informer's list of Workloads answering 404 is as far as it gets. tests/e2e/test_kueue.py
+and test_multikueue.py exercise these against the real Kueue; here they may go unused, and any
+other rule may not."""
 
 
 def _status(api: Api, ns: str, name: str) -> JSON:

@@ -243,9 +243,12 @@ def _held_out_accuracy(tmp_path: Path, name: str, policy_spec: dict[str, int]) -
 
 
 @pytest.mark.trainer
-@pytest.mark.budget(400, "a packed and a padded job trained side by side to the same accuracy")
+@pytest.mark.budget(300, "a packed job trained to the bar its padded counterpart reaches")
 def test_a_packed_job_learns_reversal_as_far_as_its_plain_counterpart(tmp_path: Path) -> None:
-    plain = _held_out_accuracy(tmp_path, "plain", {})
+    """The example's job, packed at 512 tokens a micro-batch, learns reversal to the bar the padded
+    job reaches (0.8 held out by step 100; 1.0 from step 80-110, docs/benchmarks.md). That a packed
+    step is the padded step (loss, gradient norm, tokens and clip fraction to 1e-4, through the
+    worker) is the test above; that the field reaches the worker, tests/trainer/test_no_inert_fields.py.
+    Until 2026-12-07 the padded job ran here too, side by side (155 s for both)."""
     packed = _held_out_accuracy(tmp_path, "packed", {"maxTokensPerMicroBatch": 512})
-    assert plain >= 0.8 and packed >= 0.8, (plain, packed)
-    assert abs(packed - plain) <= 0.05, (plain, packed)
+    assert packed >= 0.8, packed

@@ -116,6 +116,9 @@ class Installation:
     HTTPS with the webhook's certificate, for tokens RBAC lets get /metrics (`read_metrics`)."""
     values: dict[str, Any] = field(default_factory=dict)
     """More chart values (dotted keys), e.g. {"webhook.failurePolicy": "Ignore"}."""
+    operator_env: dict[str, str] = field(default_factory=dict)
+    """More of the local operator's environment: what the chart's Deployment sets for `values`
+    (e.g. ASYNCGRPO_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME for kueue.manageJobsWithoutQueueName)."""
     watch_jobs_ns_only: bool = False
     """Install with operator.watchNamespaces = [jobs_ns]: the operator's rights on jobs and their
     children are then a Role in that namespace, not the ClusterRole."""
@@ -311,6 +314,7 @@ class Installation:
                 p for p in (str(extra_path or ""), os.environ.get("PYTHONPATH", "")) if p
             ),
         }
+        env.update(self.operator_env)
         if self.progress_url_template:
             env["ASYNCGRPO_PROGRESS_URL_TEMPLATE"] = self.progress_url_template
         if self.metrics_port:  # as the chart's Deployment sets them (metrics.secure)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 import yaml
 
@@ -339,7 +340,11 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
 USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
 
 
-RAY_START_ATTEMPTS = 3
+RAY_START_SECONDS = 300.0
+"""How long a Ray node started here may take, over its attempts: Ray gives one attempt a fixed 30 s
+(Ray 2.60's node.py) after its processes are up, and on a 2-core machine at load 10 one start took
+46 s in all, at load 20-25 each attempt took about 75 s and none came up within three
+(docs/benchmarks.md, "Ray's start under load")."""
 RAY_START_TIMED_OUT = "timed out during startup"
 """Ray's words when the node it starts here is not up within its fixed 30 s (Ray 2.60's node.py)."""
 
@@ -349,20 +354,45 @@ def init_ray(**options: Any) -> None:
     the product runs in offline clusters, where a phone-home is at best a timeout. (Set in the
     environment, so the Ray processes started here inherit it.)
 
-    A Ray node started here that is not up within Ray's fixed 30 s is started again, up to
-    RAY_START_ATTEMPTS times: on a busy 2-core machine (load 17-50 in a clean-clone CI run) the
-    raylet's agents took longer, and the whole job failed before its first step."""
+    A Ray node started here that is not up within Ray's fixed 30 s is started again, for up to
+    RAY_START_SECONDS in all, each slow start reported as a warning with the machine's load: on a
+    busy 2-core machine (load 17-50 in a clean-clone CI run) the raylet's agents took longer, and
+    the whole job failed before its first step. The processes a timed-out attempt started (its GCS
+    server, raylet and agents, which Ray leaves running when its node fails to come up) are stopped
+    first, so that the next attempt does not compete with them for the CPU."""
     os.environ.setdefault(USAGE_STATS_ENV, "0")
-    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        before = _child_pids()
         try:
             ray.init(**options)
             return
         except Exception as exc:  # Ray raises a bare Exception for a node that did not come up
-            if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+            elapsed = time.monotonic() - started
+            if RAY_START_TIMED_OUT not in str(exc) or elapsed >= RAY_START_SECONDS:
                 raise
-            log.warning("Ray's node did not start within Ray's 30 s (attempt %d of %d); starting it again",
-                        attempt, RAY_START_ATTEMPTS)  # fmt: skip
+            log.warning("Ray's node did not start within Ray's 30 s (attempt %d, %.0f s so far, load %.1f); "
+                        "starting it again", attempt, elapsed, os.getloadavg()[0])  # fmt: skip
             ray.shutdown()
+            _stop(_child_pids() - before)
+
+
+def _child_pids() -> set[int]:
+    """This process's descendants now."""
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def _stop(pids: set[int]) -> None:
+    """Kill these processes and wait for them (a process gone already is skipped)."""
+    processes = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(pid)
+            process.kill()
+            processes.append(process)
+    psutil.wait_procs(processes, timeout=10)
 
 
 def resume_state(path: str) -> tuple[controller.ResumeState, Path] | None:

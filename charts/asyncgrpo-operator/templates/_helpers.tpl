@@ -83,6 +83,43 @@ app.kubernetes.io/part-of: asyncgrpo
 {{- end }}
 
 {{/*
+The namespaces the webhook and the admission policy judge: webhook.namespaceSelector when set;
+else, with operator.watchNamespaces, those namespaces (an install judges the jobs it runs and no
+others: its dry-run may create RayClusters only there, and another install's operator, running
+the other namespaces' jobs, must not meet this install's webhook); else all.
+*/}}
+{{- define "asyncgrpo-operator.admissionNamespaceSelector" -}}
+{{- if .Values.webhook.namespaceSelector }}
+{{- toYaml .Values.webhook.namespaceSelector }}
+{{- else if .Values.operator.watchNamespaces }}
+{{- $watched := dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" .Values.operator.watchNamespaces }}
+{{- toYaml (dict "matchExpressions" (list $watched)) }}
+{{- else }}
+{{- toYaml dict }}
+{{- end }}
+{{- end }}
+
+{{/* Whether jobs that name no Kueue queue are judged (kueue_admission.py): the mutating webhook. */}}
+{{- define "asyncgrpo-operator.queueAdmission" -}}
+{{- if or .Values.kueue.manageJobsWithoutQueueName .Values.kueue.localQueueDefaulting }}true{{ end }}
+{{- end }}
+
+{{/*
+The namespaces the mutating webhook judges: those admission judges (above) that Kueue's
+managedJobsNamespaceSelector picks too (both selectors' terms, ANDed).
+*/}}
+{{- define "asyncgrpo-operator.queueNamespaceSelector" -}}
+{{- $admission := include "asyncgrpo-operator.admissionNamespaceSelector" . | fromYaml }}
+{{- $kueue := .Values.kueue.managedJobsNamespaceSelector }}
+{{- $labels := merge (dict) ($admission.matchLabels | default dict) ($kueue.matchLabels | default dict) }}
+{{- $expressions := concat ($admission.matchExpressions | default list) ($kueue.matchExpressions | default list) }}
+{{- $selector := dict }}
+{{- with $labels }}{{- $_ := set $selector "matchLabels" . }}{{- end }}
+{{- with $expressions }}{{- $_ := set $selector "matchExpressions" . }}{{- end }}
+{{- toYaml $selector }}
+{{- end }}
+
+{{/*
 Checks the schema cannot express; each fails `helm install` with the value to fix.
 */}}
 {{- define "asyncgrpo-operator.validateValues" -}}
@@ -141,12 +178,13 @@ in a Role per watched namespace.
 # A job Kueue manages owns its Kueue Workload (Kueue's externalFrameworks contract): created,
 # its pod sets updated while it holds no quota, deleted when its quota no longer fits the job;
 # its status written as a job's controller does (quota given back after an eviction, PodsReady,
-# Finished). Without Kueue installed the list answers 404 and the job says so. On a MultiKueue
-# worker cluster the copy of a dispatched job reads the Workload MultiKueue prebuilt for it by name
-# (get) and becomes its controller (patch).
+# Finished). Watched (those labelled with a job's name), so Kueue's decisions queue the job's
+# pass and a pass reads none; without Kueue installed the list answers 404 and the job says so.
+# On a MultiKueue worker cluster the copy of a dispatched job finds the Workload MultiKueue
+# prebuilt for it in that watch (it carries the manager's labels) and becomes its controller (patch).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
@@ -168,4 +206,11 @@ in a Role per watched namespace.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if include "asyncgrpo-operator.queueAdmission" . }}
+# A job that names no Kueue queue (kueue.manageJobsWithoutQueueName, kueue.localQueueDefaulting):
+# the mutating webhook reads whether its namespace has the LocalQueue `default`.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}

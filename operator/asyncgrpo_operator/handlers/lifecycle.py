@@ -1,8 +1,10 @@
 """Operator lifecycle: start the work queue, stop it, and report liveness.
 
 The liveness probe (`kopf run --liveness=http://0.0.0.0:8080/healthz`) fails when the queue's
-dispatcher has stopped or not ticked for a while, so a wedged operator is restarted by the kubelet
-instead of silently doing nothing (the kopf "zombie" failure, kopf#1276).
+dispatcher has not ticked for a while, or when a supervisor of one of the operator's loops is gone
+(each loop that ends is restarted by its supervisor; a supervisor does not end), so a wedged
+operator is restarted by the kubelet instead of silently doing nothing (the kopf "zombie" failure,
+kopf#1276).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ async def stop_controller(*, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.probe(id=naming.HANDLER_PROBE)
 async def controller_alive(*, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-    """Queue statistics; raises (HTTP 500) when the queue is dead or stuck."""
+    """Queue statistics; raises (HTTP 500) when a loop is no longer supervised or the queue is stuck."""
     rt = runtime.of(memo)
-    if rt.task.done():
-        raise kopf.PermanentError("the reconcile queue has stopped")
+    gone = [task.get_name() for task in rt.loops() if task.done()]
+    if gone:
+        raise kopf.PermanentError(f"stopped: {', '.join(gone)}")
     stats = rt.controller.stats
     idle = asyncio.get_running_loop().time() - stats.last_beat
     if idle > STALE_AFTER_SECONDS:
