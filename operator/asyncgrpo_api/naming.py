@@ -18,3 +18,15 @@ def raycluster_name(job_name: str, attempt: int) -> str:
 def spec_configmap_name(job_name: str) -> str:
     """The ConfigMap holding the validated job spec the driver reads."""
     return f"{job_name}-spec"
+
+
+def ray_token_secret_name(job_name: str) -> str:
+    """The Secret with the job's Ray token (`ray_auth`), which every attempt's RayCluster names.
+    The same for every attempt, and free of the job's UID: a MultiKueue worker renders the same
+    pods as the manager cluster did."""
+    return f"{job_name}-ray-token"
+
+
+def network_policy_name(job_name: str) -> str:
+    """The NetworkPolicy that admits to the job's pods only its own pods and the operator."""
+    return f"{job_name}-ray"

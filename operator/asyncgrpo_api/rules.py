@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from asyncgrpo_api import invariants, quantity
+from asyncgrpo_api import invariants, quantity, ray_auth
 from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.object_store_rules import object_store_problems
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
@@ -711,6 +711,31 @@ def _unique_env_names(job: AsyncGRPOJob) -> Iterator[Finding]:
             seen.setdefault(ref.env, path)
 
 
+def _ray_version_has_token_auth(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """KubeRay refuses token authentication (`authOptions`) for a Ray before 2.52 and would never
+    create the job's pods: say so at admission instead."""
+    version = job.spec.cluster.ray_version
+    if tuple(int(part) for part in version.split(".")[:2]) < ray_auth.MIN_RAY_VERSION:
+        minimum = ".".join(map(str, ray_auth.MIN_RAY_VERSION))
+        yield Finding(
+            "spec.cluster.rayVersion",
+            f"is {version}, but every job runs with Ray's token authentication, which needs Ray {minimum} "
+            f"or later in the image; use an image with Ray {minimum}+ and set its version here",
+        )
+
+
+def _ray_auth_env(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """Ray's token authentication is on for every job: a variable that would turn it off or replace
+    the job's token would open the job's Ray ports to whoever reaches them (docs/security.md)."""
+    for i, var in enumerate(job.spec.env):
+        if var.name in ray_auth.RESERVED_ENV:
+            yield Finding(f"spec.env[{i}].name", f"{var.name} {podtemplate.RAY_AUTH_REFUSAL}")
+    for i, secret in enumerate(job.spec.secrets):
+        for k, ref in enumerate(secret.keys):
+            if ref.env in ray_auth.RESERVED_ENV:
+                yield Finding(f"spec.secrets[{i}].keys[{k}].env", f"{ref.env} {podtemplate.RAY_AUTH_REFUSAL}")
+
+
 def _object_store(job: AsyncGRPOJob) -> Iterator[Finding]:
     for path, message in object_store_problems(job):
         yield Finding(path, message)
@@ -974,6 +999,8 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _multikueue,
     _pod_template_overrides,
     _unique_env_names,
+    _ray_version_has_token_auth,
+    _ray_auth_env,
     _object_store,
 )
 _WARNING_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (

@@ -412,6 +412,26 @@ class Api:
             query={"fieldManager": naming.MANAGER},
         )
 
+    async def create_secret(self, manifest: Obj) -> Obj | None:
+        """Create a Secret; returns it as created, or None when one of that name exists. The
+        operator may create Secrets and read none (raytoken.py says why it needs no read)."""
+        return await self._create(f"/api/v1/namespaces/{manifest['metadata']['namespace']}/secrets", manifest)
+
+    async def create_network_policy(self, manifest: Obj) -> Obj | None:
+        """Create a NetworkPolicy; returns it as created, or None when one of that name exists."""
+        return await self._create(_network_policies_path(manifest["metadata"]["namespace"]), manifest)
+
+    async def get_network_policy(self, namespace: str, name: str) -> Obj | None:
+        return await self.get_or_none(f"{_network_policies_path(namespace)}/{name}")
+
+    async def replace_network_policy(self, manifest: Obj, resource_version: str) -> Obj:
+        """Replace a NetworkPolicy, failing with 409 if it changed since `resource_version`: the
+        caller checked at that version that it is its own."""
+        meta = manifest["metadata"]
+        body = {**manifest, "metadata": {**meta, "resourceVersion": resource_version}}
+        path = f"{_network_policies_path(meta['namespace'])}/{meta['name']}"
+        return await self.request("PUT", path, body=body, query={"fieldManager": naming.MANAGER})
+
     async def create_raycluster(self, manifest: Obj) -> Obj | None:
         """Create a RayCluster; returns it as created, or None when it already exists (idempotent:
         names are per attempt)."""
@@ -542,6 +562,10 @@ def verb_and_resource(method: str, path: str) -> tuple[str, str]:
 
 def _rayclusters_path(namespace: str) -> str:
     return f"/apis/{naming.RAY_GROUP}/{naming.RAY_VERSION}/namespaces/{namespace}/{naming.RAYCLUSTER_PLURAL}"
+
+
+def _network_policies_path(namespace: str) -> str:
+    return f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
 
 
 def _job_path(namespace: str, name: str) -> str:

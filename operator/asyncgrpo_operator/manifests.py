@@ -1,5 +1,5 @@
-"""The objects the operator creates for a job, as plain dicts: the job-spec ConfigMap and one
-RayCluster per attempt.
+"""The objects the operator creates for a job, as plain dicts: the job-spec ConfigMap, the Ray token
+Secret, the NetworkPolicy and one RayCluster per attempt.
 
 Pure: a job (and an attempt index and owner) in, manifests out; no I/O and no clock. The same
 functions back the reconciler and `asyncgrpo render`, and the golden files in
@@ -15,6 +15,12 @@ Shape of the RayCluster, and why:
   (which would rerun the driver inside the same attempt); the operator retries with a fresh
   RayCluster instead and counts it in status.restarts.
 - Every Ray port is pinned (rayStartParams), so NetworkPolicies can be written.
+- Ray's token authentication is on (`authOptions`, asyncgrpo_api.ray_auth): KubeRay gives every Ray
+  container the token of the job's Secret, the driver container gets it here, and Ray refuses a
+  request without it on the dashboard, GCS and client ports. The operator writes the Secret (a
+  token derived from its key, raytoken.py) and a NetworkPolicy that admits to the job's pods only
+  its own pods and, on the driver's /progress port, the operator's (the second layer, where the
+  cluster's network plugin enforces NetworkPolicies).
 - Pods get a minimal environment (enableServiceLinks false: service-link variables grow with the
   namespace and break Ray's runtime_env), no API token unless a ServiceAccount is named.
 - A job Kueue manages gets a RayCluster created suspended and labelled with its LocalQueue: Kueue's
@@ -34,7 +40,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from asyncgrpo_api import exitcodes
+from asyncgrpo_api import exitcodes, ray_auth
 from asyncgrpo_api.object_store_env import (
     ACCESS_KEY_ENV,
     CA_BUNDLE_DIR,
@@ -76,6 +82,9 @@ _RAY_TMP: Manifest = {"name": _RAY_TMP_VOLUME, "emptyDir": {}}
 _RAY_TMP_MOUNT: Manifest = {"name": _RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR}
 GCS_WAIT_SECONDS = 600
 """How long the driver container waits for the Ray head next to it before giving up."""
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""The label the API server puts on every namespace, with its name (a NetworkPolicy selects a
+namespace by labels only)."""
 
 
 @dataclass(frozen=True)
@@ -98,14 +107,30 @@ def owner_reference(owner: Owner) -> Manifest:
     }
 
 
+@dataclass(frozen=True)
+class OperatorPods:
+    """Where the operator's pods run and the labels they carry: what a job's NetworkPolicy admits
+    to the driver's /progress port."""
+
+    namespace: str
+    labels: dict[str, str]
+
+
 def objects(
     job: AsyncGRPOJob,
     attempt: int = 0,
     owner: Owner | None = None,
     runtime: AsyncGRPORuntime | None = None,
+    operator: OperatorPods | None = None,
 ) -> list[Manifest]:
-    """Everything the operator creates for one attempt of a job, in creation order."""
-    return [spec_configmap(job, owner), ray_cluster(job, attempt, owner, runtime)]
+    """Everything the operator creates for one attempt of a job, in creation order, but the token
+    Secret (`ray_token_secret`), whose token only the operator can derive."""
+    name, namespace = job.metadata.name, job.metadata.namespace
+    return [
+        spec_configmap(job, owner),
+        network_policy(name, namespace, owner, operator),
+        ray_cluster(job, attempt, owner, runtime),
+    ]
 
 
 # --- the job spec ConfigMap ----------------------------------------------------------------------
@@ -149,6 +174,62 @@ def data_digest(data: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+# --- who may reach the job's Ray: its token Secret and NetworkPolicy -------------------------------
+
+
+def ray_token_secret(job_name: str, namespace: str | None, owner: Owner | None, token: str) -> Manifest:
+    """The Secret whose `auth_token` every Ray container and the driver authenticate with (KubeRay's
+    `authOptions.secretName`). Immutable: nothing rewrites a job's token while its pods run."""
+    name = naming.ray_token_secret_name(job_name)
+    metadata = _child_metadata(name, namespace, job_name, naming.COMPONENT_RAY_TOKEN, owner)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {ray_auth.SECRET_KEY: token},
+    }
+
+
+def network_policy(
+    job_name: str, namespace: str | None, owner: Owner | None, operator: OperatorPods | None
+) -> Manifest:
+    """The job's pods (every attempt's) admit only each other, on any port (Ray's nodes talk on
+    many), and the operator's pods on the driver's /progress port; nothing else in the cluster
+    reaches their Ray ports. None for `operator`: an operator that is not a pod (a local run) is
+    admitted by nothing."""
+    pods = {"matchLabels": {naming.JOB_NAME_LABEL: job_name}}
+    ingress: list[Manifest] = [{"from": [{"podSelector": copy.deepcopy(pods)}]}]
+    if operator is not None:
+        peer = {
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator.namespace}},
+            "podSelector": {"matchLabels": dict(operator.labels)},
+        }
+        ingress.append({"from": [peer], "ports": [{"protocol": "TCP", "port": naming.PROGRESS_PORT}]})
+    name = naming.network_policy_name(job_name)
+    metadata = _child_metadata(name, namespace, job_name, naming.COMPONENT_NETWORK_POLICY, owner)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def _child_metadata(
+    name: str, namespace: str | None, job_name: str, component: str, owner: Owner | None
+) -> Manifest:
+    """Metadata of a child that only the operator reads: its labels are the operator's alone."""
+    metadata: Manifest = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    metadata["labels"] = naming.job_labels(job_name, component)
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_reference(owner)]
+    return metadata
+
+
 # --- the RayCluster ------------------------------------------------------------------------------
 
 
@@ -188,6 +269,10 @@ def ray_cluster(
         "spec": {
             "rayVersion": spec.cluster.ray_version,
             "enableInTreeAutoscaling": False,
+            "authOptions": {
+                "mode": ray_auth.TOKEN_MODE,
+                "secretName": naming.ray_token_secret_name(job.metadata.name),
+            },
             "headGroupSpec": {
                 "rayStartParams": _head_start_params(),
                 "template": _head_template(job, attempt, runtime),
@@ -296,6 +381,18 @@ def _head_template(job: AsyncGRPOJob, attempt: int, runtime: AsyncGRPORuntime | 
                 {"name": "ASYNCGRPO_ATTEMPT", "value": str(attempt)},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 {"name": TERMINATION_MESSAGE_ENV, "value": TERMINATION_MESSAGE_PATH},
+                # KubeRay sets these on the Ray containers only (authOptions): the driver joins the
+                # head's GCS with the token, and its /progress server asks for it.
+                {"name": ray_auth.MODE_ENV, "value": ray_auth.TOKEN_MODE},
+                {
+                    "name": ray_auth.TOKEN_ENV,
+                    "valueFrom": {
+                        "secretKeyRef": {
+                            "name": naming.ray_token_secret_name(job.metadata.name),
+                            "key": ray_auth.SECRET_KEY,
+                        }
+                    },
+                },
             ],
         ),
         **_mounts_block(

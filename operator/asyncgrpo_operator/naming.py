@@ -52,6 +52,8 @@ COMPONENT_CLUSTER: Final = "ray-cluster"
 COMPONENT_HEAD: Final = "head"
 COMPONENT_POLICY: Final = "policy-worker"
 COMPONENT_GENERATION: Final = "generation-worker"
+COMPONENT_RAY_TOKEN: Final = "ray-token"
+COMPONENT_NETWORK_POLICY: Final = "network-policy"
 
 
 def job_labels(job_name: str, component: str) -> dict[str, str]:
@@ -83,6 +85,8 @@ ConfigMap costs the cache its metadata only, and is never written (plan.py check
 
 raycluster_name = api_naming.raycluster_name
 spec_configmap_name = api_naming.spec_configmap_name
+ray_token_secret_name = api_naming.ray_token_secret_name
+network_policy_name = api_naming.network_policy_name
 
 
 def head_service_name(cluster_name: str) -> str:

@@ -6,7 +6,9 @@ a URL a job author could choose would make the operator send requests wherever t
 inside the cluster (request forgery), and copy the answers' error text into the status. The
 default is the head pod's own IP; an operator that cannot reach pod IPs (a local run, the tests,
 a proxy) is given a template with `--progress-url-template` / ASYNCGRPO_PROGRESS_URL_TEMPLATE.
-Redirects are not followed, for the same reason.
+Redirects are not followed, for the same reason. Every read carries the job's Ray token (the
+driver refuses a read without it, asyncgrpo_api.ray_auth), so the figures, like the job's Ray
+ports, are only for the operator and whoever may read the job's Secret.
 
 The head pod runs the job author's code, so its answers are untrusted, and they are read outside
 the reconcile passes (`Poller`, as KubeRay moved its dashboard calls out of its reconciler): a
@@ -33,6 +35,7 @@ from urllib.parse import quote, urlsplit
 
 import aiohttp
 
+from asyncgrpo_api import ray_auth
 from asyncgrpo_api.v1alpha1.runtime import MIN_POLL_SECONDS
 from asyncgrpo_operator import naming
 from asyncgrpo_operator.observed import PodView, ProgressReading
@@ -96,15 +99,25 @@ def progress_url(template: str, namespace: str, job: str, head: PodView | None) 
 async def read_progress(
     session: aiohttp.ClientSession,
     url: str,
+    token: str,
     timeout: float = READ_TIMEOUT_SECONDS,
     max_bytes: int = MAX_BODY_BYTES,
 ) -> ProgressReading:
-    """GET the progress document; raises ProgressError with a short, human-readable cause. At most
-    `max_bytes` are read and the whole exchange takes at most `timeout` seconds."""
+    """GET the progress document with the job's Ray `token`; raises ProgressError with a short,
+    human-readable cause. At most `max_bytes` are read and the whole exchange takes at most
+    `timeout` seconds."""
     try:
         async with session.get(
-            url, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
+            url,
+            headers={"Authorization": ray_auth.authorization(token)},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            allow_redirects=False,
         ) as response:
+            if response.status in (401, 403):
+                # The token in the job's Secret is not the one this operator derives (its key changed).
+                raise ProgressError(
+                    f"GET {url}: HTTP {response.status}: the driver refused the job's Ray token"
+                )
             if response.status != 200:
                 raise ProgressError(f"GET {url}: HTTP {response.status}")
             if (response.content_length or 0) > max_bytes:
@@ -144,6 +157,7 @@ class Poll:
 @dataclass
 class _Target:
     url: str
+    token: str
     interval: float
     due: float
     failures: int = 0
@@ -185,15 +199,15 @@ class Poller:
         self._busy = 0
         self._wake = asyncio.Event()
 
-    def track(self, key: Key, url: str, interval: float) -> None:
-        """Read `url` for the job from now on; a new URL (a new head pod) is read at once, and a
-        result read from the old one is no longer the job's."""
+    def track(self, key: Key, url: str, interval: float, token: str) -> None:
+        """Read `url` for the job, with its Ray `token`, from now on; a new URL (a new head pod) is
+        read at once, and a result read from the old one is no longer the job's."""
         target = self._targets.get(key)
         interval = max(interval, self.min_interval)
-        if target is not None and target.url == url:
+        if target is not None and (target.url, target.token) == (url, token):
             target.interval = interval
             return
-        self._targets[key] = _Target(url, interval, due=self.clock())
+        self._targets[key] = _Target(url, token, interval, due=self.clock())
         self._latest.pop(key, None)
         self._wake.set()
 
@@ -231,7 +245,9 @@ class Poller:
     async def _read(self, key: Key, target: _Target) -> None:
         started = self.clock()
         try:
-            reading = await read_progress(self.session, target.url, self.timeout, self.max_bytes)
+            reading = await read_progress(
+                self.session, target.url, target.token, self.timeout, self.max_bytes
+            )
             poll = Poll(_now(), reading, None)
             target.failures = 0
         except NotListeningError as exc:

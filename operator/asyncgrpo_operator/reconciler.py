@@ -15,6 +15,8 @@ Besides the cache, the only state kept between passes is what the API cannot giv
 of a head pod that KubeRay has deleted since, when the step last advanced (for Stalled), and the
 last refused RayCluster create (for its backoff). /progress is read by the poller (progress.py),
 never by a pass: a pass takes its latest reading, so a head that hangs holds up no pass.
+Every RayCluster create or resume is preceded by the job's Ray token Secret and NetworkPolicy
+(`_protect`): its pods need the one to start and should never run without the other.
 Every write is preceded by a check that this replica still leads (`may_act`). A refused create is
 planned again in the same pass, so the job shows the API server's message at once instead of
 after a retry. A conclusion the plan would draw from a
@@ -38,10 +40,10 @@ from asyncgrpo_api.rules import Finding, validate_manifest
 from asyncgrpo_api.v1alpha1 import TERMINAL_PHASES, AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import admitted, cache, decision, k8s, naming, plan, progress
+from asyncgrpo_operator import admitted, cache, decision, k8s, manifests, naming, plan, progress, raytoken
 from asyncgrpo_operator import workload as workload_mod
 from asyncgrpo_operator.cache import Cache
-from asyncgrpo_operator.manifests import Owner
+from asyncgrpo_operator.manifests import OperatorPods, Owner
 from asyncgrpo_operator.observed import (
     ClusterView,
     ConfigMapView,
@@ -60,6 +62,11 @@ Key = tuple[str, str]
 """(namespace, name) of a job."""
 
 
+NO_AUTH_OPTIONS = (
+    "the API server stored it without its spec.authOptions: the RayCluster CRD is from a KubeRay older "
+    "than 1.6, and without Ray's token authentication the job's Ray would take work from anyone who "
+    "reaches it; the RayCluster was deleted. Upgrade KubeRay (docs/operations/helm.md)"
+)
 CONFLICT_RECHECK_SECONDS = 1.0
 """How soon a job whose status write met a newer job looks again (the job watch normally brings
 the newer version, and queues it, sooner)."""
@@ -115,6 +122,8 @@ class Reconciler:
         *,
         progress_url_template: str = progress.DEFAULT_URL_TEMPLATE,
         may_act: Callable[[], bool] = lambda: True,
+        ray_key: bytes | None = None,
+        operator_pods: OperatorPods | None = None,
     ) -> None:
         self.api = api
         self.may_act = may_act
@@ -123,6 +132,14 @@ class Reconciler:
         self.cache = cache
         self.memory = memory or Memory()
         self.progress_url_template = progress.check_url_template(progress_url_template)
+        self.ray_key = ray_key if ray_key is not None else raytoken.new_key()
+        """What each job's Ray token is derived from (raytoken.py)."""
+        self.operator_pods = operator_pods
+        """The operator's own pods, which the jobs' NetworkPolicies admit to /progress."""
+
+    def ray_token(self, namespace: str, name: str, uid: str) -> str:
+        """The job's Ray token: in its Secret, and sent with every /progress read."""
+        return raytoken.derive(self.ray_key, namespace, name, uid)
 
     def is_own_write(self, key: Key, resource_version: str | None) -> bool:
         """Whether a watch event shows the job exactly as this operator's last status write left
@@ -237,7 +254,7 @@ class Reconciler:
         head = None
         if current is not None:
             head = next((p for p in pods if is_kuberay_head(p, current) and not p.deleting), None)
-        poll = self._poll(key, job, head, now) if job is not None else None
+        poll = self._poll(key, job, head, self.ray_token(key[0], name, uid), now) if job is not None else None
         kueue_view = await self._observe_kueue(key, uid, job) if job is not None else _KueueView()
         return Observation(
             now=now,
@@ -341,9 +358,11 @@ class Reconciler:
             from_cache=False,
         )
 
-    def _poll(self, key: Key, job: AsyncGRPOJob, head: PodView | None, now: datetime) -> progress.Poll | None:
-        """The latest /progress read while the driver runs (the poller reads it; a pass never
-        waits on the head pod), after telling the poller what to read."""
+    def _poll(
+        self, key: Key, job: AsyncGRPOJob, head: PodView | None, token: str, now: datetime
+    ) -> progress.Poll | None:
+        """The latest /progress read while the driver runs (the poller reads it, with the job's
+        Ray `token`; a pass never waits on the head pod), after telling the poller what to read."""
         driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
         if driver is None or driver.state != "running":
             self.poller.forget(key)
@@ -352,7 +371,7 @@ class Reconciler:
         if url is None:
             self.poller.forget(key)
             return progress.Poll(now, None, "the head pod has no IP yet")
-        self.poller.track(key, url, job.spec.progress.poll_seconds)
+        self.poller.track(key, url, job.spec.progress.poll_seconds, token)
         return self.poller.latest(key)
 
     # --- write -------------------------------------------------------------------------------
@@ -440,6 +459,8 @@ class Reconciler:
         self, key: Key, meta: Mapping[str, Any], action: decision.Action, now: datetime, generation: int
     ) -> Refusal | None:
         namespace, name = key
+        if _starts_pods(action):
+            await self._protect(key, str(meta["uid"]))
         if isinstance(action, decision.ApplyConfigMap):
             return await self._apply_configmap(str(meta["uid"]), action)
         if isinstance(action, decision.CreateRayCluster):
@@ -521,31 +542,76 @@ class Reconciler:
         self.cache.configmaps.apply(cache.MODIFIED, written)
         return None
 
+    async def _protect(self, key: Key, uid: str) -> None:
+        """The job's Ray token Secret and NetworkPolicy, written before pods of its RayCluster can
+        exist (its create, or its resume: a cluster an older operator created gets them too).
+
+        The Secret is created, never read: one of its name that exists is the job's, written by an
+        earlier pass with the same derived token. (Or a namesake's, deleted moments ago: the garbage
+        collector deletes it along with that job's spec ConfigMap, whose deletion the plan waited
+        for; the job's /progress reads being refused would show the rare miss.) The NetworkPolicy
+        is put back as rendered when the job controls it; one of its name that is someone else's is
+        left alone (whoever may create NetworkPolicies in the namespace may as well add one that
+        admits everything: the name gives them nothing more), and the token still guards Ray."""
+        namespace, name = key
+        owner = Owner(name, uid)
+        secret = manifests.ray_token_secret(name, namespace, owner, self.ray_token(namespace, name, uid))
+        policy = manifests.network_policy(name, namespace, owner, self.operator_pods)
+        await asyncio.gather(self.api.create_secret(secret), self._apply_network_policy(key, uid, policy))
+
+    async def _apply_network_policy(self, key: Key, uid: str, policy: Mapping[str, Any]) -> None:
+        if await self.api.create_network_policy(dict(policy)) is not None:
+            return
+        current = await self.api.get_network_policy(key[0], policy["metadata"]["name"])
+        if current is None:  # deleted between the two calls: the pass is retried, and creates it
+            raise k8s.ApiError(409, f"NetworkPolicy {policy['metadata']['name']} exists, then did not")
+        if _controller_uid(current) != uid:
+            log.warning(
+                "NetworkPolicy is not the job's; left alone",
+                extra=_fields(key, policy=policy["metadata"]["name"]),
+            )
+            return
+        labels = (current.get("metadata") or {}).get("labels") or {}
+        if current.get("spec") == policy["spec"] and labels == policy["metadata"]["labels"]:
+            return
+        await self.api.replace_network_policy(dict(policy), str(current["metadata"]["resourceVersion"]))
+        log.info("NetworkPolicy put back as rendered", extra=_fields(key, policy=policy["metadata"]["name"]))
+
     async def _create_raycluster(
         self, key: Key, manifest: Mapping[str, Any], now: datetime, generation: int
     ) -> CreateFailure | None:
         """Create the attempt's RayCluster; a refusal (any HTTP error but 409, which means it
-        exists) is remembered for the plan, with how many times in a row it happened."""
+        exists) is remembered for the plan, with how many times in a row it happened. So is a
+        cluster created without its `authOptions` (a KubeRay CRD too old to know them drops the
+        field): it would run Ray open to the cluster, and is deleted at once."""
         cluster = str(manifest["metadata"]["name"])
         try:
             created = await self.api.create_raycluster(dict(manifest))
         except k8s.ApiError as err:
             if err.status == 0:  # no answer at all: the pass fails and is retried with backoff
                 raise
-            last = self.memory.create_failures.get(key)
-            count = last.count + 1 if last is not None and last.cluster == cluster else 1
-            failure = CreateFailure(cluster, err.status, err.message, now, count, generation)
-            self.memory.create_failures[key] = failure
-            log.warning(
-                "RayCluster create refused",
-                extra=_fields(key, cluster=cluster, status=err.status, error=err.message, count=count),
-            )
-            return failure
+            return self._create_failed(key, cluster, err.status, err.message, now=now, generation=generation)
+        if created is not None and not _keeps_auth_options(created, manifest):
+            await self.api.delete_raycluster(key[0], cluster, str(created["metadata"]["uid"]))
+            return self._create_failed(key, cluster, 201, NO_AUTH_OPTIONS, now=now, generation=generation)
         self.memory.create_failures.pop(key, None)
         if created is not None:
             self.cache.clusters.apply(cache.ADDED, created)
         log.info("created RayCluster", extra=_fields(key, cluster=cluster, new=created is not None))
         return None
+
+    def _create_failed(
+        self, key: Key, cluster: str, status: int, message: str, *, now: datetime, generation: int
+    ) -> CreateFailure:
+        last = self.memory.create_failures.get(key)
+        count = last.count + 1 if last is not None and last.cluster == cluster else 1
+        failure = CreateFailure(cluster, status, message, now, count, generation)
+        self.memory.create_failures[key] = failure
+        log.warning(
+            "RayCluster create refused",
+            extra=_fields(key, cluster=cluster, status=status, error=message, count=count),
+        )
+        return failure
 
     async def _post_event(self, key: Key, body: Mapping[str, Any], event: decision.Event) -> None:
         try:
@@ -563,6 +629,28 @@ class _KueueView:
     flavors: dict[str, workload_mod.Flavor] = field(default_factory=dict)
     priority: workload_mod.Priority | None = None
     priority_error: str | None = None
+
+
+def _keeps_auth_options(stored: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
+    """Whether the API server stored the RayCluster with the authOptions it was sent (defaults a
+    newer KubeRay may add beside them do not matter)."""
+    wanted: Mapping[str, Any] = sent["spec"]["authOptions"]
+    kept = (stored.get("spec") or {}).get("authOptions") or {}
+    return all(kept.get(field) == value for field, value in wanted.items())
+
+
+def _starts_pods(action: decision.Action) -> bool:
+    """A RayCluster create or resume: KubeRay makes its pods right after."""
+    if isinstance(action, decision.SetRayClusterSpec):
+        return not action.suspend
+    return isinstance(action, decision.CreateRayCluster)
+
+
+def _controller_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return str(ref.get("uid", ""))
+    return None
 
 
 Refusal = CreateFailure | ConfigMapView

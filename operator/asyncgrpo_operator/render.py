@@ -2,8 +2,10 @@
 
 It validates the job with the same rules as the admission webhook and renders it with the same
 pure code the operator uses (manifests.py), so users can review the RayCluster, the pods'
-placement, volumes, environment and ports before applying. Only the ownerReferences are missing:
-they need the job's UID, which exists once the job is created. A job that names an AsyncGRPORuntime
+placement, volumes, environment and ports before applying. Missing are the ownerReferences (they
+need the job's UID, which exists once the job is created), the Ray token Secret (its token is
+derived from the operator's key) and, in the NetworkPolicy, the rule that admits the operator's
+pods (where they run is the operator's setting). A job that names an AsyncGRPORuntime
 is rendered as the operator renders it with `--runtime` and the runtime's manifest (the runtime
 lives in the cluster: `kubectl get asyncgrporuntime <name> -o yaml`), and checked against it as
 the webhook checks it.
@@ -87,7 +89,8 @@ def render_files(
         out.write(
             "# ownerReferences to the AsyncGRPOJob are added by the operator at creation (and the\n"
             "# Workload's name and job-uid label, which need the job's UID; and its priority, read from\n"
-            "# the priority class).\n"
+            "# the priority class). The operator also creates the Secret <job>-ray-token, with a token\n"
+            "# derived from its key, and admits its own pods to /progress in the NetworkPolicy.\n"
         )
         out.write(to_yaml(rendered))
     return 0
@@ -96,8 +99,9 @@ def render_files(
 def objects(
     job: AsyncGRPOJob, *, attempt: int, owner: Owner | None = None, runtime: AsyncGRPORuntime | None = None
 ) -> list[dict[str, Any]]:
-    """What the operator creates for a job: the spec ConfigMap and the attempt's RayCluster, and,
-    for a job Kueue queues, its Workload (whose pod sets are the RayCluster's groups)."""
+    """What the operator creates for a job: the spec ConfigMap, the NetworkPolicy and the attempt's
+    RayCluster, and, for a job Kueue queues, its Workload (whose pod sets are the RayCluster's
+    groups)."""
     rendered = manifests.objects(job, attempt=attempt, owner=owner, runtime=runtime)
     if job.kueue_queue_name is not None:
         cluster = manifests.ray_cluster(job, attempt, owner, runtime)

@@ -29,12 +29,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from asyncgrpo_operator import k8s, metrics_tls, naming, progress
+from asyncgrpo_operator import k8s, metrics_tls, naming, progress, raytoken
 from asyncgrpo_operator import metrics as metrics_module
 from asyncgrpo_operator.cache import Cache, Key
 from asyncgrpo_operator.controller import Controller
 from asyncgrpo_operator.informer import Informer, Sink
 from asyncgrpo_operator.leader import LeaseElector, Timing
+from asyncgrpo_operator.manifests import OperatorPods
 from asyncgrpo_operator.metrics import Metrics
 from asyncgrpo_operator.metrics_access import MetricsAccess
 from asyncgrpo_operator.observed import PodView, kuberay_head_exit
@@ -58,6 +59,9 @@ LEADER_TIMING_ENV = "ASYNCGRPO_LEADER_ELECTION_TIMING"
 """leaseDuration,renewDeadline,retryPeriod in seconds (default 15,10,2, client-go's)."""
 DRY_RUN_ENV = "ASYNCGRPO_WEBHOOK_DRY_RUN"
 """false: the admission webhook does not dry-run the job's RayCluster (default true; webhook.py)."""
+POD_LABELS_ENV = "ASYNCGRPO_OPERATOR_POD_LABELS"
+"""The operator pods' labels (`k=v,k=v`; the chart sets its selector labels): with $POD_NAMESPACE,
+what every job's NetworkPolicy admits to the driver's /progress port."""
 
 
 @dataclass
@@ -136,6 +140,8 @@ async def start(memo: Any) -> Runtime:
         cache,
         progress_url_template=template,
         may_act=leading,
+        ray_key=raytoken.load_key(),
+        operator_pods=operator_pods(),
     )
 
     async def list_keys() -> list[Key]:
@@ -226,6 +232,17 @@ async def start(memo: Any) -> Runtime:
     memo[MEMO_KEY] = runtime
     log.info("controller started", extra={"namespaces": namespaces or "all", "progress_url": template})
     return runtime
+
+
+def operator_pods() -> OperatorPods | None:
+    """This operator's pods as $POD_NAMESPACE and $ASYNCGRPO_OPERATOR_POD_LABELS name them, or None
+    for an operator that is not a pod (either unset)."""
+    namespace = os.environ.get("POD_NAMESPACE")
+    pairs = [item.partition("=") for item in os.environ.get(POD_LABELS_ENV, "").split(",") if item.strip()]
+    labels = {key.strip(): value.strip() for key, _, value in pairs}
+    if not namespace or not labels:
+        return None
+    return OperatorPods(namespace, labels)
 
 
 async def _serve_metrics(

@@ -138,6 +138,36 @@ def test_the_jobs_own_environment_storage_and_priority_are_not_overridden_by_a_p
     assert "spec.scheduler.priorityClassName" in found[f"{HEAD}.spec.priorityClassName"]
 
 
+def test_a_job_can_neither_turn_off_ray_token_authentication_nor_choose_its_token() -> None:
+    """Every job's Ray asks for the token of the job's Secret (docs/security.md); a variable that
+    turns that off, or hands Ray a token the author chose, is refused wherever the job sets it."""
+    in_pods = with_head(
+        containers=[
+            {"name": "ray-head", "env": [{"name": "RAY_AUTH_TOKEN", "value": "known-to-the-author"}]},
+            {"name": "driver", "env": [{"name": "RAY_ENABLE_K8S_TOKEN_AUTH", "value": "true"}]},
+        ]
+    )
+    in_spec = copy.deepcopy(BASE)
+    in_spec["spec"]["env"] = [{"name": "RAY_AUTH_MODE", "value": "disabled"}]
+    in_spec["spec"]["secrets"] = [{"name": "mine", "keys": [{"key": "path", "env": "RAY_AUTH_TOKEN_PATH"}]}]
+    found = errors(in_pods) | errors(in_spec)
+    assert "set by the operator" in found[f"{HEAD}.spec.containers[ray-head].env[0].name"]
+    for path in (
+        f"{HEAD}.spec.containers[driver].env[0].name",
+        "spec.env[0].name",
+        "spec.secrets[0].keys[0].env",
+    ):
+        assert "Ray's token authentication" in found.get(path, ""), (path, found)
+
+
+def test_a_ray_too_old_for_token_authentication_is_refused_at_admission() -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["cluster"]["rayVersion"] = "2.46"
+    assert "Ray 2.52 or later" in errors(doc)["spec.cluster.rayVersion"]
+    doc["spec"]["cluster"]["rayVersion"] = "2.52.0"
+    assert "spec.cluster.rayVersion" not in errors(doc)
+
+
 # --- queues ----------------------------------------------------------------------------------------
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

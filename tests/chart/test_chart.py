@@ -52,6 +52,16 @@ def operator_role(objects: Objects) -> dict[str, Any]:
     return role
 
 
+def webhook_secret(objects: Objects) -> dict[str, Any]:
+    """The webhook's generated TLS Secret (the other Secret is the Ray token key)."""
+    (secret,) = tls_secrets(objects)
+    return secret
+
+
+def tls_secrets(objects: Objects) -> Objects:
+    return [s for s in by_kind(objects, "Secret") if s.get("type") == "kubernetes.io/tls"]
+
+
 def webhook_entry(objects: Objects) -> dict[str, Any]:
     (entry,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
     return dict(entry)
@@ -98,6 +108,7 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
             "Service",  # webhook
             "Service",  # metrics
             "Secret",  # generated webhook certificate
+            "Secret",  # generated key of the jobs' Ray tokens
             "ValidatingWebhookConfiguration",
             "ValidatingAdmissionPolicy",  # the invariants CEL can express, while no webhook answers
             "ValidatingAdmissionPolicyBinding",
@@ -143,16 +154,19 @@ def test_webhook_certificate_is_mounted_where_the_operator_reads_it(default_obje
     mount = next(m for m in c["volumeMounts"] if m["name"] == "webhook-tls")
     assert mount["mountPath"] == env(default_objects)["ASYNCGRPO_WEBHOOK_CERT_DIR"] == str(DEFAULT_CERT_DIR)
     volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
-    secret = one(default_objects, "Secret")
+    secret = webhook_secret(default_objects)
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     assert secret["type"] == "kubernetes.io/tls"
 
 
-def test_rbac_grants_no_secrets_and_no_wildcards(default_objects: Objects) -> None:
+def test_rbac_reads_no_secrets_and_has_no_wildcards(default_objects: Objects) -> None:
+    """The operator creates each job's Ray token Secret and reads none: its tokens are derived from
+    its key, a mounted volume (a reader of Secrets cluster-wide would hold every tenant's)."""
     rules = operator_role(default_objects)["rules"]
     for rule in rules:
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
-        assert "secrets" not in rule["resources"], rule
+        if "secrets" in rule["resources"]:
+            assert rule["verbs"] == ["create"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
 
 
@@ -179,6 +193,8 @@ def test_rbac_covers_what_the_operator_and_kopf_call(default_objects: Objects) -
     assert granted(rules, "asyncgrpo.dev", "asyncgrporuntimes") == {"get"}, "a job's runtime, read afresh"
     assert granted(rules, "", "configmaps") == {"create", "patch", "list", "watch"}
     assert granted(rules, "", "pods") == {"list", "watch"}
+    assert granted(rules, "", "secrets") == {"create"}, "each job's Ray token Secret, never read back"
+    assert granted(rules, "networking.k8s.io", "networkpolicies") == {"create", "get", "update"}
     assert granted(rules, "", "events") == {"create"}
     assert not granted(rules, "", "namespaces"), "kopf reads no namespaces when it watches all of them"
     assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
@@ -391,6 +407,32 @@ def test_webhook_calls_the_service_on_the_kopf_handler_path(default_objects: Obj
     assert svc["spec"]["selector"] == one(default_objects, "Deployment")["spec"]["selector"]["matchLabels"]
 
 
+def test_the_ray_token_key_is_generated_and_mounted_where_the_operator_reads_it(
+    default_objects: Objects,
+) -> None:
+    """One key for every replica and every restart: the jobs' Ray tokens are derived from it."""
+    (secret,) = [
+        s for s in by_kind(default_objects, "Secret") if s["metadata"]["name"].endswith("-ray-token-key")
+    ]
+    assert len(base64.b64decode(secret["data"]["key"])) >= 32
+    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "ray-token-key")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    mount = next(m for m in container(default_objects)["volumeMounts"] if m["name"] == "ray-token-key")
+    path = Path(env(default_objects)["ASYNCGRPO_RAY_TOKEN_KEY_FILE"])
+    assert str(path.parent) == mount["mountPath"] and path.name == volume["secret"]["items"][0]["path"]
+
+
+def test_the_jobs_network_policies_admit_the_operator_pods_by_the_labels_they_carry(
+    default_objects: Objects,
+) -> None:
+    pod = one(default_objects, "Deployment")["spec"]["template"]
+    pairs = env(default_objects)["ASYNCGRPO_OPERATOR_POD_LABELS"].split(",")
+    labels = dict(pair.split("=", 1) for pair in pairs)
+    assert labels and labels.items() <= pod["metadata"]["labels"].items()
+    assert "POD_NAMESPACE" in env(default_objects)
+
+
 def load_cert(b64: str) -> x509.Certificate:
     return x509.load_pem_x509_certificate(base64.b64decode(b64))
 
@@ -398,7 +440,7 @@ def load_cert(b64: str) -> x509.Certificate:
 def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service(
     default_objects: Objects,
 ) -> None:
-    secret = one(default_objects, "Secret")
+    secret = webhook_secret(default_objects)
     ca = load_cert(webhook_entry(default_objects)["clientConfig"]["caBundle"])
     assert load_cert(secret["data"]["ca.crt"]) == ca
     cert = load_cert(secret["data"]["tls.crt"])
@@ -410,7 +452,7 @@ def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service(
 
 def test_cert_manager_switch_replaces_the_generated_secret(helm_bin: Path) -> None:
     objects = template(helm_bin, {"webhook.tls.certManager.enabled": True})
-    assert not by_kind(objects, "Secret")
+    assert not tls_secrets(objects)
     certificates = {c["metadata"]["name"]: c for c in by_kind(objects, "Certificate")}
     serving = certificates["agrpo-asyncgrpo-operator-webhook"]
     annotations = one(objects, "ValidatingWebhookConfiguration")["metadata"]["annotations"]
@@ -429,18 +471,26 @@ def test_cert_manager_switch_replaces_the_generated_secret(helm_bin: Path) -> No
     }
 
 
-def test_a_provided_certificate_renders_the_same_objects_on_every_helm_template(helm_bin: Path) -> None:
+def test_a_provided_certificate_and_ray_token_key_render_the_same_objects_on_every_helm_template(
+    helm_bin: Path,
+) -> None:
     """Argo CD renders with `helm template`, where `lookup` finds nothing: a chart that generates
-    its certificate then renders a new CA on every refresh (and rotates it on every sync)."""
+    its certificate then renders a new CA on every refresh (and rotates it on every sync), and a
+    generated Ray token key would change too (every existing job's /progress refused from then)."""
     ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
-    values = {"webhook.tls.caBundle": ca, "webhook.tls.secretName": "my-webhook-tls"}
+    values = {
+        "webhook.tls.caBundle": ca,
+        "webhook.tls.secretName": "my-webhook-tls",
+        "rayTokens.keySecret": "my-ray-token-key",
+    }
     first, second = template(helm_bin, values), template(helm_bin, values)
     assert first == second
     assert not by_kind(first, "Secret")
     assert webhook_entry(first)["clientConfig"]["caBundle"] == ca
     pod = one(first, "Deployment")["spec"]["template"]["spec"]
-    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
-    assert volume["secret"]["secretName"] == "my-webhook-tls"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["webhook-tls"]["secret"]["secretName"] == "my-webhook-tls"
+    assert volumes["ray-token-key"]["secret"]["secretName"] == "my-ray-token-key"
     with pytest.raises(HelmError, match="exclude each other"):
         template(helm_bin, {**values, "webhook.tls.certManager.enabled": True})
 
@@ -467,7 +517,7 @@ def test_url_mode_points_the_api_server_at_the_url_with_a_matching_certificate(h
     client = webhook_entry(objects)["clientConfig"]
     assert client["url"] == f"https://127.0.0.1:19443{WEBHOOK_PATH}"
     assert "service" not in client
-    cert = load_cert(one(objects, "Secret")["data"]["tls.crt"])
+    cert = load_cert(webhook_secret(objects)["data"]["tls.crt"])
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
 
@@ -663,7 +713,7 @@ def test_a_service_monitor_scrapes_the_metrics_service_when_enabled(helm_bin: Pa
     # HTTPS with Prometheus' own token, verified against the CA of the certificate the operator serves
     assert endpoint["scheme"] == "https"
     assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    secret = one(objects, "Secret")
+    secret = webhook_secret(objects)
     assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": secret["metadata"]["name"], "key": "ca.crt"}}
     served = load_cert(secret["data"]["tls.crt"])
     sans = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

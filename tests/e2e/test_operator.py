@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -173,9 +174,11 @@ class ProgressServer:
     /progress/<namespace>/<job>: what the operator reads with `template` as its URL template.
 
     Every job gets `doc` unless `docs` has one for it; a job in `routes` is forwarded to that URL
-    (a driver run as a local process, tests/e2e/whole_path.py); a job in `hostile` is answered as
-    a hostile head would: "hang" (the connection accepted, no answer for a minute) or "flood" (an
-    endless body). `hits` records every path asked.
+    (a driver run as a local process, tests/e2e/whole_path.py), with the request's Authorization
+    header, as a pod network carries it; a job in `hostile` is answered as a hostile head would:
+    "hang" (the connection accepted, no answer for a minute) or "flood" (an endless body). `hits`
+    records every path asked, `authorization` the last Authorization header each job's read
+    carried.
     """
 
     def __init__(self) -> None:
@@ -184,12 +187,15 @@ class ProgressServer:
         self.routes: dict[tuple[str, str], str] = {}
         self.hostile: dict[tuple[str, str], str] = {}
         self.hits: list[str] = []
+        self.authorization: dict[tuple[str, str], str | None] = {}
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server_self.hits.append(self.path)
                 parts = self.path.strip("/").split("/")
+                if len(parts) == 3:
+                    server_self.authorization[(parts[1], parts[2])] = self.headers.get("Authorization")
                 behaviour = server_self.hostile.get((parts[1], parts[2])) if len(parts) == 3 else None
                 if behaviour == "hang":
                     time.sleep(60)
@@ -202,7 +208,7 @@ class ProgressServer:
                         for _ in range(16384):
                             self.wfile.write(b" " * 65536)
                     return
-                status, body = server_self.answer(self.path)
+                status, body = server_self.answer(self.path, self.headers.get("Authorization"))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -217,14 +223,19 @@ class ProgressServer:
         self.template = self.base + "/progress/{namespace}/{job}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def answer(self, path: str) -> tuple[int, bytes]:
+    def answer(self, path: str, authorization: str | None) -> tuple[int, bytes]:
         parts = path.strip("/").split("/")
         key = (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "progress" else None
         upstream = self.routes.get(key) if key is not None else None
         if upstream is not None:
+            request = urllib.request.Request(upstream)
+            if authorization is not None:
+                request.add_header("Authorization", authorization)
             try:
-                with urllib.request.urlopen(upstream, timeout=2) as response:
+                with urllib.request.urlopen(request, timeout=2) as response:
                     return int(response.status), bytes(response.read())
+            except urllib.error.HTTPError as err:  # the driver's refusal, passed on as it came
+                return err.code, bytes(err.read())
             except OSError as exc:
                 return 502, json.dumps({"error": str(exc)}).encode()
         doc = self.docs.get(key, self.doc) if key is not None else self.doc
@@ -262,12 +273,12 @@ def job_manifest(name: str, **spec: Any) -> JSON:
         "kind": "AsyncGRPOJob",
         "metadata": {"name": name},
         "spec": {
-            "image": "rayproject/ray:2.46.0",
+            "image": "rayproject/ray:2.60.0",
             "backoffLimit": 2,
             "progress": {"stallAfterSeconds": 30, "pollSeconds": 2},
             "storage": {"checkpoints": {"emptyDir": {}, "mountPath": "/checkpoints"}},
             "cluster": {
-                "rayVersion": "2.46",
+                "rayVersion": "2.60",
                 "head": {
                     "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
                     "nodeSelector": {"asyncgrpo.dev/pool": "cpu"},

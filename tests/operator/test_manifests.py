@@ -61,8 +61,8 @@ def every_pod_template(cluster: dict[str, Any]) -> Iterator[dict[str, Any]]:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_object_and_pod_is_labelled_with_the_job(name: str) -> None:
     job = load(CASES[name])
-    configmap, cluster = manifests.objects(job, attempt=0, owner=OWNER)
-    for obj in (configmap, cluster):
+    configmap, policy, cluster = manifests.objects(job, attempt=0, owner=OWNER)
+    for obj in (configmap, policy, cluster):
         assert obj["metadata"]["labels"][naming.JOB_NAME_LABEL] == job.metadata.name
         assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == naming.MANAGER
         assert obj["metadata"]["ownerReferences"] == [manifests.owner_reference(OWNER)]
@@ -104,6 +104,68 @@ def test_a_job_that_sets_ray_usage_stats_keeps_its_own_value() -> None:
         for container in template["spec"]["containers"]:
             values = [e.get("value") for e in container["env"] if e["name"] == "RAY_USAGE_STATS_ENABLED"]
             assert values == ["1"], container["name"]
+
+
+# --- who may reach the job's Ray (issue 47, item 1) ------------------------------------------------
+
+OPERATOR_PODS = manifests.OperatorPods(
+    "asyncgrpo-system", {"app.kubernetes.io/name": "asyncgrpo-operator", "app.kubernetes.io/instance": "a"}
+)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_ray_cluster_asks_for_the_token_of_the_jobs_secret(name: str) -> None:
+    """KubeRay gives every Ray container (and its wait-gcs-ready init container) the Secret's token
+    from `authOptions`; the driver container, which KubeRay does not know, gets it from the
+    operator, to join the head's GCS and to guard its /progress with it."""
+    job = load(CASES[name])
+    secret = f"{job.metadata.name}-ray-token"
+    cluster = manifests.ray_cluster(job, 0, OWNER)
+    assert cluster["spec"]["authOptions"] == {"mode": "token", "secretName": secret}
+    driver = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][1]
+    env = {e["name"]: e for e in driver["env"]}
+    assert env["RAY_AUTH_MODE"] == {"name": "RAY_AUTH_MODE", "value": "token"}
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": secret, "key": "auth_token"}}
+
+
+def test_the_token_secret_is_the_jobs_immutable_and_under_the_key_kuberay_reads() -> None:
+    secret = manifests.ray_token_secret("demo", "team", OWNER, "t0ken")
+    assert (secret["kind"], secret["metadata"]["name"], secret["metadata"]["namespace"]) == (
+        "Secret",
+        "demo-ray-token",
+        "team",
+    )
+    assert secret["stringData"] == {"auth_token": "t0ken"} and secret["immutable"] is True
+    assert secret["metadata"]["ownerReferences"] == [manifests.owner_reference(OWNER)]
+    assert secret["metadata"]["labels"][naming.JOB_NAME_LABEL] == "demo"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_network_policy_admits_only_the_jobs_pods_and_the_operator_to_its_progress_port(
+    name: str,
+) -> None:
+    job = load(CASES[name])
+    _, policy, cluster = manifests.objects(job, 0, OWNER, operator=OPERATOR_PODS)
+    spec = policy["spec"]
+    assert policy["metadata"]["ownerReferences"] == [manifests.owner_reference(OWNER)]
+    assert spec["policyTypes"] == ["Ingress"]
+    selector = spec["podSelector"]["matchLabels"]
+    for template in every_pod_template(cluster):  # every pod of the job, of every attempt
+        assert selector.items() <= template["metadata"]["labels"].items()
+    own, operator = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": selector}}]}  # any port: Ray's nodes
+    assert operator == {
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "asyncgrpo-system"}},
+                "podSelector": {"matchLabels": OPERATOR_PODS.labels},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": naming.PROGRESS_PORT}],
+    }
+    # An operator that is no pod (a local run) is admitted by nothing: only the job's pods are.
+    alone = manifests.network_policy(job.metadata.name, job.metadata.namespace, OWNER, None)
+    assert alone["spec"]["ingress"] == [own]
 
 
 def test_the_head_runs_ray_in_container_zero_and_the_driver_beside_it_never_restarted() -> None:
@@ -213,8 +275,8 @@ def test_render_prints_the_objects_of_a_job_file(tmp_path: Path, capsys: pytest.
     path.write_text(yaml.safe_dump(EVERY_FIELD))
     assert render.main([str(path), "--attempt", "2"]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
-    assert [d["kind"] for d in docs] == ["ConfigMap", "RayCluster"]
-    assert docs[1]["metadata"]["name"] == "every-field-2"
+    assert [d["kind"] for d in docs] == ["ConfigMap", "NetworkPolicy", "RayCluster"]
+    assert docs[2]["metadata"]["name"] == "every-field-2"
 
 
 def test_render_rejects_an_invalid_job_with_the_field_path(

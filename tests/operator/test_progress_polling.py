@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from asyncgrpo_api.v1alpha1 import Progress
-from asyncgrpo_operator import plan, progress
+from asyncgrpo_operator import plan, progress, raytoken
 from asyncgrpo_operator.cache import ADDED, Cache
 from asyncgrpo_operator.observed import PodView, ProgressReading
 from asyncgrpo_operator.reconciler import Reconciler
@@ -42,6 +42,7 @@ DOC = {
     "counters": {"rollouts": 3.0},
 }
 
+TOKEN = "the-jobs-ray-token"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -60,7 +61,7 @@ async def read_with(handler: Handler, timeout: float = 2.0) -> ProgressReading:
     runner, url = await serve(handler)
     try:
         async with aiohttp.ClientSession() as session:
-            return await progress.read_progress(session, url, timeout=timeout)
+            return await progress.read_progress(session, url, TOKEN, timeout=timeout)
     finally:
         await runner.cleanup()
 
@@ -120,7 +121,9 @@ def test_nothing_listening_is_a_progress_error() -> None:
 
     async def read() -> ProgressReading:
         async with aiohttp.ClientSession() as session:
-            return await progress.read_progress(session, f"http://127.0.0.1:{port}/progress", timeout=1)
+            return await progress.read_progress(
+                session, f"http://127.0.0.1:{port}/progress", TOKEN, timeout=1
+            )
 
     with pytest.raises(progress.ProgressError, match=r"GET http://127\.0\.0\.1"):
         asyncio.run(read())
@@ -190,7 +193,7 @@ def test_a_redirect_from_the_driver_is_not_followed() -> None:
         try:
             async with aiohttp.ClientSession() as session:
                 with pytest.raises(progress.ProgressError, match="HTTP 302"):
-                    await progress.read_progress(session, f"http://127.0.0.1:{port}/progress")
+                    await progress.read_progress(session, f"http://127.0.0.1:{port}/progress", TOKEN)
         finally:
             await runner.cleanup()
 
@@ -290,11 +293,11 @@ async def hostile_heads_and_one_healthy(seconds: float) -> tuple[list[float], li
                 min_interval=0.5,
             )
             for i in range(25):
-                poller.track(("team", f"hangs-{i}"), f"{base}/hang/{i}", 0.5)
-                poller.track(("team", f"floods-{i}"), f"{base}/huge/{i}", 0.5)
+                poller.track(("team", f"hangs-{i}"), f"{base}/hang/{i}", 0.5, TOKEN)
+                poller.track(("team", f"floods-{i}"), f"{base}/huge/{i}", 0.5, TOKEN)
             task = asyncio.create_task(poller.run())
             await asyncio.sleep(1.5)  # every slot taken by a hostile read
-            poller.track(("team", "healthy"), f"{base}/ok", 0.5)
+            poller.track(("team", "healthy"), f"{base}/ok", 0.5, TOKEN)
             start = loop.time()
             while loop.time() - start < seconds:
                 before = loop.time()
@@ -343,7 +346,7 @@ async def a_head_that_starts_late(refusing: float) -> float:
             timeout=1.0,
             min_interval=0.5,
         )
-        poller.track(("team", "late"), f"http://127.0.0.1:{port}/progress", 0.5)
+        poller.track(("team", "late"), f"http://127.0.0.1:{port}/progress", 0.5, TOKEN)
         task = asyncio.create_task(poller.run())
         await asyncio.sleep(refusing)
         app = web.Application()
@@ -440,6 +443,45 @@ def test_a_pass_never_waits_for_the_head_pods_answer() -> None:
     assert patches[-1]["progress"]["step"] == DOC["step"]
 
 
+def test_the_operator_reads_a_driver_that_asks_for_the_jobs_ray_token() -> None:
+    """The trainer's own /progress server (a real one) guarding it with the job's token: a pass has
+    the poller read it with the token derived from the operator's key, and the figures reach the
+    status; the same driver refuses an operator whose key derives another token, and the job says
+    why there are no figures."""
+    trainer_progress = pytest.importorskip("asyncgrpo_trainer.progress")
+    key = b"k" * 32
+
+    async def scenario(operator_key: bytes) -> tuple[list[Any], progress.Poll | None]:
+        token = raytoken.derive(key, "team", "demo", "job-uid-1")  # the token in the job's Secret
+        driver = trainer_progress.ProgressServer(0, host="127.0.0.1", token=token)
+        driver.update(step=5, max_steps=20, state="running")
+        url = f"http://127.0.0.1:{driver.port}/progress"
+        cache = running_job_cache()
+        api = PassApi(cache)
+        queued: list[tuple[str, str]] = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                poller = progress.Poller(session, changed=queued.append, min_interval=0.1)
+                reconciler = Reconciler(api, poller, cache, progress_url_template=url, ray_key=operator_key)  # type: ignore[arg-type]
+                task = asyncio.create_task(poller.run())
+                await reconciler.reconcile(JOB)
+                await wait_for(lambda: queued)
+                await reconciler.reconcile(JOB)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return api.patches, poller.latest(JOB)
+        finally:
+            driver.close()
+
+    patches, poll = asyncio.run(scenario(key))
+    assert poll is not None and poll.error is None
+    assert patches[-1]["progress"]["step"] == 5
+    patches, poll = asyncio.run(scenario(b"another operator's key, 32 bytes"))
+    assert poll is not None and poll.reading is None
+    assert poll.error is not None and "HTTP 403: the driver refused the job's Ray token" in poll.error
+
+
 async def wait_for(ready: Callable[[], object], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
@@ -487,7 +529,7 @@ def test_a_replica_that_does_not_lead_reads_no_head_and_reads_again_once_it_lead
         try:
             async with aiohttp.ClientSession() as session:
                 poller = progress.Poller(session, active=lambda: leading, min_interval=0.1)
-                poller.track(JOB, url, 0.1)
+                poller.track(JOB, url, 0.1, TOKEN)
                 task = asyncio.create_task(poller.run())
                 await asyncio.sleep(0.5)
                 while_deposed = len(hits)
@@ -514,7 +556,7 @@ def test_a_cancel_that_arrives_as_the_poller_wakes_stops_the_poller() -> None:
             task = asyncio.create_task(poller.run())
 
             def track() -> None:  # sets the poller's wake
-                poller.track(JOB, "http://127.0.0.1:9/progress", 60.0)
+                poller.track(JOB, "http://127.0.0.1:9/progress", 60.0, TOKEN)
 
             return await stops_when_cancelled_as_it_wakes(task, track)
 

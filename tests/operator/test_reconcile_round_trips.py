@@ -18,10 +18,11 @@ import aiohttp
 import kopf
 import pytest
 
-from asyncgrpo_operator import k8s, progress, settings
+from asyncgrpo_operator import decision, k8s, manifests, progress, raytoken, settings
 from asyncgrpo_operator.cache import Cache
+from asyncgrpo_operator.manifests import OperatorPods, Owner
 from asyncgrpo_operator.reconciler import NotLeadingError, Reconciler
-from tests.operator.builders import BASE_JOB
+from tests.operator.builders import BASE_JOB, at, cluster, raw_cluster
 
 CALL_SECONDS = 0.05
 
@@ -56,6 +57,12 @@ class TimedApi:
     async def create_raycluster(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return await self._call("create_raycluster", manifest)  # type: ignore[no-any-return]
 
+    async def create_secret(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("create_secret", manifest)  # type: ignore[no-any-return]
+
+    async def create_network_policy(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("create_network_policy", manifest)  # type: ignore[no-any-return]
+
     async def post_event(self, *_: Any) -> None:
         await self._call("post_event")
 
@@ -87,25 +94,30 @@ async def one_pass() -> TimedApi:
     return api
 
 
-def test_a_new_job_takes_four_round_trips_to_its_raycluster_and_events() -> None:
+def test_a_new_job_takes_five_round_trips_to_its_raycluster_and_events() -> None:
     api = asyncio.run(one_pass())
     names = [n for n, _, _ in api.calls]
     assert names.count("create_raycluster") == 1 and names.count("create_configmap") == 1
+    assert names.count("create_secret") == 1 and names.count("create_network_policy") == 1
     assert "post_event" in names
 
     status = api.span("patch_job_status")
     configmap = api.span("create_configmap")
+    protection = api.span("create_secret", "create_network_policy")
     cluster = api.span("create_raycluster")
     events = api.span("post_event")
-    # nothing read from the API; the status, the ConfigMap, the RayCluster, then the events
+    # nothing read from the API; the status, the ConfigMap, the token Secret and NetworkPolicy
+    # together (the RayCluster's pods need the one to start, and never run without the other),
+    # the RayCluster, then the events
     assert names[0] == "patch_job_status"
     assert configmap[0] >= status[1]
-    assert cluster[0] >= configmap[1]
+    assert protection[0] >= configmap[1] and protection[1] - protection[0] < 2 * CALL_SECONDS
+    assert cluster[0] >= protection[1]
     assert events[0] >= cluster[1]
     assert events[1] - events[0] < 2 * CALL_SECONDS
     assert api.most_in_flight >= 2
     total = max(e for _, _, e in api.calls) - min(s for _, s, _ in api.calls)
-    assert total < 5.5 * CALL_SECONDS, f"{total:.3f} s for {len(names)} calls"
+    assert total < 6.5 * CALL_SECONDS, f"{total:.3f} s for {len(names)} calls"
 
 
 def test_the_echo_of_its_own_status_write_is_recognised_and_nothing_else() -> None:
@@ -286,3 +298,134 @@ async def reconcile_without_the_lease(api: TimedApi, may_act: Callable[[], bool]
         )
         with pytest.raises(NotLeadingError):
             await reconciler.reconcile(("team", "demo"))
+
+
+# --- the job's Ray token Secret and NetworkPolicy come before its pods (issue 47, item 1) ----------
+
+KEY = b"the operator's key, 32 bytes lon"
+OPERATOR_PODS = OperatorPods("asyncgrpo-system", {"app.kubernetes.io/name": "asyncgrpo-operator"})
+
+
+class ProtectingApi(RefusingApi):
+    """Creates what it is asked to, but finds a NetworkPolicy of the job's name (controlled by
+    `policy_owner`, loosened to admit everything) and, with `drops_auth`, stores RayClusters as a
+    KubeRay CRD older than authOptions does."""
+
+    def __init__(
+        self, job: dict[str, Any], policy_owner: str | None = None, drops_auth: bool = False
+    ) -> None:
+        super().__init__(job)
+        self.policy_owner = policy_owner
+        self.drops_auth = drops_auth
+        self.written: dict[str, Any] = {}
+
+    async def create_secret(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.written["secret"] = manifest
+        return await self._call("create_secret", manifest)  # type: ignore[no-any-return]
+
+    async def create_network_policy(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        self.written["policy"] = manifest
+        return await self._call("create_network_policy", None if self.policy_owner else manifest)  # type: ignore[no-any-return]
+
+    async def get_network_policy(self, namespace: str, name: str) -> dict[str, Any]:
+        owner = [{"uid": self.policy_owner, "controller": True}]
+        meta = {"name": name, "namespace": namespace, "resourceVersion": "5", "ownerReferences": owner}
+        loosened = {"podSelector": {}, "ingress": [{}], "policyTypes": ["Ingress"]}
+        return await self._call("get_network_policy", {"metadata": meta, "spec": loosened})  # type: ignore[no-any-return]
+
+    async def replace_network_policy(self, manifest: dict[str, Any], resource_version: str) -> dict[str, Any]:
+        self.written["replaced"] = (manifest, resource_version)
+        return await self._call("replace_network_policy", manifest)  # type: ignore[no-any-return]
+
+    async def create_raycluster(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(manifest)
+        stored["metadata"]["uid"] = "rc-uid"
+        if self.drops_auth:
+            del stored["spec"]["authOptions"]
+        return await self._call("create_raycluster", stored)  # type: ignore[no-any-return]
+
+    async def delete_raycluster(self, namespace: str, name: str, uid: str) -> None:
+        self.written["deleted"] = (name, uid)
+        await self._call("delete_raycluster")
+
+
+def protecting_pass(api: ProtectingApi) -> Reconciler:
+    async def scenario() -> Reconciler:
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(
+                api,  # type: ignore[arg-type]
+                progress.Poller(session),
+                cached(api.job),
+                ray_key=KEY,
+                operator_pods=OPERATOR_PODS,
+            )
+            await reconciler.reconcile(("team", "demo"))
+            return reconciler
+
+    return asyncio.run(scenario())
+
+
+def test_a_new_jobs_secret_holds_the_token_the_operator_derives_and_its_policy_admits_the_operator() -> None:
+    api = ProtectingApi(new_job())
+    reconciler = protecting_pass(api)
+    uid = BASE_JOB["metadata"]["uid"]
+    token = api.written["secret"]["stringData"]["auth_token"]
+    assert token == raytoken.derive(KEY, "team", "demo", uid) == reconciler.ray_token("team", "demo", uid)
+    assert api.written["secret"]["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert api.written["policy"] == manifests.network_policy(
+        "demo", "team", Owner("demo", uid), OPERATOR_PODS
+    )
+    names = [n for n, _, _ in api.calls]
+    assert names.index("create_secret") < names.index("create_raycluster")
+
+
+def test_the_jobs_network_policy_loosened_by_hand_is_put_back_before_its_raycluster() -> None:
+    api = ProtectingApi(new_job(), policy_owner=BASE_JOB["metadata"]["uid"])
+    protecting_pass(api)
+    replaced, version = api.written["replaced"]
+    assert version == "5" and replaced == api.written["policy"]
+    names = [n for n, _, _ in api.calls]
+    assert names.index("replace_network_policy") < names.index("create_raycluster")
+
+
+def test_a_network_policy_of_someone_else_by_the_jobs_name_is_left_alone() -> None:
+    api = ProtectingApi(new_job(), policy_owner="someone-elses-uid")
+    protecting_pass(api)
+    assert "replaced" not in api.written
+    assert [n for n, _, _ in api.calls].count("create_raycluster") == 1  # the token still guards Ray
+
+
+def test_a_raycluster_stored_without_its_auth_options_is_deleted_and_the_job_says_kuberay_is_too_old() -> (
+    None
+):
+    """A KubeRay CRD older than authOptions drops the field without a word: the cluster would run
+    Ray open to anyone who reaches it. It goes at once, and the job says why and retries later."""
+    api = ProtectingApi(new_job(), drops_auth=True)
+    protecting_pass(api)
+    assert api.written["deleted"] == ("demo-0", "rc-uid")
+    assert api.statuses[-1]["reason"] == "ClusterCreateFailed"
+    assert "KubeRay older than 1.6" in api.statuses[-1]["message"]
+    assert ("Warning", "ClusterCreateFailed") in api.events
+
+
+def test_a_resumed_raycluster_gets_its_secret_and_policy_first_and_a_suspended_one_nothing() -> None:
+    """A resume writes the cluster's spec as rendered now, authOptions included: a cluster an
+    older operator created, suspended, resumes with its token Secret and NetworkPolicy in place."""
+
+    async def act(suspend: bool) -> list[str]:
+        api = ProtectingApi(new_job())
+        async with aiohttp.ClientSession() as session:
+            reconciler = Reconciler(api, progress.Poller(session), cached(api.job), ray_key=KEY)  # type: ignore[arg-type]
+            action = decision.SetRayClusterSpec("demo-0", "rc-uid", suspend, None if suspend else {}, "test")
+
+            async def set_spec(*_: Any) -> dict[str, Any]:
+                return await api._call("set_raycluster_spec", raw_cluster(cluster(0)))  # type: ignore[no-any-return]
+
+            api.set_raycluster_spec = set_spec  # type: ignore[attr-defined]
+            await reconciler._act(("team", "demo"), api.job["metadata"], action, at(0), 1)
+        return [n for n, _, _ in api.calls]
+
+    resumed = asyncio.run(act(suspend=False))
+    assert resumed[-1] == "set_raycluster_spec"
+    assert {"create_secret", "create_network_policy"} <= set(resumed[:-1])
+    assert asyncio.run(act(suspend=True)) == ["set_raycluster_spec"]

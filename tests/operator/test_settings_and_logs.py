@@ -6,12 +6,14 @@ import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import kopf
 import pytest
 from kopf._cogs.structs import references
 
-from asyncgrpo_operator import logs, naming, runtime, settings
+from asyncgrpo_operator import logs, naming, raytoken, runtime, settings
+from asyncgrpo_operator.manifests import OperatorPods
 
 
 def test_kopf_persists_nothing_under_kopf_zalando_org() -> None:
@@ -89,3 +91,42 @@ def test_importing_the_operator_loads_neither_torch_nor_ray() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_ray_token_key_is_read_from_the_mounted_file_and_a_short_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 64 + b"\n")  # as a mounted Secret's file may end
+    monkeypatch.setenv(raytoken.KEY_FILE_ENV, str(key))
+    assert raytoken.load_key() == b"k" * 64
+    key.write_bytes(b"short")
+    with pytest.raises(ValueError, match="at least 32"):
+        raytoken.load_key()
+    monkeypatch.delenv(raytoken.KEY_FILE_ENV)
+    with caplog.at_level(logging.WARNING):
+        drawn = raytoken.load_key()
+    assert len(drawn) == raytoken.MIN_KEY_BYTES and "cannot be derived again" in caplog.text
+
+
+def test_each_job_gets_its_own_token_and_the_same_one_after_a_restart() -> None:
+    key = b"k" * 32
+    token = raytoken.derive(key, "team", "demo", "uid-1")
+    assert token == raytoken.derive(key, "team", "demo", "uid-1")  # another replica, a restart
+    assert len(token) == 43 and token.isascii()
+    others = {
+        raytoken.derive(key, "team", "demo", "uid-2"),  # deleted and created again: another UID
+        raytoken.derive(key, "other", "demo", "uid-1"),
+        raytoken.derive(b"j" * 32, "team", "demo", "uid-1"),
+    }
+    assert token not in others and len(others) == 3
+
+
+def test_the_operator_knows_its_pods_as_the_chart_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "asyncgrpo-system")
+    monkeypatch.setenv(runtime.POD_LABELS_ENV, "app.kubernetes.io/instance=a,app.kubernetes.io/name=op")
+    assert runtime.operator_pods() == OperatorPods(
+        "asyncgrpo-system", {"app.kubernetes.io/instance": "a", "app.kubernetes.io/name": "op"}
+    )
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert runtime.operator_pods() is None  # not a pod: its NetworkPolicies admit no operator pod

@@ -6,11 +6,13 @@ recording proxy (conftest.py), goes through a job's whole life (create, suspend,
 success, TTL deletion, a spec ConfigMap of someone else's in the way, a spec edit its own ConfigMap
 follows, a job under an AsyncGRPORuntime), and the set of (group, resource, verb)
 it used must equal the chart's rules exactly: a missing rule would have shown up as a 403, an extra
-one is privilege nobody uses.
+one is privilege nobody uses. On the way it checks the job's Ray token Secret and NetworkPolicy
+(issue 47, item 1): a Secret only created, never read, and a NetworkPolicy put back after a hand edit.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import ssl
@@ -24,7 +26,8 @@ import pytest
 
 from asyncgrpo_api.rules import validate_manifest
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL
-from asyncgrpo_operator.manifests import ray_cluster
+from asyncgrpo_operator import raytoken
+from asyncgrpo_operator.manifests import OperatorPods, Owner, network_policy, ray_cluster
 from tests.chart.helm import NO_HELM, find_helm, template
 from tests.cluster import faults
 from tests.cluster.rest import JSON, Api, ApiError
@@ -84,6 +87,20 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     assert left["data"] == {"job.json": "{}"} and not left["metadata"].get("ownerReferences")
     api.delete(configmap_path)
     _wait_status(api, ns, name, lambda s: s.get("phase") == "Running", "Running")
+    # The job's Ray token Secret, created and never read: its token is the one the operator derives
+    # from the chart's key, and the one its /progress reads carry; the NetworkPolicy as rendered,
+    # accepted by the API server (issue 47, item 1).
+    uid = api.get(path)["metadata"]["uid"]
+    token = raytoken.derive(chart.ray_token_key_file.read_bytes().strip(), ns, name, uid)
+    secret = api.get(f"/api/v1/namespaces/{ns}/secrets/{name}-ray-token")
+    assert base64.b64decode(secret["data"]["auth_token"]).decode() == token and secret["immutable"] is True
+    wait_until(lambda: progress.authorization.get((ns, name)), "a /progress read", timeout=30)
+    assert progress.authorization[(ns, name)] == f"Bearer {token}"
+    policy_path = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}-ray"
+    rendered = network_policy(name, ns, Owner(name, uid), operator_pods(chart))
+    assert api.get(policy_path)["spec"] == rendered["spec"]
+    # Loosened by hand (an ingress rule from anywhere): put back when the cluster resumes.
+    api.merge_patch(policy_path, {"spec": {"ingress": [{}]}})
     # A spec edit the running job allows: its own ConfigMap follows (the one write to a ConfigMap
     # that already exists, conditioned on the version at which it was seen to be the job's).
     api.merge_patch(path, {"spec": {"activeDeadlineSeconds": 86400}})
@@ -96,6 +113,7 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     _wait_status(api, ns, name, lambda s: s.get("phase") == "Suspended", "Suspended")
     api.merge_patch(path, {"spec": {"suspend": False}})
     _wait_status(api, ns, name, lambda s: s.get("phase") == "Running", "Running after resume")
+    assert api.get(policy_path)["spec"] == rendered["spec"]
     head = head_pod(api, ns, f"{name}-0")
     assert not [v for v in head["spec"].get("volumes", []) if v["name"].startswith("kube-api-access")], (
         "a trainer pod without a named ServiceAccount got an API token volume"
@@ -151,6 +169,14 @@ def test_the_operators_rbac_is_exactly_what_it_calls_over_a_jobs_whole_life(
     assert granted >= KUEUE_INSTALLED_ONLY, KUEUE_INSTALLED_ONLY - granted
     leases = {p.name for c in calls if (p := permission(c)) is not None and p.resource == "leases" and p.name}
     assert leases <= {"asyncgrpo-operator"}, leases
+
+
+def operator_pods(chart: ProxiedInstallation) -> OperatorPods:
+    """The operator's pods as the installation names them to the operator (as the chart does)."""
+    return OperatorPods(
+        chart.namespace,
+        {"app.kubernetes.io/instance": chart.release, "app.kubernetes.io/name": "asyncgrpo-operator"},
+    )
 
 
 def test_trainer_pods_get_no_api_token_unless_a_service_account_is_named() -> None:

@@ -5,6 +5,7 @@ tensors, written and read by the worker, never through the controller), resume f
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,35 @@ def test_the_controllers_whole_state_resumes_through_the_plain_data_load(tmp_pat
 
 def test_no_checkpoint_directory_means_no_resume(tmp_path: Path) -> None:
     assert checkpoint.latest(tmp_path / "missing") is None
+
+
+def status_of(url: str, authorization: str | None = None) -> int:
+    """The HTTP status of a GET, with the Authorization header if given."""
+    request = urllib.request.Request(url)
+    if authorization is not None:
+        request.add_header("Authorization", authorization)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_the_drivers_progress_and_metrics_answer_only_the_jobs_ray_token() -> None:
+    """In a job's pod the driver's server takes the job's Ray token (its Secret, RAY_AUTH_TOKEN), as
+    Ray's dashboard does: without it 401, with another 403; only /healthz says anything to anyone."""
+    server = progress.ProgressServer(0, host="127.0.0.1", token="the-jobs-token")
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        for path in ("/progress", "/metrics"):
+            assert status_of(base + path) == 401
+            assert status_of(base + path, "Bearer not-the-jobs-token") == 403
+            assert status_of(base + path, "the-jobs-token") == 401  # not a bearer token
+            assert status_of(base + path, "Bearer the-jobs-token") == 200
+        assert status_of(base + "/progress?x=1") == 401
+        assert status_of(base + "/healthz") == 200
+    finally:
+        server.close()
 
 
 def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:

@@ -231,12 +231,22 @@ class Installation:
 
     # --- the chart's credentials, as the pod would get them --------------------------------------
 
+    @property
+    def ray_token_key_file(self) -> Path:
+        return self.workdir / "ray-token-key" / "key"
+
     def write_mounted_secret(self) -> None:
-        """The webhook Secret's files, as the kubelet would mount them into the operator pod."""
+        """The webhook Secret's and the Ray token key Secret's files, as the kubelet would mount
+        them into the operator pod."""
         secret = self.api.get(f"/api/v1/namespaces/{self.namespace}/secrets/{self.fullname}-webhook-tls")
         self.tls_dir.mkdir(parents=True, exist_ok=True)
         for key in ("tls.crt", "tls.key", "ca.crt"):
             (self.tls_dir / key).write_bytes(base64.b64decode(secret["data"][key]))
+        key_secret = self.api.get(
+            f"/api/v1/namespaces/{self.namespace}/secrets/{self.fullname}-ray-token-key"
+        )
+        self.ray_token_key_file.parent.mkdir(parents=True, exist_ok=True)
+        self.ray_token_key_file.write_bytes(base64.b64decode(key_secret["data"]["key"]))
 
     def token(self, service_account: str) -> str:
         """A TokenRequest token of a ServiceAccount of the release namespace (created if missing)."""
@@ -296,6 +306,10 @@ class Installation:
             "ASYNCGRPO_LEADER_ELECTION": "true",
             "POD_NAMESPACE": self.namespace,
             "POD_NAME": f"{self.fullname}-local",
+            "ASYNCGRPO_RAY_TOKEN_KEY_FILE": str(self.ray_token_key_file),
+            "ASYNCGRPO_OPERATOR_POD_LABELS": (
+                f"app.kubernetes.io/instance={self.release},app.kubernetes.io/name=asyncgrpo-operator"
+            ),
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(extra_path or ""), os.environ.get("PYTHONPATH", "")) if p
             ),

@@ -39,7 +39,7 @@ import psutil
 import ray
 import yaml
 
-from asyncgrpo_api import exitcodes, outputs, rules
+from asyncgrpo_api import exitcodes, outputs, ray_auth, rules
 from asyncgrpo_api.v1alpha1 import DRIVER_PROGRESS_PORT, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.runtime import CheckpointSpec
 from asyncgrpo_trainer import (
@@ -716,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     stop_tee = _log_to_checkpoint_volume(manifest)
     try:
-        server = progress.ProgressServer(ns.progress_port)
+        # The job's Ray token (its Secret, in the pod's environment) guards /progress as it guards Ray.
+        server = progress.ProgressServer(ns.progress_port, token=os.environ.get(ray_auth.TOKEN_ENV) or None)
         log.info("progress on http://0.0.0.0:%d/progress", server.port)
         return run_job(
             manifest, server=server, reporters=[progress.JsonLines(sys.stdout)], ray_address=ns.ray_address

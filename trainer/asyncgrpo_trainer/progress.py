@@ -4,16 +4,24 @@ The operator polls /progress on DRIVER_PROGRESS_PORT and is the only writer of t
 the field names here are the contract it reads (camelCase, as in status.progress). After the run
 ends the server keeps answering with state "succeeded" or "failed" (and the error) for a grace
 period so the operator can read the final state before the pod goes away.
+
+In a job's pod the server asks for the job's Ray token (`Authorization: Bearer <token>`, as Ray's
+dashboard does; asyncgrpo_api.ray_auth): /progress and /metrics tell how the job trains, and
+nothing but the operator, and whoever may read the job's Secret, should learn it. /healthz says
+only that the server is up, and is open, like Ray's own health checks.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol, TextIO
+
+from asyncgrpo_api import ray_auth
 
 STATES = ("starting", "running", "succeeded", "failed")
 
@@ -138,29 +146,60 @@ def prometheus_text(p: Progress) -> str:
     return "\n".join(lines) + "\n"
 
 
-class ProgressServer:
-    """A background HTTP server over a shared Progress; `update` replaces the document."""
+def refusal(authorization: str | None, token: str | None) -> int | None:
+    """The HTTP status refusing a request whose Authorization header is `authorization`, or None
+    to answer it: 401 without a bearer token, 403 with another than `token` (None: none needed)."""
+    if token is None:
+        return None
+    if not authorization or not authorization.startswith(ray_auth.BEARER):
+        return 401
+    given = authorization.removeprefix(ray_auth.BEARER).encode()
+    return None if hmac.compare_digest(given, token.encode()) else 403
 
-    def __init__(self, port: int, host: str = "0.0.0.0") -> None:
+
+REFUSAL_HEADERS: dict[int, dict[str, str]] = {401: {"WWW-Authenticate": "Bearer"}, 403: {}}
+
+
+def _answer(path: str, snap: Progress) -> tuple[int, bytes, dict[str, str]] | None:
+    """Status, body and headers of a GET of `path`, or None for a path the server does not know."""
+    if path == "/progress":
+        return 200, json.dumps(snap.to_json()).encode(), {"Content-Type": "application/json"}
+    if path == "/metrics":
+        return 200, prometheus_text(snap).encode(), {"Content-Type": "text/plain; version=0.0.4"}
+    if path == "/healthz":
+        return 200, b"ok", {"Content-Type": "text/plain"}
+    return None
+
+
+class ProgressServer:
+    """A background HTTP server over a shared Progress; `update` replaces the document. With a
+    `token`, /progress and /metrics answer only requests that carry it (`refusal`)."""
+
+    def __init__(self, port: int, host: str = "0.0.0.0", token: str | None = None) -> None:
         self._lock = threading.Lock()
         self._progress = Progress()
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                snap = server_self.snapshot()
-                if self.path.split("?")[0] == "/progress":
-                    body, ctype = json.dumps(snap.to_json()).encode(), "application/json"
-                elif self.path.split("?")[0] == "/metrics":
-                    body, ctype = prometheus_text(snap).encode(), "text/plain; version=0.0.4"
-                elif self.path == "/healthz":
-                    body, ctype = b"ok", "text/plain"
+                path = self.path.split("?")[0]
+                refused = refusal(self.headers.get("Authorization"), token) if path != "/healthz" else None
+                if refused is not None:
+                    answer: tuple[int, bytes, dict[str, str]] | None = (
+                        refused,
+                        b"",
+                        REFUSAL_HEADERS[refused],
+                    )
                 else:
+                    answer = _answer(path, server_self.snapshot())
+                if answer is None:
                     self.send_error(404)
                     return
+                status, body, headers = answer
                 try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", ctype)
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)

@@ -30,6 +30,15 @@ app.kubernetes.io/name: {{ include "asyncgrpo-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{- /* The selector labels as `k=v,k=v`, for the operator's ASYNCGRPO_OPERATOR_POD_LABELS. */ -}}
+{{- define "asyncgrpo-operator.selectorLabelPairs" -}}
+{{- $pairs := list }}
+{{- range $key, $value := include "asyncgrpo-operator.selectorLabels" . | fromYaml }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
 {{- define "asyncgrpo-operator.labels" -}}
 helm.sh/chart: {{ include "asyncgrpo-operator.chart" . }}
 {{ include "asyncgrpo-operator.selectorLabels" . }}
@@ -52,6 +61,10 @@ app.kubernetes.io/part-of: asyncgrpo
 
 {{- define "asyncgrpo-operator.webhookSecretName" -}}
 {{- default (printf "%s-webhook-tls" (include "asyncgrpo-operator.fullname" .)) .Values.webhook.tls.secretName }}
+{{- end }}
+
+{{- define "asyncgrpo-operator.rayTokenKeySecretName" -}}
+{{- default (printf "%s-ray-token-key" (include "asyncgrpo-operator.fullname" .)) .Values.rayTokens.keySecret }}
 {{- end }}
 
 {{- define "asyncgrpo-operator.webhookCertificateName" -}}
@@ -175,6 +188,16 @@ in a Role per watched namespace.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
+# Each job's Ray token Secret, created before its RayCluster and never read back: the operator
+# derives the token from its own key (raytoken.py), so it may read no Secret.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# Each job's NetworkPolicy: created with its RayCluster; read and put back as rendered when it
+# exists (a create answered 409) and is the job's.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "get", "update"]
 # Head pod and driver container state (exit codes, Unschedulable, ImagePullBackOff).
 - apiGroups: [""]
   resources: ["pods"]

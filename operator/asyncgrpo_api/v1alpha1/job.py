@@ -256,7 +256,11 @@ class AsyncGRPOJobStatus(ApiModel):
         description="The job's Kueue Workload, for a job Kueue manages (one for the job's whole life; "
         "set its spec.active false to stop the job).",
     )
-    dashboard_url: ShortText | None = Field(default=None, description="Ray dashboard of the current attempt.")
+    dashboard_url: ShortText | None = Field(
+        default=None,
+        description="Ray dashboard of the current attempt; it asks for the job's Ray token "
+        "(`kubectl get secret <job>-ray-token -o jsonpath='{.data.auth_token}' | base64 -d`).",
+    )
     head_pod: ShortText | None = Field(
         default=None,
         description="Head pod of the current (or last) attempt: its `driver` container runs the training "

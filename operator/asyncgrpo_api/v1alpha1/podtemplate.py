@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from pydantic_core import PydanticCustomError
 
-from asyncgrpo_api import object_store_env
+from asyncgrpo_api import object_store_env, ray_auth
 
 RAY_HEAD_CONTAINER: Final = "ray-head"
 DRIVER_CONTAINER: Final = "driver"
@@ -63,6 +63,8 @@ OPERATOR_ENV: Final = frozenset(
         "RAY_USAGE_STATS_ENABLED",  # the job's own value goes in spec.env
         *object_store_env.CREDENTIAL_ENV,  # spec.storage.objectStore's Secret, by secretKeyRef
         object_store_env.CA_BUNDLE_ENV,
+        ray_auth.MODE_ENV,  # on the driver; KubeRay sets both on the Ray containers (authOptions)
+        ray_auth.TOKEN_ENV,
     }
 )
 """Environment variables the operator sets from the job (spec.env and secrets are checked per job)."""
@@ -88,6 +90,10 @@ ELSEWHERE: Final[Mapping[str, str]] = {
     "automountServiceAccountToken": "set spec.serviceAccountName to mount a token",
     "terminationGracePeriodSeconds": "set spec.terminationGracePeriodSeconds",
 }
+RAY_AUTH_REFUSAL: Final = (
+    "would turn off or replace Ray's token authentication, which every job runs with (the operator "
+    "sets it); remove it"
+)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -206,6 +212,8 @@ def _env(env: Any, where: str) -> Iterator[str]:
         name = var.get("name") if isinstance(var, Mapping) else None
         if name in OPERATOR_ENV:
             yield f"{where}.env[{k}].name: {name} is set by the operator; it cannot be overridden"
+        elif name in ray_auth.RESERVED_ENV:
+            yield f"{where}.env[{k}].name: {name} {RAY_AUTH_REFUSAL}"
 
 
 def _mounts(mounts: Any, where: str) -> Iterator[str]:
