@@ -156,6 +156,31 @@ def test_the_drain_before_a_refit_is_on_by_default_in_async_in_order_mode_only(
     assert job is not None and job.spec.trainer.drain_before_refit is drains
 
 
+@pytest.mark.parametrize(
+    ("blocks", "weighted"),
+    [
+        (
+            {"model": {"source": "pretrained", "path": "/models/qwen"}},
+            False,
+        ),  # issue 46: 0.92x sync, not 0.42x
+        ({}, True),  # the tiny model from random weights learned faster with it
+        (
+            {
+                "model": {"source": "pretrained", "path": "/models/qwen"},
+                "loss": {"importanceSamplingOnStaleData": True},
+            },
+            True,
+        ),
+        ({"loss": {"importanceSamplingOnStaleData": False}}, False),
+    ],
+)
+def test_stale_samples_are_weighted_by_default_for_the_tiny_model_only(
+    blocks: dict[str, Any], weighted: bool
+) -> None:
+    job = validate_manifest(job_with(**blocks)).job
+    assert job is not None and job.spec.trainer.importance_sampling_on_stale_data is weighted
+
+
 def test_force_in_order_in_sync_mode_is_accepted_with_a_warning() -> None:
     report = validate_manifest(job_with(asyncRL={"maxStalenessVersions": 0, "forceInOrder": True}))
     assert report.ok

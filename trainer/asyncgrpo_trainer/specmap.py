@@ -112,7 +112,7 @@ def loss_config(t: TrainerSpec) -> losses.LossConfig:
         truncated_importance_sampling_ratio_min=loss.truncated_importance_sampling_ratio_min,
         truncated_importance_sampling_type=loss.truncated_importance_sampling_type,
         sequence_level_importance_ratios=loss.sequence_level_importance_ratios,
-        importance_sampling_on_stale_data=loss.importance_sampling_on_stale_data,
+        importance_sampling_on_stale_data=t.importance_sampling_on_stale_data,
         reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
         kl_type=loss.kl_type,
         token_level_loss=loss.token_level_loss,

@@ -34,7 +34,8 @@ the sequence's tokens.
 
 Which rows w weighs. On a fresh row w corrects only the engine's numerics against the policy's
 (both hold the same weights). On a stale row it would also correct for the policy's own change since
-the sample was drawn (`importance_sampling_on_stale_data`); off, the default, a stale row weighs 1
+the sample was drawn (`importance_sampling_on_stale_data`); off (the job spec's default for a
+pretrained checkpoint), a stale row weighs 1
 and the step is that of a one-step-off trainer without a behaviour correction (the ratio's anchor
 pi_old recomputed under the weights being trained). Measured with one step of staleness, 5 seeds
 each (docs/benchmarks.md, issue 46): on the real-model reversal case the weight, truncated at 2,
@@ -42,7 +43,8 @@ learned at 0.42x sync's area under held-out accuracy (uncapped 0.20x; masked out
 icepop 0.22x, seq-mask-tis 0.25x) and without it at 0.92x; there it puts a step's signal on the
 few tokens the last update moved most (by step 4, half the rows had a token weighted below 0.17 or
 above 5.8, the others at 1.000). On the calculator tool task it made no difference beyond the seed
-spread (1.00x sync's area with it, 0.95x without).
+spread (1.00x sync's area with it, 0.95x without). On the tiny model from random weights (the
+reversal task's seeded test runs) it learned faster, hence the spec's default for that model.
 
 Truncation of w, NeMo-RL's three choices (`truncated_importance_sampling_type`), with bounds
 [lo, hi] = [truncated_importance_sampling_ratio_min or 0, truncated_importance_sampling_ratio]:
@@ -75,7 +77,7 @@ class LossConfig:
     truncated_importance_sampling_type: str = "tis"
     sequence_level_importance_ratios: bool = False
     importance_sampling_on_stale_data: bool = False
-    """Weight stale rows (`fresh` 0) too; off (the default): their weight is 1 (the module's docstring)."""
+    """Weight stale rows (`fresh` 0) too; off: their weight is 1 (the module's docstring)."""
     reference_policy_kl_penalty: float = 0.0
     kl_type: str = "k3"
     token_level_loss: bool = True
