@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from asyncgrpo_api import runtime_rules
 from asyncgrpo_api.rules import Finding, validate_manifest
@@ -687,20 +688,51 @@ def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _parse_status(raw: Any) -> AsyncGRPOJobStatus | None:
-    """The stored status, or None when there is none or it cannot be read (it is then rebuilt)."""
+    """The stored status, or None when there is none or it cannot be read (it is then rebuilt).
+
+    Fields this version does not know, at any depth, are dropped rather than failing the whole
+    status: after a rollback the newer version's fields stay in the stored status, and a status
+    rebuilt from nothing starts at attempt 0, which would take the running attempt's RayCluster for
+    a stale one (issue 47 item 8)."""
     if not isinstance(raw, dict) or not raw:
         return None
     try:
         return AsyncGRPOJobStatus.model_validate(raw)
     except ValidationError:
-        known = set(AsyncGRPOJobStatus.model_fields) | {
-            f.alias for f in AsyncGRPOJobStatus.model_fields.values()
-        }
         try:
-            return AsyncGRPOJobStatus.model_validate({k: v for k, v in raw.items() if k in known})
+            return AsyncGRPOJobStatus.model_validate(_known_fields(AsyncGRPOJobStatus, raw))
         except ValidationError:
             log.warning("unreadable status; rebuilding it")
             return None
+
+
+def _known_fields(model: type[BaseModel], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` with only the keys `model` has (by name or alias), recursively through the fields whose
+    type is a model, a list of models or an optional model."""
+    known: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        key = info.alias if info.alias is not None and info.alias in raw else name
+        if key not in raw:
+            continue
+        nested = _model_in(info.annotation)
+        value = raw[key]
+        if nested is not None and isinstance(value, Mapping):
+            value = _known_fields(nested, value)
+        elif nested is not None and isinstance(value, list):
+            value = [_known_fields(nested, v) if isinstance(v, Mapping) else v for v in value]
+        known[key] = value
+    return known
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field's type names (itself, or inside Optional, a union or a list)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _shown(status: Mapping[str, Any]) -> Any:

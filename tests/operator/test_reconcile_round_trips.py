@@ -19,6 +19,7 @@ import kopf
 import pytest
 
 from asyncgrpo_operator import decision, k8s, manifests, progress, raytoken, settings
+from asyncgrpo_operator import reconciler as reconciler_module
 from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import OperatorPods, Owner
 from asyncgrpo_operator.reconciler import NotLeadingError, Reconciler
@@ -429,3 +430,31 @@ def test_a_resumed_raycluster_gets_its_secret_and_policy_first_and_a_suspended_o
     assert resumed[-1] == "set_raycluster_spec"
     assert {"create_secret", "create_network_policy"} <= set(resumed[:-1])
     assert asyncio.run(act(suspend=True)) == ["set_raycluster_spec"]
+
+
+def test_a_status_a_newer_version_wrote_keeps_its_attempt_and_cluster_after_a_rollback() -> None:
+    """Issue 47 item 8: fields this version does not know, nested ones included, are dropped, not
+    the status. Read as unreadable, it was rebuilt from attempt 0, and the running attempt's
+    RayCluster looked like a stale one to delete."""
+    stored = {
+        "phase": "Running",
+        "attempt": 2,
+        "rayClusterName": "demo-2",
+        "fieldOfANewerVersion": {"any": "thing"},
+        "progress": {"step": 40, "figureOfANewerVersion": 0.5},
+        "conditions": [
+            {
+                "type": "Running",
+                "status": "True",
+                "reason": "Training",
+                "message": "",
+                "newerKey": 1,
+                "lastTransitionTime": "2026-12-07T10:00:00Z",
+            },
+        ],
+    }
+    status = reconciler_module._parse_status(stored)
+    assert status is not None
+    assert (status.attempt, status.ray_cluster_name, status.phase) == (2, "demo-2", "Running")
+    assert status.progress is not None and status.progress.step == 40
+    assert [c.type for c in status.conditions] == ["Running"]
