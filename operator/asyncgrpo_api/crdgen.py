@@ -55,6 +55,9 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Max-Steps", "type": "integer", "jsonPath": ".status.progress.maxSteps", "priority": 1},
     {"name": "Version", "type": "integer", "jsonPath": ".status.progress.policyVersion", "priority": 1},
     {"name": "Tokens/s", "type": "number", "jsonPath": ".status.progress.tokensPerSecond", "priority": 1},
+    {"name": "Oldest", "type": "number", "jsonPath": ".status.progress.meanOldestStaleness", "priority": 1},
+    {"name": "Behaviour-KL", "type": "number", "jsonPath": ".status.progress.behaviourKl", "priority": 1},
+    {"name": "IS-Truncated", "type": "number", "jsonPath": ".status.progress.isOutOfBounds", "priority": 1},
     {
         "name": "Checkpoint",
         "type": "integer",

@@ -304,6 +304,9 @@ class ProgressReading:
     reward_mean: float | None = None
     accuracy: float | None = None
     mean_staleness: float | None = None
+    mean_oldest_staleness: float | None = None
+    behaviour_kl: float | None = None
+    is_out_of_bounds: float | None = None
     tokens_per_second: float | None = None
     last_checkpoint_step: int | None = None
     durable_checkpoint_step: int | None = None
@@ -326,6 +329,9 @@ class ProgressReading:
             reward_mean=_rounded(_float_or_none(doc.get("rewardMean")), 4),
             accuracy=_rounded(_float_or_none(doc.get("accuracy")), 4),
             mean_staleness=_rounded(_float_or_none(doc.get("meanStaleness")), 3),
+            mean_oldest_staleness=_rounded(_float_or_none(doc.get("meanOldestStaleness")), 3),
+            behaviour_kl=_rounded(_float_or_none(doc.get("behaviourKl")), 5),
+            is_out_of_bounds=_rounded(_float_or_none(doc.get("isOutOfBounds")), 4),
             tokens_per_second=_rounded(_float_or_none(doc.get("tokensPerSecond")), 1),
             last_checkpoint_step=_count(doc.get("lastCheckpointStep")),
             durable_checkpoint_step=_count(doc.get("durableCheckpointStep")),

@@ -195,11 +195,20 @@ def test_progress_is_copied_from_the_driver() -> None:
         "accuracy": 0.25,
         "validationAccuracy": 0.123456,
         "meanStaleness": 0.8,
+        "meanOldestStaleness": 1.1,
+        "behaviourKl": 0.012345678,
+        "isOutOfBounds": 0.25,
         "state": "running",
     }
     decision = step(job(), before.status, observe(40, rc, pods=healthy_pods(rc), progress=doc))
     progress = decision.status.progress
     assert progress is not None
+    # issue 46: how far off-policy a step trained, for `kubectl get agj -o wide`
+    assert (progress.mean_oldest_staleness, progress.behaviour_kl, progress.is_out_of_bounds) == (
+        1.1,
+        0.01235,
+        0.25,
+    )
     assert (progress.step, progress.max_steps, progress.reward_mean, progress.mean_staleness) == (
         7,
         100,

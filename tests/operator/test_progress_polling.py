@@ -203,9 +203,22 @@ def test_a_redirect_from_the_driver_is_not_followed() -> None:
 
 def test_the_document_matches_what_the_trainer_serves() -> None:
     trainer_progress = pytest.importorskip("asyncgrpo_trainer.progress")
-    served = trainer_progress.Progress(step=3, max_steps=9, reward_mean=0.5, state="running").to_json()
+    served = trainer_progress.Progress(
+        step=3,
+        max_steps=9,
+        reward_mean=0.5,
+        state="running",
+        behaviour_kl=0.0123,
+        is_out_of_bounds=0.05,
+        mean_oldest_staleness=1.25,
+    ).to_json()
     reading = ProgressReading.from_json(json.loads(json.dumps(served)))
     assert (reading.step, reading.max_steps, reading.reward_mean, reading.state) == (3, 9, 0.5, "running")
+    assert (reading.behaviour_kl, reading.is_out_of_bounds, reading.mean_oldest_staleness) == (
+        0.0123,
+        0.05,
+        1.25,
+    )
 
 
 def test_progress_figures_are_rounded_for_kubectl_get() -> None:

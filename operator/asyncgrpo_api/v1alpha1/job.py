@@ -188,6 +188,21 @@ class Progress(ApiModel):
     mean_staleness: float | None = Field(
         default=None, description="Mean policy-version lag of the last step's samples."
     )
+    mean_oldest_staleness: float | None = Field(
+        default=None,
+        description="The last step's mean staleness measured on each group's stamp: the oldest weights "
+        "that shaped any of its tokens (meanStaleness counts the weights it was dispatched with).",
+    )
+    behaviour_kl: float | None = Field(
+        default=None,
+        description="KL(pi_generation || pi_old) per trained token of the last step: how far the weights "
+        "trained had moved from those that generated the data (docs/guides/async-modes.md).",
+    )
+    is_out_of_bounds: float | None = Field(
+        default=None,
+        description="Share of the last step's trained tokens whose importance weight the truncation "
+        "changed (loss.truncatedImportanceSamplingType).",
+    )
     tokens_per_second: float | None = Field(
         default=None, description="Generated tokens per second over the last 10 steps."
     )
