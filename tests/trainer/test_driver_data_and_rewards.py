@@ -50,7 +50,12 @@ def _until(proc: Any, prefix: str, stream: str = "stderr") -> list[str]:
         lines.append(line)
         if line.startswith(prefix):
             return lines
-    raise AssertionError(f"no line starting with {prefix!r}; got {''.join(lines[-20:])}")
+    # The stream ended: say how the driver ended too (a clean-clone run once saw its stderr end two
+    # lines after the start, with no error line; an exit code or a signal tells which it was).
+    code = proc.wait(timeout=60)
+    raise AssertionError(
+        f"no line starting with {prefix!r}; the driver exited with {code}; got {''.join(lines[-20:])}"
+    )
 
 
 def _get(port: int, path: str) -> str:
