@@ -80,7 +80,8 @@ test: venv
 	$(PY) -m tests.halves $(PYTEST_ARGS)
 
 # The inner loop: the checks and every test that needs neither the control plane, a Ray run of the
-# trainer, vLLM, the images nor a learning run (issue 45: under 5 minutes warm).
+# trainer, vLLM, the images nor a learning run (issue 45: under 5 minutes warm), in two pytest-xdist
+# workers, a test file each at a time (8.2 minutes in one process, 5.0 in two: docs/benchmarks.md).
 QUICK := not cluster and not trainer and not vllm and not images and not slow
 quick: lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider -m "$(QUICK)" tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "$(QUICK)" -n 2 --dist loadfile tests $(PYTEST_ARGS)
