@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from asyncgrpo_api import runtime_rules
 from asyncgrpo_api.rules import Finding, validate_manifest
 from asyncgrpo_api.v1alpha1 import TERMINAL_PHASES, AsyncGRPOJob, AsyncGRPOJobStatus
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
+from asyncgrpo_api.v1alpha1.base import known_fields
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
 from asyncgrpo_operator import admitted, cache, decision, k8s, manifests, naming, plan, progress, raytoken
 from asyncgrpo_operator import workload as workload_mod
@@ -700,39 +700,10 @@ def _parse_status(raw: Any) -> AsyncGRPOJobStatus | None:
         return AsyncGRPOJobStatus.model_validate(raw)
     except ValidationError:
         try:
-            return AsyncGRPOJobStatus.model_validate(_known_fields(AsyncGRPOJobStatus, raw))
+            return AsyncGRPOJobStatus.model_validate(known_fields(AsyncGRPOJobStatus, raw))
         except ValidationError:
             log.warning("unreadable status; rebuilding it")
             return None
-
-
-def _known_fields(model: type[BaseModel], raw: Mapping[str, Any]) -> dict[str, Any]:
-    """`raw` with only the keys `model` has (by name or alias), recursively through the fields whose
-    type is a model, a list of models or an optional model."""
-    known: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        key = info.alias if info.alias is not None and info.alias in raw else name
-        if key not in raw:
-            continue
-        nested = _model_in(info.annotation)
-        value = raw[key]
-        if nested is not None and isinstance(value, Mapping):
-            value = _known_fields(nested, value)
-        elif nested is not None and isinstance(value, list):
-            value = [_known_fields(nested, v) if isinstance(v, Mapping) else v for v in value]
-        known[key] = value
-    return known
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model class a field's type names (itself, or inside Optional, a union or a list)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _shown(status: Mapping[str, Any]) -> Any:

@@ -21,8 +21,6 @@ import re
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,7 @@ from tests.e2e.real_pods import (
     running_on_the_node,
 )
 from tests.e2e.whole_path import AgjWatch, job_status, tiny_job, wait_with_watch
+from tests.http_status import http_status
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.trainer, pytest.mark.images]
 
@@ -153,18 +152,6 @@ def run_real_job(chart: InClusterChart, job: JSON, *, what: str) -> tuple[AgjWat
     )
     record(f"{what}: kubectl apply until {job_status(chart.api, ns, name)['phase']}", time.monotonic() - t0)
     return watch, running
-
-
-def http_status(url: str, authorization: str | None = None) -> int:
-    """The status of a GET of `url`, with the Authorization header if given."""
-    request = urllib.request.Request(url)
-    if authorization is not None:
-        request.add_header("Authorization", authorization)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
 
 
 def head_log(chart: InClusterChart, pod: JSON) -> str:

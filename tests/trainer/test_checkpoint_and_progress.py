@@ -18,6 +18,7 @@ from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import policy
 from asyncgrpo_trainer.buffer import GroupRecord, ReplayBuffer
 from asyncgrpo_trainer.envs.base import Example
+from tests.http_status import http_status
 from tests.skip_policy import requires_cuda
 from tests.trainer.test_grpo_math import BUILD, _rows
 
@@ -235,18 +236,6 @@ def test_no_checkpoint_directory_means_no_resume(tmp_path: Path) -> None:
     assert checkpoint.latest(tmp_path / "missing") is None
 
 
-def status_of(url: str, authorization: str | None = None) -> int:
-    """The HTTP status of a GET, with the Authorization header if given."""
-    request = urllib.request.Request(url)
-    if authorization is not None:
-        request.add_header("Authorization", authorization)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-
-
 def test_the_drivers_progress_and_metrics_answer_only_the_jobs_ray_token() -> None:
     """In a job's pod the driver's server takes the job's Ray token (its Secret, RAY_AUTH_TOKEN), as
     Ray's dashboard does: without it 401, with another 403; only /healthz says anything to anyone."""
@@ -254,12 +243,12 @@ def test_the_drivers_progress_and_metrics_answer_only_the_jobs_ray_token() -> No
     try:
         base = f"http://127.0.0.1:{server.port}"
         for path in ("/progress", "/metrics"):
-            assert status_of(base + path) == 401
-            assert status_of(base + path, "Bearer not-the-jobs-token") == 403
-            assert status_of(base + path, "the-jobs-token") == 401  # not a bearer token
-            assert status_of(base + path, "Bearer the-jobs-token") == 200
-        assert status_of(base + "/progress?x=1") == 401
-        assert status_of(base + "/healthz") == 200
+            assert http_status(base + path) == 401
+            assert http_status(base + path, "Bearer not-the-jobs-token") == 403
+            assert http_status(base + path, "the-jobs-token") == 401  # not a bearer token
+            assert http_status(base + path, "Bearer the-jobs-token") == 200
+        assert http_status(base + "/progress?x=1") == 401
+        assert http_status(base + "/healthz") == 200
     finally:
         server.close()
 

@@ -24,6 +24,7 @@ import pytest
 from pydantic import BaseModel
 
 from asyncgrpo_api import rules
+from asyncgrpo_api.v1alpha1.base import nested_model
 from asyncgrpo_api.v1alpha1.job import AsyncGRPOJobSpec
 from asyncgrpo_trainer import (
     cluster,
@@ -146,21 +147,11 @@ def leaves(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]
     """(dotted alias path, annotation) of every leaf field; lists of models are walked into."""
     for name, info in model.model_fields.items():
         path = prefix + (info.alias or name)
-        inner = _model_in(info.annotation)
+        inner = nested_model(info.annotation)
         if inner is not None:
             yield from leaves(inner, path + ".")
         else:
             yield path, info.annotation
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def candidates(annotation: Any, current: Any) -> list[Any]:

@@ -6,7 +6,9 @@ uses camelCase on the wire and snake_case in Python, and is frozen: a parsed job
 
 from __future__ import annotations
 
-from typing import Annotated
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 from pydantic.alias_generators import to_camel
@@ -22,6 +24,36 @@ class ApiModel(BaseModel):
         frozen=True,
         validate_default=True,
     )
+
+
+def known_fields(model: type[BaseModel], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` with only the keys `model` has (by name or alias), recursively through the fields whose
+    type is a model, a list of models or an optional model: how this version reads an object that a
+    newer one wrote (after a rollback), where the strict model would refuse it whole."""
+    known: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        key = info.alias if info.alias is not None and info.alias in raw else name
+        if key not in raw:
+            continue
+        nested = nested_model(info.annotation)
+        value = raw[key]
+        if nested is not None and isinstance(value, Mapping):
+            value = known_fields(nested, value)
+        elif nested is not None and isinstance(value, list):
+            value = [known_fields(nested, v) if isinstance(v, Mapping) else v for v in value]
+        known[key] = value
+    return known
+
+
+def nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field's type names (itself, or inside Optional, a union or a list)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = nested_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
