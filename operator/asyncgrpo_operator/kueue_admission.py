@@ -101,7 +101,7 @@ def review(
 ) -> Verdict:
     """Judge one request that reached the webhook (its namespace is one Kueue's settings cover).
     `default_queue_exists` matters only where `needs_default_queue` says so."""
-    namespace = str(_mapping(new.get("metadata")).get("namespace") or "")
+    namespace = str(webhook.as_mapping(new.get("metadata")).get("namespace") or "")
     required = policy.manage_jobs_without_queue_name
     if operation == "UPDATE" and old is not None:
         if required and _names_queue(old) and not _names_queue(new):
@@ -165,16 +165,14 @@ def unreadable_queue(namespace: str, error: str) -> Verdict:
 def _names_queue(obj: Mapping[str, Any]) -> bool:
     """Whether the job names its Kueue queue: the label, or its alias spec.scheduler.queueName
     with scheduler.name kueue (AsyncGRPOJob.kueue_queue_name)."""
-    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
+    labels = webhook.as_mapping(webhook.as_mapping(obj.get("metadata")).get("labels"))
     return bool(labels.get(KUEUE_QUEUE_LABEL)) or _scheduler(obj) == "kueue"
 
 
 def _scheduler(obj: Mapping[str, Any]) -> str:
-    return str(_mapping(_mapping(obj.get("spec")).get("scheduler")).get("name") or "default")
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    return str(
+        webhook.as_mapping(webhook.as_mapping(obj.get("spec")).get("scheduler")).get("name") or "default"
+    )
 
 
 def _true(value: str | None) -> bool:
@@ -211,7 +209,7 @@ async def _judge(
 ) -> Verdict:
     if not needs_default_queue(operation, new, policy):
         return review(operation, new, old, policy)
-    namespace = str(_mapping(new.get("metadata")).get("namespace") or "")
+    namespace = str(webhook.as_mapping(new.get("metadata")).get("namespace") or "")
     if rt is None:
         return unreadable_queue(namespace, "the operator is still starting")
     try:

@@ -127,7 +127,7 @@ KUEUE_LABELS = (KUEUE_QUEUE_LABEL, KUEUE_PRIORITY_LABEL)
 
 
 def _kueue_labels(obj: Mapping[str, Any]) -> dict[str, str]:
-    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
+    labels = as_mapping(as_mapping(obj.get("metadata")).get("labels"))
     return {key: str(labels[key]) for key in KUEUE_LABELS if key in labels}
 
 
@@ -152,7 +152,7 @@ def _locked_labels(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Findi
 
 def _admitted(obj: Mapping[str, Any]) -> bool:
     """Whether Kueue holds quota for the job: its Queued condition is False (Admitted)."""
-    conditions = _mapping(obj.get("status")).get("conditions") or []
+    conditions = as_mapping(obj.get("status")).get("conditions") or []
     return any(
         isinstance(c, Mapping) and c.get("type") == "Queued" and c.get("status") == "False"
         for c in conditions
@@ -164,7 +164,7 @@ def denial_message(obj: Mapping[str, Any], errors: Sequence[Finding]) -> str:
 
     kubectl prints it after `admission webhook "<name>" denied the request: `.
     """
-    metadata = _mapping(obj.get("metadata"))
+    metadata = as_mapping(obj.get("metadata"))
     name = str(metadata.get("name") or metadata.get("generateName") or "")
     count = f"{len(errors)} error" + ("s" if len(errors) != 1 else "")
     lines = [f'{KIND} "{name}" is invalid ({count}):']
@@ -229,10 +229,10 @@ def is_suspended(obj: Mapping[str, Any]) -> bool:
     the operator has not started it yet (no status, or Pending without a RayCluster). A job that
     is Pending because its pods cannot be scheduled has a RayCluster: suspend it to re-place it.
     """
-    spec = _mapping(obj.get("spec"))
+    spec = as_mapping(obj.get("spec"))
     if spec.get("suspend") is True:
         return True
-    status = _mapping(obj.get("status"))
+    status = as_mapping(obj.get("status"))
     phase = status.get("phase")
     if not phase or phase == "Suspended":
         return True
@@ -240,7 +240,7 @@ def is_suspended(obj: Mapping[str, Any]) -> bool:
 
 
 def _locked(old: Mapping[str, Any], new: Mapping[str, Any], parsed_new: AsyncGRPOJob | None) -> list[Finding]:
-    old_spec, new_spec = _mapping(old.get("spec")), _mapping(new.get("spec"))
+    old_spec, new_spec = as_mapping(old.get("spec")), as_mapping(new.get("spec"))
     if parsed_new is not None:
         parsed_old = _parse(old)
         if parsed_old is not None:  # compare with defaults filled in, so writing out a default is no change
@@ -257,7 +257,7 @@ def _parse(obj: Mapping[str, Any]) -> AsyncGRPOJob | None:
 
 
 def _spec_of(job: AsyncGRPOJob) -> Mapping[str, Any]:
-    return _mapping(job.to_manifest().get("spec"))
+    return as_mapping(job.to_manifest().get("spec"))
 
 
 def _user_input(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -265,7 +265,8 @@ def _user_input(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in obj.items() if key != "status"}
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
+def as_mapping(value: Any) -> Mapping[str, Any]:
+    """`value` if it is a mapping, else an empty one: how a request's optional objects are read."""
     return value if isinstance(value, Mapping) else {}
 
 
@@ -313,7 +314,7 @@ async def _within_runtime(
     decision: Decision,
 ) -> tuple[Decision, AsyncGRPORuntime | None]:
     """The decision after the job's AsyncGRPORuntime, and the runtime (None: the job names none)."""
-    ref = _mapping(_mapping(new.get("spec")).get("runtimeRef")).get("name")
+    ref = as_mapping(as_mapping(new.get("spec")).get("runtimeRef")).get("name")
     if not isinstance(ref, str):
         return decision, None
     if rt is None:
@@ -343,7 +344,7 @@ async def _with_dry_run(
         return decision
     job = _parse(new)
     before = _parse(old) if operation == "UPDATE" and old is not None else None
-    uid = str(_mapping(new.get("metadata")).get("uid") or "")
+    uid = str(as_mapping(new.get("metadata")).get("uid") or "")
     cluster = dryrun.target(job, before, uid, admin) if job is not None else None
     if cluster is None:
         rt.metrics.dry_runs.labels("unchanged").inc()
