@@ -244,7 +244,7 @@ def _held_out_accuracy(tmp_path: Path, name: str, policy_spec: dict[str, int]) -
 
 @pytest.mark.trainer
 @pytest.mark.budget(300, "a packed job trained to the bar its padded counterpart reaches")
-def test_a_packed_job_learns_reversal_as_far_as_its_plain_counterpart(tmp_path: Path) -> None:
+def test_a_packed_job_learns_reversal_to_the_padded_jobs_bar(tmp_path: Path) -> None:
     """The example's job, packed at 512 tokens a micro-batch, learns reversal to the bar the padded
     job reaches (0.8 held out by step 100; 1.0 from step 80-110, docs/benchmarks.md). That a packed
     step is the padded step (loss, gradient norm, tokens and clip fraction to 1e-4, through the
