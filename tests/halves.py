@@ -74,18 +74,40 @@ def commands(pytest_args: list[str]) -> dict[str, list[str]]:
 
 
 SHORT_SUMMARY = re.compile(r"^=+ short test summary info =+$")
+RUN_FAILS = re.compile(r"^=+ .*: the run fails\b.* =+$")
+"""The title of a section the suite's own plugins print when they fail a run whose tests all passed
+(tests/budget.py, tests/skip_policy.py, tests/leftovers.py)."""
+SECTION = re.compile(r"^=+ .* =+$")
 FINAL_COUNTS = re.compile(r"\b(passed|failed|errors?|skipped|deselected|no tests ran)\b.* in [0-9.]+s\b")
 
 
 def verdict(lines: list[str]) -> list[str]:
-    """What a pytest run's output ends on: its short test summary (from its header) and its final
-    count line; just the count line when nothing failed; the last line when neither is there (a
-    crash before pytest summarised)."""
+    """What a pytest run's output ends on: the sections that failed a run whose tests passed (a test
+    over the time budget, an unexpected skip, a leftover), its short test summary (from its header)
+    and its final count line; just the count line when nothing failed; the last line when no count
+    line is there (a crash before pytest summarised).
+
+    Why the run-failing sections: on 2026-12-07 a CI run's operator half exited 1 with every test
+    passed, and the log's tail, all CI keeps, did not say why (an image build charged to a test
+    without a budget marker)."""
     start = next((i for i in range(len(lines) - 1, -1, -1) if SHORT_SUMMARY.match(lines[i])), None)
     end = next((i for i in range(len(lines) - 1, -1, -1) if FINAL_COUNTS.search(lines[i])), None)
     if end is None:
         return lines[-1:]
-    return lines[start : end + 1] if start is not None and start < end else [lines[end]]
+    summary = lines[start : end + 1] if start is not None and start < end else [lines[end]]
+    return [*run_failing_sections(lines[:end]), *summary]
+
+
+def run_failing_sections(lines: list[str]) -> list[str]:
+    """Each section titled "...: the run fails", with its lines up to the next section's title."""
+    kept: list[str] = []
+    inside = False
+    for line in lines:
+        if SECTION.match(line):
+            inside = bool(RUN_FAILS.match(line))
+        if inside:
+            kept.append(line)
+    return kept
 
 
 @dataclass

@@ -231,6 +231,17 @@ def test_ci_fails_a_run_with_a_test_over_the_budget_that_does_not_say_why_and_na
     assert "OVER  test_sample.py::test_slow_said: the one proof of its claim" in said, said
 
 
+def test_a_half_failed_by_the_budget_alone_ends_the_log_on_the_test_that_broke_it(tmp_path: Path) -> None:
+    """A run can fail with every test passed (a test over the budget, an unexpected skip, a
+    leftover); the half's verdict, the part of the log CI keeps, then says which test and why."""
+    result = run_pytest(tmp_path, BUDGETED, "--test-budget=1", "--durations=5", plugin="tests.budget")
+    ending = halves.verdict(result.stdout.splitlines())
+    assert result.returncode == 1
+    assert "without a budget marker: the run fails" in ending[0], ending
+    assert "test_sample.py::test_slow_unsaid" in ending[1], ending
+    assert "3 passed" in ending[-1] and len(ending) == 3, ending
+
+
 def test_a_run_whose_slow_tests_all_say_why_passes_the_budget(tmp_path: Path) -> None:
     source = BUDGETED.replace("def test_slow_unsaid():\n    time.sleep(1.5)\n", "")
     result = run_pytest(tmp_path, source, "--test-budget=1", plugin="tests.budget")
