@@ -85,7 +85,13 @@ def permission(call: Call) -> Permission | None:
 
 def implied_permissions(call: Call) -> list[Permission]:
     """Permissions a call needs beyond its own: `update` on the owner's finalizers for every
-    ownerReference with blockOwnerDeletion (the OwnerReferencesPermissionEnforcement plugin)."""
+    ownerReference with blockOwnerDeletion (the OwnerReferencesPermissionEnforcement plugin), and
+    `list` for a streamed list (a watch with sendInitialEvents, which the API server authorizes as
+    `watch`): where a server refuses streaming, the operator lists the same collection in pages
+    (`k8s.Api`'s fallback), so the chart must grant it."""
+    own = permission(call)
+    if own is not None and own.verb == "watch" and parse_qs(call.query).get("sendInitialEvents") == ["true"]:
+        return [Permission(own.group, own.resource, "list")]
     if call.method not in ("POST", "PUT", "PATCH") or not call.body:
         return []
     try:

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from tests.chart.helm import CHART, REPO, helm, set_args
+from tests.chart.helm import CHART, helm, set_args
 from tests.cluster.cluster import LocalCluster
 from tests.cluster.rest import Api, ApiError
 from tests.webhook.server import free_port
@@ -45,34 +45,11 @@ metrics-reader ClusterRole through `metrics.readers`, as a user binds their Prom
 JOBS_PATH = "/apis/asyncgrpo.dev/v1alpha1/namespaces/{ns}/asyncgrpojobs"
 RUNTIMES_PATH = "/apis/asyncgrpo.dev/v1alpha1/asyncgrporuntimes"
 
-# Used when operator/asyncgrpo_operator/main.py does not (yet) configure the webhook itself: the
-# webhook handler plus the same startup call main.py is expected to make.
-WEBHOOK_ONLY_OPERATOR = """\
-import kopf
-
-from asyncgrpo_operator import webhook
-
-
-@kopf.on.startup()
-def _configure(settings: kopf.OperatorSettings, **_: object) -> None:
-    settings.posting.level = 40  # no Events: this stand-in reconciles nothing
-    webhook.configure_admission(settings)
-"""
-
-
-def operator_module() -> tuple[str, Path | None]:
-    """The module `kopf run -m` loads, and a folder to put on PYTHONPATH for it (if any)."""
-    package = REPO / "operator" / "asyncgrpo_operator"
-    wired = any(
-        "configure_admission(" in path.read_text()
-        for path in package.glob("*.py")
-        if path.name != "webhook.py"
-    )
-    if (package / "main.py").is_file() and wired:
-        return "asyncgrpo_operator.main", None
-    folder = Path(tempfile.mkdtemp(prefix="asyncgrpo-webhook-operator-"))
-    (folder / "webhook_only_operator.py").write_text(WEBHOOK_ONLY_OPERATOR)
-    return "webhook_only_operator", folder
+OPERATOR_MODULE = "asyncgrpo_operator.main"
+"""The module `kopf run -m` loads: both roles in one process, as `python -m asyncgrpo_operator`'s
+default `--role all` (until 2026-12-07 a heuristic fell back to a webhook-only stand-in when no
+module but webhook.py called `configure_admission`; the webhook's own startup handler now does,
+and the stand-in, which reconciles nothing and serves no /metrics, was picked)."""
 
 
 @dataclass
@@ -292,8 +269,7 @@ class Installation:
         """Run the operator as the chart's ServiceAccount; return once the webhook answers TLS."""
         self.write_mounted_secret()
         kubeconfig = self.service_account_kubeconfig()
-        module, extra_path = operator_module()
-        self.module = module
+        self.module = OPERATOR_MODULE
         env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
@@ -309,9 +285,6 @@ class Installation:
             "ASYNCGRPO_RAY_TOKEN_KEY_FILE": str(self.ray_token_key_file),
             "ASYNCGRPO_OPERATOR_POD_LABELS": (
                 f"app.kubernetes.io/instance={self.release},app.kubernetes.io/name=asyncgrpo-operator"
-            ),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(extra_path or ""), os.environ.get("PYTHONPATH", "")) if p
             ),
         }
         env.update(self.operator_env)
@@ -330,7 +303,7 @@ class Installation:
             "--standalone",
             f"--namespace={self.jobs_ns}",
             f"--liveness=http://127.0.0.1:{free_port()}/healthz",
-            f"--module={module}",
+            f"--module={OPERATOR_MODULE}",
         ]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
