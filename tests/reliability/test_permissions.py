@@ -248,20 +248,23 @@ def test_the_webhook_refuses_tls_1_1_and_serves_1_2_and_1_3(chart: ProxiedInstal
     assert handshake(ssl.TLSVersion.TLSv1_3, chart.port) == "TLSv1.3"
 
 
-def test_the_operator_pod_runs_non_root_with_a_read_only_root_filesystem() -> None:
+def test_the_operator_pods_run_non_root_with_a_read_only_root_filesystem() -> None:
+    """Both of the chart's Deployments: the reconciler's and the webhook's."""
     helm_bin = find_helm()
     if helm_bin is None:
         pytest.skip(NO_HELM)
-    (deployment,) = [o for o in template(helm_bin) if o.get("kind") == "Deployment"]
-    pod = deployment["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] != 0
-    for container in pod["containers"] + pod.get("initContainers", []):
-        sc = container["securityContext"]
-        assert sc["readOnlyRootFilesystem"] is True, container["name"]
-        assert sc["allowPrivilegeEscalation"] is False, container["name"]
-        assert sc["capabilities"]["drop"] == ["ALL"], container["name"]
-        assert sc.get("runAsUser", pod["securityContext"]["runAsUser"]) != 0
+    deployments = [o for o in template(helm_bin) if o.get("kind") == "Deployment"]
+    assert len(deployments) == 2, [d["metadata"]["name"] for d in deployments]
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        for container in pod["containers"] + pod.get("initContainers", []):
+            sc = container["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, container["name"]
+            assert sc["allowPrivilegeEscalation"] is False, container["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"], container["name"]
+            assert sc.get("runAsUser", pod["securityContext"]["runAsUser"]) != 0
 
 
 def _as_user(api: Api, user: str, method: str, path: str, body: JSON | None = None) -> int:
