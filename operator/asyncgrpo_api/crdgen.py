@@ -58,6 +58,9 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Oldest", "type": "number", "jsonPath": ".status.progress.meanOldestStaleness", "priority": 1},
     {"name": "Behaviour-KL", "type": "number", "jsonPath": ".status.progress.behaviourKl", "priority": 1},
     {"name": "IS-Truncated", "type": "number", "jsonPath": ".status.progress.isOutOfBounds", "priority": 1},
+    {"name": "Policy-Idle", "type": "number", "jsonPath": ".status.progress.policyIdleShare", "priority": 1},
+    {"name": "Gen-Idle", "type": "number", "jsonPath": ".status.progress.generationIdleShare", "priority": 1},
+    {"name": "Buffer", "type": "number", "jsonPath": ".status.progress.bufferFill", "priority": 1},
     {
         "name": "Checkpoint",
         "type": "integer",

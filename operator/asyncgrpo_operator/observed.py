@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.job import MAX_PROGRESS_INT
+from asyncgrpo_api.v1alpha1.placement import MAX_AUTOSCALING_WINDOW_STEPS
 from asyncgrpo_operator import naming
 from asyncgrpo_operator.workload import Flavor, PodSetShape, Priority, quota_shapes
 
@@ -295,6 +296,37 @@ class DriverExit:
 
 
 @dataclass(frozen=True)
+class FleetWindow:
+    """One step's window of who waited for whom, as the driver measured it (`fleet_window` of the
+    trainer's progress): what the elastic fleet's rule reads (asyncgrpo_operator.elastic)."""
+
+    step: int
+    seconds: float
+    policy_idle_share: float
+    """The share the policy waited for rollouts."""
+    generation_idle_share: float
+    """The engines' mean share with no request."""
+    generation_gated_share: float
+    """The engines' mean share idle while the staleness gate held groups back."""
+    generation_engines: int
+
+    @classmethod
+    def from_json(cls, doc: Any) -> FleetWindow | None:
+        """None for a window that is not one (the driver runs the job author's code)."""
+        if not isinstance(doc, Mapping):
+            return None
+        step, engines = _count(doc.get("step")), _count(doc.get("generationEngines"))
+        seconds = _float_or_none(doc.get("seconds"))
+        shares = [
+            _share(doc.get(k)) for k in ("policyIdleShare", "generationIdleShare", "generationGatedShare")
+        ]
+        if step is None or engines is None or seconds is None or None in shares:
+            return None
+        policy, idle, gated = (float(x) for x in shares if x is not None)
+        return cls(step, seconds, policy, idle, gated, engines)
+
+
+@dataclass(frozen=True)
 class ProgressReading:
     """One /progress document from the driver (field names as on the wire, camelCase)."""
 
@@ -316,6 +348,16 @@ class ProgressReading:
     validation_accuracy: float | None = None
     logprob_mismatch: str | None = None
     """Set while the driver's log-prob gate is tripped (trainer logprob_gate): why, in one line."""
+    policy_idle_share: float | None = None
+    generation_idle_share: float | None = None
+    generation_gated_share: float | None = None
+    buffer_fill: float | None = None
+    refit_seconds: float | None = None
+    samples_untrained: int | None = None
+    first_step_at: datetime | None = None
+    """When the attempt's driver trained its first step."""
+    windows: tuple[FleetWindow, ...] = ()
+    """The latest step windows, oldest first (at most MAX_AUTOSCALING_WINDOW_STEPS)."""
     state: str = "starting"
     error: str | None = None
 
@@ -340,9 +382,41 @@ class ProgressReading:
             data_warning=str(doc["dataWarning"]) if doc.get("dataWarning") else None,
             validation_accuracy=_rounded(_float_or_none(doc.get("validationAccuracy")), 4),
             logprob_mismatch=str(doc["logprobMismatch"]) if doc.get("logprobMismatch") else None,
+            policy_idle_share=_rounded(_share(doc.get("policyIdleShare")), 3),
+            generation_idle_share=_rounded(_share(doc.get("generationIdleShare")), 3),
+            generation_gated_share=_rounded(_share(doc.get("generationGatedShare")), 3),
+            buffer_fill=_rounded(_share(doc.get("bufferFill")), 3),
+            refit_seconds=_rounded(_float_or_none(doc.get("refitSeconds")), 4),
+            samples_untrained=_count(doc.get("samplesUntrained")),
+            first_step_at=_epoch(doc.get("firstStepAt")),
+            windows=_windows(doc.get("windows")),
             state=str(doc.get("state") or "starting"),
             error=str(doc["error"]) if doc.get("error") else None,
         )
+
+
+def _share(value: Any) -> float | None:
+    """A share in [0, 1], else None."""
+    number = _float_or_none(value)
+    return number if number is not None and 0 <= number <= 1 else None
+
+
+def _epoch(value: Any) -> datetime | None:
+    """Epoch seconds as a time, else None."""
+    number = _float_or_none(value)
+    if number is None:
+        return None
+    try:
+        return datetime.fromtimestamp(number, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _windows(value: Any) -> tuple[FleetWindow, ...]:
+    if not isinstance(value, list):
+        return ()
+    parsed = (FleetWindow.from_json(w) for w in value[-MAX_AUTOSCALING_WINDOW_STEPS:])
+    return tuple(w for w in parsed if w is not None)
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

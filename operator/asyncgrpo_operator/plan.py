@@ -1455,6 +1455,13 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
                 validation_accuracy=reading.validation_accuracy,
                 last_checkpoint_step=reading.last_checkpoint_step,
                 durable_checkpoint_step=reading.durable_checkpoint_step,
+                policy_idle_share=reading.policy_idle_share,
+                generation_idle_share=reading.generation_idle_share,
+                generation_gated_share=reading.generation_gated_share,
+                buffer_fill=reading.buffer_fill,
+                refit_seconds=reading.refit_seconds,
+                samples_untrained=reading.samples_untrained,
+                time_to_first_step_seconds=_time_to_first_step(reading, draft.get("attempt_start_time")),
                 updated_at=read_at,
             ),
         )
@@ -1486,6 +1493,14 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
     else:
         draft.set(STALLED, False, "Progressing", "the step advances")
         draft.requeue(limit - quiet)
+
+
+def _time_to_first_step(reading: ProgressReading, attempt_start: datetime | None) -> float | None:
+    """From the attempt's start to its driver's first trained step (None before it, or when the
+    two clocks disagree so far that the step would come first)."""
+    if reading.first_step_at is None or attempt_start is None or reading.first_step_at < attempt_start:
+        return None
+    return round((reading.first_step_at - attempt_start).total_seconds(), 1)
 
 
 def _set_logprob_mismatch(draft: Draft, reading: ProgressReading) -> None:

@@ -220,6 +220,37 @@ def test_progress_is_copied_from_the_driver() -> None:
     assert decision.progress_mark == ProgressMark("rc-uid-0", 7, at(40))
 
 
+def test_who_waits_for_whom_and_the_time_to_the_first_step_reach_the_status() -> None:
+    """issue 48: the driver's measured shares of its last step window, and the attempt's time from
+    its start to the first trained step (the driver's clock against the attempt's start)."""
+    before = running()
+    rc = cluster(0, provisioned=True)
+    started = before.status.attempt_start_time
+    assert started is not None
+    doc = {
+        "step": 3,
+        "state": "running",
+        "policyIdleShare": 0.61234,
+        "generationIdleShare": 0.2,
+        "generationGatedShare": 0.15,
+        "bufferFill": 0.5,
+        "refitSeconds": 0.012345,
+        "samplesUntrained": 16.0,
+        "firstStepAt": started.timestamp() + 42.04,
+    }
+    progress = step(
+        job(), before.status, observe(40, rc, pods=healthy_pods(rc), progress=doc)
+    ).status.progress
+    assert progress is not None
+    assert (progress.policy_idle_share, progress.generation_idle_share, progress.generation_gated_share) == (
+        0.612,
+        0.2,
+        0.15,
+    )
+    assert (progress.buffer_fill, progress.refit_seconds, progress.samples_untrained) == (0.5, 0.0123, 16)
+    assert progress.time_to_first_step_seconds == 42.0
+
+
 def test_a_driver_still_starting_does_not_reset_the_step_shown_after_a_restart() -> None:
     """A resumed attempt's driver reports step 0 until it has loaded its checkpoint; kubectl get's
     STEP keeps the last step read instead of falling back to 0."""

@@ -19,7 +19,7 @@ from aiohttp import web
 from asyncgrpo_api.v1alpha1 import Progress
 from asyncgrpo_operator import plan, progress, raytoken
 from asyncgrpo_operator.cache import ADDED, Cache
-from asyncgrpo_operator.observed import PodView, ProgressReading
+from asyncgrpo_operator.observed import FleetWindow, PodView, ProgressReading
 from asyncgrpo_operator.reconciler import Reconciler
 from tests.operator.builders import OWNER, cluster, healthy_pods, job, observe, raw_cluster, raw_pod
 from tests.operator.cancelling import stops_when_cancelled_as_it_wakes
@@ -211,8 +211,23 @@ def test_the_document_matches_what_the_trainer_serves() -> None:
         behaviour_kl=0.0123,
         is_out_of_bounds=0.05,
         mean_oldest_staleness=1.25,
+        policy_idle_share=0.75,
+        windows=[
+            trainer_progress.fleet_window(
+                {
+                    "step": 3,
+                    "step_seconds": 2.5,
+                    "policy_idle_share": 0.75,
+                    "generation_idle_share": 0.1,
+                    "generation_gated_share": 0.05,
+                    "generation_engines": 2,
+                }
+            )
+        ],
     ).to_json()
     reading = ProgressReading.from_json(json.loads(json.dumps(served)))
+    assert reading.policy_idle_share == 0.75
+    assert reading.windows == (FleetWindow(3, 2.5, 0.75, 0.1, 0.05, 2),)
     assert (reading.step, reading.max_steps, reading.reward_mean, reading.state) == (3, 9, 0.5, "running")
     assert (reading.behaviour_kl, reading.is_out_of_bounds, reading.mean_oldest_staleness) == (
         0.0123,

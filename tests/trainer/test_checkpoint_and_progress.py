@@ -265,6 +265,8 @@ def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:
             state="failed",
             error="boom",
             counters={"groups_committed": 7},
+            policy_idle_share=0.75,
+            generation_idle_shares=[0.1, 0.5],
         )
         base = f"http://127.0.0.1:{server.port}"
         doc = json.load(urllib.request.urlopen(f"{base}/progress"))
@@ -288,6 +290,8 @@ def test_progress_server_serves_camel_case_json_and_prometheus_text() -> None:
         assert "asyncgrpo_step 3" in text and 'asyncgrpo_state{state="failed"} 1' in text
         assert "asyncgrpo_accuracy 0.25" in text and "asyncgrpo_validation_accuracy 0.875" in text
         assert "asyncgrpo_groups_committed_total 7" in text
+        assert "asyncgrpo_policy_idle_share 0.75" in text  # who waits for whom, per engine too
+        assert 'asyncgrpo_generation_engine_idle_share{engine="1"} 0.5' in text
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"{base}/nope")
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncgrpo_trainer import checkpoint, controller, data, envs, logprob_gate, sampler, weights
+from asyncgrpo_trainer import checkpoint, controller, data, envs, logprob_gate, occupancy, sampler, weights
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer
 from asyncgrpo_trainer.envs.base import Example, Score
@@ -41,8 +41,13 @@ class FakeGeneration:
         self.calls = 0
         self.asleep = False
         self.sleeps = 0
+        self.occupancy = occupancy.Occupancy(1)
 
     async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
+        with self.occupancy.serving(0):
+            return await self._generate(n, seed)
+
+    async def _generate(self, n: int, seed: int) -> generation.Generated:
         assert not self.asleep, "asked to generate while asleep"
         self.calls += 1
         if self.calls <= self.fail_first:
@@ -322,6 +327,20 @@ def test_over_sampling_never_trains_beyond_the_window_and_aborts_aged_out_groups
     c = summary["counters"]
     assert c["groups_dispatched"] > 8 * P  # ungated: more groups than steps need ...
     assert c.get("groups_evicted", 0) + c.get("groups_aborted_stale", 0) > 0  # ... and the excess is dropped
+
+
+def test_samples_never_trained_are_the_evicted_ones_and_those_still_waiting(tmp_path: Path) -> None:
+    """An over-sampled run generates more than it trains: at every step's end the difference is,
+    sample for sample, the groups evicted so far plus those waiting in the buffer (its fill)."""
+    ctl, _ = _controller(tmp_path, "streaming-oversampled", FakeGeneration(delay=0.05), steps=8)
+    steps = _steps(asyncio.run(ctl.run()))
+    evicted = 0.0
+    for r in steps:
+        evicted += r["evicted_groups"]
+        waiting = round(r["buffer_fill"] * ctl.s.max_buffered_rollouts)
+        assert r["samples_untrained"] == r["samples_generated"] - r["samples_trained"], r
+        assert r["samples_untrained"] == N * (evicted + waiting), r
+    assert evicted > 0 or any(r["samples_untrained"] for r in steps)
 
 
 def test_the_drain_gate_waits_for_in_flight_groups_so_none_straddles_a_refit(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ray._private import state as ray_state
@@ -133,24 +135,39 @@ def test_a_ray_node_not_up_in_time_is_started_again_without_its_leftovers_and_ot
     assert len(calls) == 1
 
 
-@pytest.mark.trainer
-def test_a_run_relays_a_bar_and_a_summary_for_a_person_and_one_json_line_per_step(
-    ray_address: str, tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Relayed:
+    """What a 6-step async-in-order run relayed: the person's text, the machine's lines, the summary."""
+
+    checkpoints: Path
+    text: str
+    events: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def relayed(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Relayed:
+    tmp_path = tmp_path_factory.mktemp("relay")
     person, machine = io.StringIO(), io.StringIO()
     reporters = [HumanProgress(person, checkpoints=str(tmp_path), tty=False), progress.JsonLines(machine)]
     job = jobs.manifest("async-in-order", steps=6, checkpoint_dir=str(tmp_path), name="relay")
     summary = driver.execute(job, reporters=reporters)
     for reporter in reporters:
         reporter.summary(summary)
-    text = person.getvalue()
+    events = [json.loads(line) for line in machine.getvalue().splitlines()]
+    return Relayed(tmp_path, person.getvalue(), events, summary)
+
+
+@pytest.mark.trainer
+def test_a_run_relays_a_bar_and_a_summary_for_a_person_and_one_json_line_per_step(relayed: Relayed) -> None:
+    text, tmp_path = relayed.text, relayed.checkpoints
     bars = [line for line in text.splitlines() if line.startswith("[")]
     assert bars and bars[-1].startswith("[" + "#" * console.BAR_WIDTH + "] 6/6  reward "), text
     assert "trained 6/6 steps (async-in-order) in " in text and " with start-up)" in text, text
     assert "  reward              " in text and "at step 1 -> " in text and "at step 6" in text, text
     assert f"  checkpoint          step 6 in {tmp_path}" in text, text
     assert "{" not in text
-    events = [json.loads(line) for line in machine.getvalue().splitlines()]
+    events = relayed.events
     steps = [e for e in events if e["event"] == "step"]
     assert [e["step"] for e in steps] == list(range(1, 7))
     assert events[-1]["event"] == "summary" and events[-1]["steps"] == 6
@@ -159,6 +176,30 @@ def test_a_run_relays_a_bar_and_a_summary_for_a_person_and_one_json_line_per_ste
     assert steps[0]["mean_staleness"] == 0 and steps[0]["gen_logprob_error"] == pytest.approx(1.0, abs=1e-3)
     stale_only = [e for e in steps if e["mean_staleness"] == 1]
     assert stale_only and all(e["gen_logprob_error"] is None for e in stale_only), steps
+
+
+@pytest.mark.trainer
+def test_each_step_says_who_waited_for_whom_and_what_was_generated_but_not_trained(relayed: Relayed) -> None:
+    """The measured shares of each step's window: the policy's wait for rollouts and its compute
+    are disjoint parts of the window, each engine's idle time behind the gate is part of its idle
+    time; and the samples never trained on are exactly those still waiting in the buffer (an
+    in-order run evicts and drops none)."""
+    steps = [e for e in relayed.events if e["event"] == "step"]
+    config = jobs.manifest("async-in-order", steps=6, checkpoint_dir="-")["spec"]["trainer"]
+    samples_per_group = config["grpo"]["numGenerationsPerPrompt"]
+    capacity = config["grpo"]["numPromptsPerStep"] * (config["asyncRL"]["maxStalenessVersions"] + 1)
+    for e in steps:
+        idle, busy = e["policy_idle_share"], e["policy_busy_share"]
+        assert 0 <= idle <= 1 and 0 < busy <= 1 and idle + busy <= 1 + 1e-9, e
+        assert e["generation_engines"] == len(e["generation_idle_shares"]) == 1, e
+        assert all(0 <= x <= 1 for x in e["generation_idle_shares"]), e
+        assert 0 <= e["generation_gated_share"] <= e["generation_idle_share"] + 1e-9 <= 1 + 1e-9, e
+        assert e["weight_version"] == e["step"] and 0 <= e["buffer_fill"] <= 1, e
+        waiting = round(e["buffer_fill"] * capacity)
+        assert e["samples_untrained"] == e["samples_generated"] - e["samples_trained"], e
+        assert e["samples_untrained"] == waiting * samples_per_group, e
+    assert steps[-1]["samples_trained"] == relayed.summary["counters"]["samples_trained"]
+    assert [e["samples_generated"] for e in steps] == sorted(e["samples_generated"] for e in steps)
 
 
 @pytest.mark.trainer

@@ -51,7 +51,7 @@ from asyncgrpo_api.v1alpha1.trainer import (
     REWARD_FAILURE_MIN_GROUPS,
     REWARD_FAILURE_WINDOW_STEPS,
 )
-from asyncgrpo_trainer import checkpoint, failures, runlog
+from asyncgrpo_trainer import checkpoint, failures, occupancy, runlog
 from asyncgrpo_trainer.algorithms import advantages
 from asyncgrpo_trainer.algorithms.dynamic_sampling import DynamicSampling, informative
 from asyncgrpo_trainer.backends import policy, sampling
@@ -61,7 +61,7 @@ from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.logprob_gate import GateSettings, LogprobGate
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
-from asyncgrpo_trainer.progress import RATE_WINDOW_STEPS, recent_token_rate
+from asyncgrpo_trainer.progress import FLEET_WINDOW_STEPS, RATE_WINDOW_STEPS, fleet_window, recent_token_rate
 from asyncgrpo_trainer.rewards import RewardFailedError, RewardPool
 from asyncgrpo_trainer.rollout import Answer, RolloutManager
 from asyncgrpo_trainer.sampler import Sampler
@@ -82,6 +82,13 @@ STEP_GAUGES = (
     "truncated_fraction",
     "refit_seconds",
     "generation_pause_seconds",
+    "policy_idle_share",
+    "policy_busy_share",
+    "generation_idle_share",
+    "generation_gated_share",
+    "generation_idle_shares",
+    "buffer_fill",
+    "samples_untrained",
 )
 """Figures of the newest step that /progress carries for /metrics (`progress.Progress`)."""
 
@@ -245,6 +252,9 @@ class SingleController:
         self.dynamic_sampling = DynamicSampling(self.s.dynamic_sampling_max_extra_groups)
         self.last_checkpoint_step: int | None = None
         self.exported: str | None = None  # the final Hugging Face directory, once written
+        self.first_step_at: float | None = None
+        """When this attempt trained its first step (epoch seconds): the operator measures the
+        job's time from its attempt's start to it."""
         self.records: list[dict[str, Any]] = []
         self.records_dropped = 0  # older records are trimmed so a long run's memory stays flat
         self.totals = Timers()
@@ -293,6 +303,8 @@ class SingleController:
         """Set once the running validation has generated every answer; until then refits wait."""
         self.t_start = time.perf_counter()
         self.started_at = time.time()
+        self.occupancy = self.a.generation.occupancy
+        self.occupancy.restart()
         await self._refit_weights(self.version, reset=True)
         if self.s.val_period and self.version == 0:
             # The curves start at the untrained model (0 samples); before the pumps, so every
@@ -334,7 +346,7 @@ class SingleController:
     def poll(self, since: int) -> dict[str, Any]:
         """Progress and the step records after index `since` (the driver prints and serves them)."""
         steps = (r for r in reversed(self.records) if "reward_mean" in r)
-        recent = list(itertools.islice(steps, RATE_WINDOW_STEPS))  # newest first
+        recent = list(itertools.islice(steps, max(RATE_WINDOW_STEPS, FLEET_WINDOW_STEPS)))  # newest first
         last: dict[str, Any] = recent[0] if recent else {}
         return {
             "progress": {
@@ -351,6 +363,8 @@ class SingleController:
                 "reward_failures": int(self.counters["reward_failures"]),
                 "gen_logprob_error": self.gen_logprob_error,
                 "logprob_mismatch": self.logprob_gate.mismatch,
+                "first_step_at": self.first_step_at,
+                "windows": [fleet_window(r) for r in reversed(recent[:FLEET_WINDOW_STEPS])],
                 # The newest step's training and sampling figures, for /metrics.
                 **{key: last.get(key) for key in STEP_GAUGES},
                 "state": self.state,
@@ -431,20 +445,27 @@ class SingleController:
     async def _rollout_pump(self) -> None:
         while True:
             if not self.pending:
-                if self._dispatch_done() or not self.sampler.may_dispatch(self.batch_index, self.version):
-                    # Wait for the trainer to open the gate, or for the replacement of a dropped
-                    # group to join `pending` (even after the last batch is out).
+                # Wait for the replacement of a dropped group to join `pending` (even after the
+                # last batch is out), or for the trainer to open the staleness gate: the engines'
+                # idle time behind it is measured (`occupancy`).
+                if self._dispatch_done():
                     await self.changed.wait(0.5)
+                    continue
+                if not self.sampler.may_dispatch(self.batch_index, self.version):
+                    with self.occupancy.gated():
+                        await self.changed.wait(0.5)
                     continue
                 target = self.sampler.target_step(self.batch_index)
                 self.pending.extend((ex, target) for ex in self.a.loader.next_batch())
                 self.batch_index += 1
                 continue
-            await self.capacity.acquire()
+            with self.occupancy.gated():  # maxBufferedRollouts: groups wait to be trained
+                await self.capacity.acquire()
             await self.inflight_sem.acquire()
             await self._wake_generation()  # a replacement group dispatched while the policy trains
             t0 = time.perf_counter()
-            await self.permitted.wait()
+            with self.occupancy.gated():  # a refit
+                await self.permitted.wait()
             self.totals.add("rollout_gate_wait", time.perf_counter() - t0)
             # From here to create_task there is no await: the pending queue, the loader and the
             # buffer stay consistent for a checkpoint taken by the train pump.
@@ -463,6 +484,7 @@ class SingleController:
                     self.buffer.restart(gid, start_version=self.gen_version)
 
             record = await self.a.rollout.run_group(slot.example, gid, restamp)
+            self.counters["samples_generated"] += len(record.response_ids)
             self.failure_budget.scored(dropped=False)
             self.counters["tokens_generated"] += record.num_tokens
             for outcome in record.tool_outcomes:
@@ -481,6 +503,7 @@ class SingleController:
             self.counters["groups_aborted"] += 1
             raise
         except RewardFailedError as exc:
+            self.counters["samples_generated"] += self.s.generations_per_prompt  # generated, not scored
             self._drop(slot, exc)
         except Exception as exc:
             if not self.failure.done():
@@ -559,6 +582,7 @@ class SingleController:
 
     async def _train_step(self) -> dict[str, Any]:
         t_step = time.perf_counter()
+        fleet_before = self.occupancy.reading()
         generated_before = self.counters["tokens_generated"]
         step: dict[str, float] = collections.defaultdict(float)
         rewards: list[float] = []
@@ -613,11 +637,15 @@ class SingleController:
         await self._refit(step)
         step["refit"] += time.perf_counter() - t0
         wall = time.perf_counter() - t_step
+        fleet = occupancy.shares(fleet_before, self.occupancy.reading())
+        policy_compute = step["training"] + step["logprobs"] + step["refit_seconds"]
         evicted = step.pop("evicted", 0.0)
         for name, value in step.items():
             self.totals.add(name, value)
         self.counters["samples_trained"] += len(rewards)
         self.counters["groups_evicted"] += evicted
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
         return {
             "step": self.version,
             "samples_trained": self.counters["samples_trained"],
@@ -654,6 +682,21 @@ class SingleController:
             "groups_generated": self.s.prompts_per_step + sampled.dropped + reward_failures,
             "dynamic_sampling_cap_hit": sampled.cap_hit,
             "refit_transport": self.a.weights.transport,
+            # Who waited for whom in this step's window (its step_seconds), measured: the policy
+            # waiting for rollouts (idle) or computing (training, reference log-probs, the weight
+            # transfer; the rest is the refit's gates and bookkeeping); each engine holding no
+            # request (idle), and the part of that behind the staleness gate (`occupancy`).
+            "policy_idle_share": min(step["exposed_generation"] / wall, 1.0),
+            "policy_busy_share": min(policy_compute / wall, 1.0),
+            "generation_idle_shares": [round(x, 4) for x in fleet.idle],
+            "generation_idle_share": sum(fleet.idle) / len(fleet.idle),
+            "generation_gated_share": sum(fleet.gated_idle) / len(fleet.gated_idle),
+            "generation_engines": len(fleet.idle),
+            "buffer_fill": len(self.buffer.ready()) / self.s.max_buffered_rollouts,
+            "weight_version": self.gen_version,
+            # Samples generated and never trained on (dropped, evicted, or still in the buffer).
+            "samples_generated": self.counters["samples_generated"],
+            "samples_untrained": self.counters["samples_generated"] - self.counters["samples_trained"],
             **{k: round(v, 6) for k, v in step.items()},
             **metrics,
         }

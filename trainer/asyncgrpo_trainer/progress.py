@@ -22,11 +22,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol, TextIO
 
 from asyncgrpo_api import ray_auth
+from asyncgrpo_api.v1alpha1.placement import MAX_AUTOSCALING_WINDOW_STEPS
 
 STATES = ("starting", "running", "succeeded", "failed")
 
 RATE_WINDOW_STEPS = 10
 """tokensPerSecond covers this many of the latest steps."""
+FLEET_WINDOW_STEPS = MAX_AUTOSCALING_WINDOW_STEPS
+"""/progress carries this many of the latest step windows (`fleet_window`): the operator's elastic
+fleet decides from them (its autoscaling.windowSteps is at most this)."""
+
+
+def fleet_window(record: dict[str, Any]) -> dict[str, Any]:
+    """Who waited for whom in one step's window, for the operator (camelCase, as on the wire)."""
+    return {
+        "step": record["step"],
+        "seconds": record["step_seconds"],
+        "policyIdleShare": record["policy_idle_share"],
+        "generationIdleShare": record["generation_idle_share"],
+        "generationGatedShare": record["generation_gated_share"],
+        "generationEngines": record["generation_engines"],
+    }
 
 
 def recent_token_rate(steps: Sequence[dict[str, Any]]) -> float | None:
@@ -91,6 +107,24 @@ class Progress:
     it (a gauge too, as are the next)."""
     generation_pause_seconds: float | None = None
     """How long the newest step's refit stopped generation (the longest of the engines)."""
+    policy_idle_share: float | None = None
+    """Who waited for whom in the newest step's window (the step record's keys of the same names,
+    docs/guides/trainer.md#who-waits-for-whom): the share the policy waited for rollouts, and the
+    share it computed."""
+    policy_busy_share: float | None = None
+    generation_idle_share: float | None = None
+    """The engines' mean share with no request to serve; `generation_idle_shares` per engine."""
+    generation_gated_share: float | None = None
+    """The engines' mean share idle while the staleness gate held groups back."""
+    generation_idle_shares: list[float] | None = None
+    buffer_fill: float | None = None
+    """Groups generated and waiting to be trained at the newest step's end, over maxBufferedRollouts."""
+    samples_untrained: float | None = None
+    """Samples generated and never trained on (dropped, evicted, or still waiting) by the newest step."""
+    first_step_at: float | None = None
+    """When this attempt trained its first step (epoch seconds)."""
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    """The latest step windows, oldest first (`fleet_window`)."""
     state: str = "starting"
     error: str | None = None
     mode: str = ""
@@ -133,11 +167,24 @@ def prometheus_text(p: Progress) -> str:
         "asyncgrpo_truncated_fraction": p.truncated_fraction,
         "asyncgrpo_refit_seconds": p.refit_seconds,
         "asyncgrpo_generation_pause_seconds": p.generation_pause_seconds,
+        "asyncgrpo_policy_idle_share": p.policy_idle_share,
+        "asyncgrpo_policy_busy_share": p.policy_busy_share,
+        "asyncgrpo_generation_idle_share": p.generation_idle_share,
+        "asyncgrpo_generation_gated_share": p.generation_gated_share,
+        "asyncgrpo_buffer_fill": p.buffer_fill,
+        "asyncgrpo_samples_untrained": p.samples_untrained,
+        "asyncgrpo_first_step_timestamp_seconds": p.first_step_at,
     }
     lines: list[str] = []
     for name, value in gauges.items():
         if value is not None:
             lines += [f"# TYPE {name} gauge", f"{name} {float(value):g}"]
+    if p.generation_idle_shares:
+        lines += ["# TYPE asyncgrpo_generation_engine_idle_share gauge"]
+        lines += [
+            f'asyncgrpo_generation_engine_idle_share{{engine="{i}"}} {float(v):g}'
+            for i, v in enumerate(p.generation_idle_shares)
+        ]
     lines += ["# TYPE asyncgrpo_state gauge"]
     lines += [f'asyncgrpo_state{{state="{s}"}} {1 if p.state == s else 0}' for s in STATES]
     for key, value in sorted(p.counters.items()):

@@ -24,7 +24,7 @@ from typing import Any
 import ray
 import torch
 
-from asyncgrpo_trainer import checkpoint, cluster, rewards
+from asyncgrpo_trainer import checkpoint, cluster, occupancy, rewards
 from asyncgrpo_trainer.algorithms import losses
 from asyncgrpo_trainer.backends import generation, ipc, packing, policy, sampling, vllm_engine
 from asyncgrpo_trainer.backends.nccl_sync import BucketPlan, RefitGroup, RefitSpec, serve_store
@@ -222,26 +222,26 @@ class PolicyGroup:
 
 
 class GenerationGroup:
-    """The generation engines; least-outstanding routing of prompt groups."""
+    """The generation engines; least-outstanding routing of prompt groups. `occupancy` counts each
+    engine's requests, which routing reads, and the time each one held some (the controller's
+    step windows report it)."""
 
     def __init__(self, actors: list[Any]) -> None:
         self.actors = actors
-        self._outstanding = [0] * len(actors)
+        self.occupancy = occupancy.Occupancy(len(actors))
 
     async def generate(
         self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
     ) -> generation.Generated:
-        idx = min(range(len(self.actors)), key=self._outstanding.__getitem__)
-        self._outstanding[idx] += 1
-        ref = self.actors[idx].generate.remote(prompt_ids, n, params, seed)
-        try:
-            result: generation.Generated = await ref
-            return result
-        except asyncio.CancelledError:
-            ray.cancel(ref)
-            raise
-        finally:
-            self._outstanding[idx] -= 1
+        idx = min(range(len(self.actors)), key=self.occupancy.outstanding.__getitem__)
+        with self.occupancy.serving(idx):
+            ref = self.actors[idx].generate.remote(prompt_ids, n, params, seed)
+            try:
+                result: generation.Generated = await ref
+                return result
+            except asyncio.CancelledError:
+                ray.cancel(ref)
+                raise
 
     async def load_weights(self, weights_ref: Any, version: int) -> list[float]:
         """Every engine loads `version`; the seconds each paused generation for it."""

@@ -206,6 +206,48 @@ class Progress(ApiModel):
     tokens_per_second: float | None = Field(
         default=None, description="Generated tokens per second over the last 10 steps."
     )
+    policy_idle_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Share of the last step's time the policy waited for rollouts (measured; "
+        "docs/guides/trainer.md#who-waits-for-whom). High: generation is the bottleneck.",
+    )
+    generation_idle_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Mean share of the last step's time a generation engine had no request to serve.",
+    )
+    generation_gated_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Mean share of the last step's time a generation engine sat idle behind the staleness "
+        "gate (part of generationIdleShare): an engine a larger fleet would not use either.",
+    )
+    buffer_fill: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Groups generated and waiting to be trained at the last step's end, over "
+        "asyncRL.maxBufferedRollouts.",
+    )
+    refit_seconds: float | None = Field(
+        default=None, ge=0, description="The last step's weight transfer into the generation engines."
+    )
+    samples_untrained: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_PROGRESS_INT,
+        description="Samples generated and never trained on so far (dropped, evicted, or still waiting).",
+    )
+    time_to_first_step_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds from the attempt's start (status.attemptStartTime, after any queueing) to "
+        "its first trained step: pods, image pulls, Ray, model loading and the first rollouts.",
+    )
     validation_reward: float | None = Field(default=None, description="Mean reward of the last validation.")
     validation_accuracy: float | None = Field(
         default=None,

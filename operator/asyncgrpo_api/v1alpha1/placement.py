@@ -11,6 +11,8 @@ from asyncgrpo_api.v1alpha1.affinity import Affinity
 from asyncgrpo_api.v1alpha1.base import ApiModel, LabelKey, LabelValue, Quantity, ShortText
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MAX_AUTOSCALING_WINDOW_STEPS = 10
+"""The most step windows an elastic fleet's rule reads: the driver's /progress carries this many."""
 
 
 class Toleration(ApiModel):
