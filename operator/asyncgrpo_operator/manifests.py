@@ -450,8 +450,9 @@ def _worker_group(
     return {
         "groupName": group,
         "replicas": pool.replicas,
-        "minReplicas": pool.replicas,
-        "maxReplicas": pool.replicas,
+        # KubeRay keeps replicas within these: an elastic pool's bounds, which the operator scales in.
+        "minReplicas": pool.fewest,
+        "maxReplicas": pool.most,
         "rayStartParams": _node_start_params(),
         "template": pinned.pin(
             overrides.merge(

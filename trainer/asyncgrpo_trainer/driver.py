@@ -224,7 +224,7 @@ def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
     if pool.gpus_per_replica == 0:
         return max(pool.replicas, 1), 0
     per_engine = t.generation.tensor_parallel_size if rules.generation_backend(job) == "vllm" else 1
-    return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
+    return pool.replicas * rules.engines_per_replica(job), per_engine
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,49 @@ class WorkerGroup(Placement):
         """GPUs of the whole pool."""
         return self.replicas * self.gpus_per_replica
 
+    @property
+    def fewest(self) -> int:
+        """The fewest pods the pool may have: its replicas (an elastic pool's minReplicas)."""
+        return self.replicas
+
+    @property
+    def most(self) -> int:
+        """The most pods the pool may have: its replicas (an elastic pool's maxReplicas)."""
+        return self.replicas
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the operator may change the pool's size."""
+        return self.fewest != self.most
+
+
+class GenerationWorkerGroup(WorkerGroup):
+    """The generation pool: a fixed fleet of `replicas`, or an elastic one between minReplicas and
+    maxReplicas that starts at `replicas`."""
+
+    min_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="The fewest generation workers an elastic fleet shrinks to (at most replicas). Unset: "
+        "replicas.",
+    )
+    max_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="The most generation workers an elastic fleet grows to (at least replicas). Unset: "
+        "replicas.",
+    )
+
+    @property
+    def fewest(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def most(self) -> int:
+        return self.replicas if self.max_replicas is None else self.max_replicas
+
 
 class ClusterSpec(ApiModel):
     """The Ray cluster a job runs on: one head and two worker pools (policy, generation)."""
@@ -146,7 +189,8 @@ class ClusterSpec(ApiModel):
         default_factory=WorkerGroup,
         description="Pool that trains the policy (computes log-probs, gradients, optimizer steps).",
     )
-    generation_workers: WorkerGroup = Field(
-        default_factory=WorkerGroup,
-        description="Pool that samples rollouts from the latest synced policy weights.",
+    generation_workers: GenerationWorkerGroup = Field(
+        default_factory=GenerationWorkerGroup,
+        description="Pool that samples rollouts from the latest synced policy weights; elastic between "
+        "minReplicas and maxReplicas.",
     )
