@@ -192,6 +192,20 @@ class ScaleRayClusterWorkers:
 
 
 @dataclass(frozen=True)
+class ScaleGenerationWorkers:
+    """Set the replicas of a RayCluster's generation worker group (index `group`): an elastic fleet
+    grows, or shrinks by the pods in `remove` (KubeRay's scaleStrategy.workersToDelete), which the
+    driver has drained. UID precondition."""
+
+    name: str
+    uid: str
+    group: int
+    replicas: int
+    remove: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
 class SetJobSuspend:
     """Write the job's spec.suspend: for a job Kueue manages it is Kueue's gate (true until the
     Workload is admitted, true again when it is evicted), as for Kueue's built-in kinds."""
@@ -254,6 +268,7 @@ Action = (
     | DeleteJob
     | SetRayClusterSpec
     | ScaleRayClusterWorkers
+    | ScaleGenerationWorkers
     | SetJobSuspend
     | CreateWorkload
     | UpdateWorkload
@@ -386,6 +401,7 @@ class Draft:
                 "head_pod",
                 "driver_logs",
                 "progress",
+                "generation_fleet",
                 "outputs",
             )
         }

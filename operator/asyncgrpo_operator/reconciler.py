@@ -494,6 +494,16 @@ class Reconciler:
                     namespace, action.name, action.uid, action.groups
                 )
                 self.cache.clusters.apply(cache.MODIFIED, written)
+            elif isinstance(action, decision.ScaleGenerationWorkers):
+                written = await self.api.scale_generation_workers(
+                    namespace,
+                    action.name,
+                    action.uid,
+                    group=action.group,
+                    replicas=action.replicas,
+                    remove=action.remove,
+                )
+                self.cache.clusters.apply(cache.MODIFIED, written)
             elif isinstance(action, decision.SetJobSuspend):
                 job = await self.api.set_job_suspend(namespace, name, str(meta["uid"]), action.suspend)
                 self.cache.jobs.apply(cache.MODIFIED, job)

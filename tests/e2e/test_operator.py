@@ -695,6 +695,54 @@ def test_a_driver_whose_step_stops_advancing_is_reported_stalled(
     wait_until(lambda: not stalled(), "Stalled=False once the step advances", timeout=30, interval=1)
 
 
+def test_a_policy_starved_of_rollouts_grows_its_elastic_generation_fleet_with_an_event(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    """issue 48: the driver reports that the policy waited for rollouts most of each step window; the
+    operator patches the RayCluster's generation group up by one (KubeRay makes the pod) and says
+    why in an event, with the numbers."""
+    elastic = {"replicas": 1, "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"windowSteps": 2}}
+    manifest = job_manifest("starved")
+    manifest["spec"]["cluster"]["generationWorkers"].update(elastic)
+    assert validate_manifest(manifest).ok
+    create_job(kube_api, namespace, manifest)
+    run_until_running(kube_api, namespace, "starved", driver_progress)
+    window = {"seconds": 4.0, "generationIdleShare": 0.0, "generationGatedShare": 0.0, "generationEngines": 1}
+    driver_progress.doc = {
+        **driver_progress.doc,
+        "step": 5,
+        "policyIdleShare": 0.7,
+        "windows": [{**window, "step": s, "policyIdleShare": 0.7} for s in (4, 5)],
+    }
+
+    def generation_replicas() -> int | None:
+        (rc,) = [
+            r for r in rayclusters(kube_api, namespace, "starved") if r["metadata"]["name"] == "starved-0"
+        ]
+        group = {g["groupName"]: g for g in rc["spec"]["workerGroupSpecs"]}["generation"]
+        return int(group["replicas"]) if group["replicas"] == 2 else None
+
+    wait_until(generation_replicas, "the generation group at 2 replicas", timeout=60, interval=1)
+    wait_until(
+        lambda: (
+            len(pods(kube_api, namespace, "ray.io/cluster=starved-0,ray.io/group=generation")) == 2 or None
+        ),
+        "KubeRay's second generation pod",
+        timeout=60,
+    )
+    scaled = wait_until(
+        lambda: [e for e in events(kube_api, namespace, "starved") if e["reason"] == "GenerationScaledUp"],
+        "the GenerationScaledUp event",
+        timeout=30,
+    )
+    assert "waited for rollouts 70%, 70% of steps 4-5" in scaled[0]["message"], scaled[0]["message"]
+    assert "1 -> 2 (maxReplicas 2)" in scaled[0]["message"]
+    fleet = get_job(kube_api, namespace, "starved")["status"]["generationFleet"]
+    assert (fleet["rayClusterName"], fleet["replicas"], fleet["lastChangeStep"]) == ("starved-0", 2, 5)
+    table = {e["reason"] for e in events(kube_api, namespace, "starved")}
+    assert "GenerationDrainRequested" not in table and "GenerationScaledDown" not in table
+
+
 def test_an_operator_killed_mid_reconcile_never_makes_a_second_raycluster(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:

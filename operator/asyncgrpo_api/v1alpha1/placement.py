@@ -147,6 +147,42 @@ class WorkerGroup(Placement):
         return self.fewest != self.most
 
 
+class Autoscaling(ApiModel):
+    """When the operator grows or shrinks an elastic generation fleet (minReplicas < maxReplicas), from
+    the step windows the driver measures (docs/guides/job-lifecycle.md#elastic-generation). Separate
+    thresholds, a run of windows and a cooldown keep a load that sits at a threshold from flapping."""
+
+    policy_idle_above: float = Field(
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="Add a generation worker when the policy waited for rollouts for more than this share "
+        "of each of the last windowSteps step windows (status.progress.policyIdleShare), below maxReplicas.",
+    )
+    generation_gated_above: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="Remove one, above minReplicas, when the generation engines sat idle behind the "
+        "staleness gate for more than this share of each of those windows "
+        "(status.progress.generationGatedShare) while the policy waited for rollouts less than half of "
+        "policyIdleAbove (the band between the two keeps a fleet that just grew from shrinking back).",
+    )
+    window_steps: int = Field(
+        default=5,
+        ge=1,
+        le=MAX_AUTOSCALING_WINDOW_STEPS,
+        description="How many consecutive step windows, all measured since the fleet last changed, must "
+        "agree before it changes.",
+    )
+    cooldown_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86_400,
+        description="At least this long between two changes of the fleet.",
+    )
+
+
 class GenerationWorkerGroup(WorkerGroup):
     """The generation pool: a fixed fleet of `replicas`, or an elastic one between minReplicas and
     maxReplicas that starts at `replicas`."""
@@ -164,6 +200,10 @@ class GenerationWorkerGroup(WorkerGroup):
         le=1024,
         description="The most generation workers an elastic fleet grows to (at least replicas). Unset: "
         "replicas.",
+    )
+    autoscaling: Autoscaling = Field(
+        default_factory=Autoscaling,
+        description="The rule that grows and shrinks an elastic fleet; ignored by a fixed one.",
     )
 
     @property
