@@ -130,16 +130,10 @@ class Index(Generic[T]):
         self._by_job.setdefault(job, {})[uid] = self._items[uid].value
         return job
 
-    def replace(self, objs: list[Obj], list_version: str, scope: str | None = None) -> set[Key]:
-        """A fresh list of `scope` (one namespace, or all): store what it holds, drop what it lacks
-        unless that is newer than the list. Returns the jobs whose view changed."""
-        changed: set[Key] = set()
-        listed: set[str] = set()
-        for obj in objs:
-            listed.add(str((obj.get("metadata") or {}).get("uid") or ""))
-            key = self.apply(MODIFIED, obj)
-            if key is not None:
-                changed.add(key)
+    def prune(self, listed: set[str], list_version: str, scope: str | None = None) -> set[Key]:
+        """The end of a list of `scope` whose objects (UIDs `listed`) were applied one by one as
+        they came: drop what it lacked unless that is newer than the list. Returns the jobs whose
+        view changed."""
         try:
             at: int | None = int(list_version)
         except ValueError:
@@ -151,6 +145,7 @@ class Index(Generic[T]):
             and _in_scope(entry.job[0], scope)
             and (at is None or entry.version is None or entry.version <= at)
         ]
+        changed: set[Key] = set()
         for uid in gone:
             changed.add(self._items[uid].job)
             self._remove(uid)

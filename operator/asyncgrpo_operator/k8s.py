@@ -40,6 +40,8 @@ METADATA_ONLY: Final = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;
 METADATA_ONLY_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 """Accept headers that make the API server send objects without their data or spec (what
 client-go's metadata informers ask for): a watch of what others may write stays small."""
+INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"
+"""The annotation of the BOOKMARK that ends a streaming list's initial events (`Api.watch`)."""
 USER_AGENT: Final = f"{naming.MANAGER}/k8s"
 """Sent on every call, so the API server's audit log and metrics tell this client apart from
 kopf's watches (user agent kopf/...) and from other controllers using the same credentials."""
@@ -154,24 +156,41 @@ class Api:
     async def list_all(
         self, path: str, label_selector: str | None = None, *, metadata_only: bool = False
     ) -> tuple[list[Obj], str]:
-        """Every object of a collection (only their metadata if `metadata_only`), in pages of
-        LIST_PAGE_SIZE (bounded memory while it is read), and the list's resourceVersion, from
-        which a watch continues."""
+        """Every object of a collection (only their metadata if `metadata_only`), and the list's
+        resourceVersion, from which a watch continues. For collections whose objects are the
+        operator's own (jobs); what others write is read page by page (`list_pages`)."""
         items: list[Obj] = []
+        version = ""
+        async for page, at in self.list_pages(path, label_selector, metadata_only=metadata_only):
+            items += page
+            version = at
+        return items, version
+
+    async def list_pages(
+        self,
+        path: str,
+        label_selector: str | None = None,
+        *,
+        metadata_only: bool = False,
+        page_size: int = LIST_PAGE_SIZE,
+    ) -> AsyncIterator[tuple[list[Obj], str]]:
+        """A collection in pages of `page_size` objects, each with the list's resourceVersion
+        ("" until the last page): a caller that keeps only what it needs of each page holds one
+        page at a time, not the whole collection."""
         token = ""
         while True:
-            query = {"limit": str(LIST_PAGE_SIZE)}
+            query = {"limit": str(page_size)}
             if label_selector:
                 query["labelSelector"] = label_selector
             if token:
                 query["continue"] = token
             accept = METADATA_ONLY_LIST if metadata_only else "application/json"
             answer = await self.request("GET", path, query=query, accept=accept)
-            items += answer.get("items") or []
             meta = answer.get("metadata") or {}
             token = str(meta.get("continue") or "")
+            yield list(answer.get("items") or []), "" if token else str(meta.get("resourceVersion") or "")
             if not token:
-                return items, str(meta.get("resourceVersion") or "")
+                return
 
     async def watch(
         self,
@@ -181,16 +200,25 @@ class Api:
         timeout_seconds: int,
         *,
         metadata_only: bool = False,
+        initial_events: bool = False,
     ) -> AsyncIterator[Obj]:
         """The watch events of a collection from `resource_version` on, until the API server ends
         the stream (after `timeout_seconds`). A 410 Gone (the version was compacted away) comes as
-        an ERROR event, as the API server sends it; other refusals raise ApiError."""
+        an ERROR event, as the API server sends it; other refusals raise ApiError.
+
+        `initial_events` (with `resource_version` ""): a streaming list (Kubernetes' WatchList):
+        the stream begins with an ADDED event per object that exists, then a BOOKMARK annotated
+        `INITIAL_EVENTS_END` at the list's resourceVersion, then goes on as a watch. The list
+        arrives one object at a time instead of in pages. An API server without it (before 1.32,
+        or 1.33 where it is off by default) refuses the request (400 or 422)."""
         query = [
             ("watch", "true"),
             ("allowWatchBookmarks", "true"),
             ("resourceVersion", resource_version),
             ("timeoutSeconds", str(timeout_seconds)),
         ]
+        if initial_events:
+            query += [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
         if label_selector:
             query.append(("labelSelector", label_selector))
         if self.metrics is not None:
@@ -213,13 +241,17 @@ class Api:
         try:
             if response.status != 200:
                 raise ApiError(response.status, (await response.text())[:1024])
-            buffer = b""
+            # One event per line; a line (an object others wrote: up to the API server's limit)
+            # is joined once, when its end arrives, and dropped once decoded.
+            pieces: list[bytes] = []
             async for chunk in response.content.iter_any():
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
+                rest = chunk
+                while (end := rest.find(b"\n")) >= 0:
+                    line = b"".join((*pieces, rest[:end]))
+                    pieces, rest = [], rest[end + 1 :]
                     if line.strip():
                         yield json.loads(line)
+                pieces.append(rest)
         except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise ApiError(0, f"watch {path}: {exc!r}") from exc
         finally:

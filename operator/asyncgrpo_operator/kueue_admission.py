@@ -201,7 +201,7 @@ async def default_queue(
 
 
 async def _judge(
-    rt: runtime.Runtime | None,
+    rt: runtime.Admission | None,
     operation: str,
     new: Mapping[str, Any],
     old: Mapping[str, Any] | None,

@@ -22,6 +22,14 @@ from asyncgrpo_operator.workload import Flavor, PodSetShape, Priority, quota_sha
 
 ContainerPhase = Literal["waiting", "running", "terminated", "unknown"]
 
+MAX_TEXT = 1024
+"""The longest reason or message a view keeps (a status is read by people, not archived): what
+the kubelet, the scheduler or a container's termination log say can be several KiB, and the
+watches keep a view of every pod anyone labels with a job's name."""
+MAX_CONTAINERS = 16
+"""The most container statuses a pod's view keeps: the driver's and the Ray head's first, then
+the others in the pod's order (the plan reads those two, and any other's waiting reason)."""
+
 
 @dataclass(frozen=True)
 class ContainerView:
@@ -44,8 +52,8 @@ class ContainerView:
             return cls(
                 name=name,
                 state="terminated",
-                reason=str(term.get("reason") or ""),
-                message=str(term.get("message") or ""),
+                reason=_text(term.get("reason")),
+                message=_text(term.get("message")),
                 exit_code=_int_or_none(term.get("exitCode")),
                 signal=_int_or_none(term.get("signal")),
                 finished_at=parse_time(term.get("finishedAt")),
@@ -57,8 +65,8 @@ class ContainerView:
             return cls(
                 name=name,
                 state="waiting",
-                reason=str(wait.get("reason") or ""),
-                message=str(wait.get("message") or ""),
+                reason=_text(wait.get("reason")),
+                message=_text(wait.get("message")),
             )
         return cls(name=name, state="unknown")
 
@@ -141,9 +149,9 @@ class PodView:
         unschedulable = gated = None
         if scheduled.get("status") == "False":
             if scheduled.get("reason") == "Unschedulable":
-                unschedulable = str(scheduled.get("message") or "no node fits the pod")
+                unschedulable = _text(scheduled.get("message")) or "no node fits the pod"
             elif scheduled.get("reason") == "SchedulingGated":
-                gated = str(scheduled.get("message") or "the pod has scheduling gates")
+                gated = _text(scheduled.get("message")) or "the pod has scheduling gates"
         disruption = conditions.get("DisruptionTarget") or {}
         statuses = list(status.get("initContainerStatuses") or []) + list(
             status.get("containerStatuses") or []
@@ -156,8 +164,8 @@ class PodView:
             owner_uid=_controller_uid(meta),
             phase=str(status.get("phase") or "Pending"),
             cluster=str(labels.get(naming.RAY_CLUSTER_LABEL, "")),
-            reason=str(status.get("reason") or ""),
-            message=str(status.get("message") or ""),
+            reason=_text(status.get("reason")),
+            message=_text(status.get("message")),
             ip=status.get("podIP") or None,
             node_name=spec.get("nodeName") or None,
             deleting=bool(meta.get("deletionTimestamp")),
@@ -165,11 +173,11 @@ class PodView:
             unschedulable=unschedulable,
             gated=gated,
             disrupted=(
-                str(disruption.get("message") or disruption.get("reason") or "disrupted")
+                _text(disruption.get("message") or disruption.get("reason")) or "disrupted"
                 if disruption.get("status") == "True"
                 else None
             ),
-            containers=tuple(ContainerView.from_status(s) for s in statuses if isinstance(s, Mapping)),
+            containers=_kept(ContainerView.from_status(s) for s in statuses if isinstance(s, Mapping)),
         )
 
 
@@ -225,7 +233,7 @@ class ClusterView:
             created_at=parse_time(meta.get("creationTimestamp")),
             provisioned=(conditions.get("RayClusterProvisioned") or {}).get("status") == "True",
             replica_failure=(
-                str(failure.get("message") or failure.get("reason") or "replica failure")
+                _text(failure.get("message") or failure.get("reason")) or "replica failure"
                 if failure.get("status") == "True"
                 else None
             ),
@@ -655,6 +663,19 @@ def parse_time(value: Any) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def _text(value: Any) -> str:
+    """A reason or message as a view keeps it: at most MAX_TEXT characters."""
+    text = str(value or "")
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+
+
+def _kept(containers: Iterable[ContainerView]) -> tuple[ContainerView, ...]:
+    """The container statuses a pod's view keeps (MAX_CONTAINERS)."""
+    read = (naming.DRIVER_CONTAINER, naming.RAY_HEAD_CONTAINER)
+    ordered = sorted(containers, key=lambda view: view.name not in read)
+    return tuple(ordered[:MAX_CONTAINERS])
 
 
 def _controller_uid(meta: Mapping[str, Any]) -> str | None:

@@ -64,16 +64,33 @@ POD_LABELS_ENV = "ASYNCGRPO_OPERATOR_POD_LABELS"
 what every job's NetworkPolicy admits to the driver's /progress port."""
 
 
-@dataclass
-class Runtime:
-    """Everything the handlers share."""
+@dataclass(kw_only=True)
+class Admission:
+    """What the admission handlers share (webhook.py, kueue_admission.py): all a replica that only
+    serves admission (`--role webhook`, `start_admission`) builds."""
 
     api: k8s.Api
+    metrics: Metrics
+    admission_dry_run: bool = True
+    dry_runs_in_flight: int = 0
+    """The admission webhook's RayCluster dry-runs running now (dryrun.MAX_IN_FLIGHT bounds it)."""
+    metrics_server: web.AppRunner | None = None
+    metrics_certificate: asyncio.Task[None] | None = None
+    """Reloads the metrics endpoint's certificate when its files change (HTTPS only)."""
+
+    def loops(self) -> list[asyncio.Task[None]]:
+        """The supervisors of every long-lived loop (none of them ends while the operator runs)."""
+        return [t for t in (self.metrics_certificate,) if t is not None]
+
+
+@dataclass(kw_only=True)
+class Runtime(Admission):
+    """Everything the handlers share."""
+
     session: aiohttp.ClientSession
     cache: Cache
     reconciler: Reconciler
     controller: Controller
-    metrics: Metrics
     task: asyncio.Task[None]
     """The work queue's supervisor (like every task here: supervisor.py restarts the loop it runs)."""
     poller: asyncio.Task[None]
@@ -81,12 +98,6 @@ class Runtime:
     informers: list[asyncio.Task[None]]
     elector: LeaseElector | None = None
     elector_task: asyncio.Task[None] | None = None
-    metrics_server: web.AppRunner | None = None
-    metrics_certificate: asyncio.Task[None] | None = None
-    """Reloads the metrics endpoint's certificate when its files change (HTTPS only)."""
-    admission_dry_run: bool = True
-    dry_runs_in_flight: int = 0
-    """The admission webhook's RayCluster dry-runs running now (dryrun.MAX_IN_FLIGHT bounds it)."""
 
     def enqueue(self, namespace: str | None, name: str | None, delay: float = 0.0) -> None:
         if namespace and name:
@@ -97,9 +108,8 @@ class Runtime:
         return self.elector.is_leader if self.elector is not None else True
 
     def loops(self) -> list[asyncio.Task[None]]:
-        """The supervisors of every long-lived loop (none of them ends while the operator runs)."""
-        optional = (self.elector_task, self.metrics_certificate)
-        return [self.task, self.poller, *self.informers, *(t for t in optional if t is not None)]
+        elector = [self.elector_task] if self.elector_task is not None else []
+        return [self.task, self.poller, *self.informers, *elector, *super().loops()]
 
 
 def watched_namespaces() -> list[str]:
@@ -114,10 +124,38 @@ def of(memo: Any) -> Runtime:
     return runtime
 
 
-def find(memo: Any) -> Runtime | None:
-    """The runtime, or None before the startup handler built it (the webhook may be asked first)."""
+def find(memo: Any) -> Admission | None:
+    """What the admission handlers share (a whole Runtime where this replica reconciles too), or
+    None before the startup handler built it (the webhook may be asked first)."""
     runtime = memo.get(MEMO_KEY) if hasattr(memo, "get") else None
-    return runtime if isinstance(runtime, Runtime) else None
+    return runtime if isinstance(runtime, Admission) else None
+
+
+async def start_admission(memo: Any) -> Admission:
+    """A replica that only serves admission: the API client, the metrics (and their endpoint);
+    no cache, no watches, no reconciling, so nothing others write can grow it or crash it."""
+    metrics = Metrics()
+    api = await k8s.Api.connect(metrics)
+    admission = Admission(api=api, metrics=metrics, admission_dry_run=_dry_run())
+
+    port = os.environ.get(metrics_module.PORT_ENV)
+    if port:
+        await _serve_metrics(admission, int(port), functools.partial(_supervised, metrics))
+    memo[MEMO_KEY] = admission
+    log.info("admission started (no reconciling in this replica)")
+    return admission
+
+
+def _supervised(metrics: Metrics, name: str, run: Loop) -> asyncio.Task[None]:
+    """`run` under a supervisor that starts it again whenever it ends, counting each restart."""
+    restarted = metrics.task_restarts.labels
+    return asyncio.create_task(
+        supervise(name, run, lambda task: restarted(task).inc()), name=f"supervise-{name}"
+    )
+
+
+def _dry_run() -> bool:
+    return os.environ.get(DRY_RUN_ENV, "true").lower() not in {"0", "false", "no"}
 
 
 async def start(memo: Any) -> Runtime:
@@ -176,11 +214,7 @@ async def start(memo: Any) -> Runtime:
 
     cache.pods.seen = pod_seen
 
-    def supervised(name: str, run: Loop) -> asyncio.Task[None]:
-        restarted = metrics.task_restarts.labels
-        return asyncio.create_task(
-            supervise(name, run, lambda task: restarted(task).inc()), name=f"supervise-{name}"
-        )
+    supervised = functools.partial(_supervised, metrics)
 
     informers = []
     watched: tuple[tuple[str, Sink, str, bool], ...] = (
@@ -218,7 +252,7 @@ async def start(memo: Any) -> Runtime:
         informers=informers,
         elector=elector,
         elector_task=elector_task,
-        admission_dry_run=os.environ.get(DRY_RUN_ENV, "true").lower() not in {"0", "false", "no"},
+        admission_dry_run=_dry_run(),
     )
     metrics.watch(
         phases=reconciler.memory.phases.values,
@@ -246,7 +280,7 @@ def operator_pods() -> OperatorPods | None:
 
 
 async def _serve_metrics(
-    runtime: Runtime, port: int, supervised: Callable[[str, Loop], asyncio.Task[None]]
+    runtime: Admission, port: int, supervised: Callable[[str, Loop], asyncio.Task[None]]
 ) -> None:
     """Plain /metrics, or (ASYNCGRPO_METRICS_SECURE) HTTPS for the callers RBAC lets read it."""
     if os.environ.get(metrics_module.SECURE_ENV, "").lower() not in {"1", "true", "yes"}:
@@ -281,19 +315,20 @@ async def stop(memo: Any) -> None:
     replica has stopped reconciling, so the standby that takes it over never overlaps with it.
     """
     runtime = memo.get(MEMO_KEY)
-    if not isinstance(runtime, Runtime):
+    if isinstance(runtime, Runtime):
+        await _cancel(runtime.task)
+        await _cancel(runtime.poller)
+        for informer in runtime.informers:
+            await _cancel(informer)
+        if runtime.elector is not None:
+            await _cancel(runtime.elector_task)
+            await runtime.elector.release()
+        await runtime.session.close()
+    if not isinstance(runtime, Admission):
         return
-    await _cancel(runtime.task)
-    await _cancel(runtime.poller)
-    for informer in runtime.informers:
-        await _cancel(informer)
-    if runtime.elector is not None:
-        await _cancel(runtime.elector_task)
-        await runtime.elector.release()
     await _cancel(runtime.metrics_certificate)
     if runtime.metrics_server is not None:
         await runtime.metrics_server.cleanup()
-    await runtime.session.close()
     await runtime.api.close()
 
 

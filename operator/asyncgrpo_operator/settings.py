@@ -24,7 +24,8 @@
   only one reconciles; the reconcile is safe even with two active replicas (deterministic names,
   UID preconditions, resourceVersion on status writes). kopf's peering would need the KopfPeering
   CRDs for what the Lease already does.
-- Admission: the webhook (webhook.py) is configured here; the chart owns its configuration.
+- Admission: the webhook's server is configured by webhook.py's own startup handler, registered
+  only in a replica that serves admission (`--role`, __main__.py); the chart owns its configuration.
 """
 
 from __future__ import annotations
@@ -36,13 +37,12 @@ from typing import Any
 import kopf
 
 from asyncgrpo_api.v1alpha1 import GROUP
-from asyncgrpo_operator import naming, runtime, webhook
+from asyncgrpo_operator import naming, runtime
 
 
 @kopf.on.startup(id=naming.HANDLER_STARTUP)
 def configure(*, settings: kopf.OperatorSettings, **_: Any) -> None:
     apply(settings)
-    webhook.configure_admission(settings)
 
 
 class EventOnlyDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -64,7 +64,7 @@ class EventOnlyDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 
 def apply(settings: kopf.OperatorSettings) -> None:
-    """Everything except admission (kept separate so tests can check it without TLS files)."""
+    """Everything except admission (webhook.serve_admission)."""
     settings.persistence.finalizer = naming.KOPF_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = EventOnlyDiffBaseStorage(

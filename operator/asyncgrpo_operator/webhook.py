@@ -26,15 +26,19 @@ job, as does every field the runtime does not allow. Then a job that passes is c
 the API server itself: the RayCluster it would get, with what its runtime fixes, is dry-run
 (dryrun.py), and a refusal of the object refuses the job.
 
-The operator's `main.py` calls `configure_admission(settings)` from its `@kopf.on.startup` handler;
-importing this module registers the handler with kopf's default registry.
+Importing this module registers the handler with kopf's default registry, and a startup handler
+that configures kopf's admission server (`serve_admission`): only a replica that serves admission
+imports it (`--role webhook` or `all`, __main__.py), so the chart's reconciling replicas, which
+watch what tenants write, never take admission down with them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -307,7 +311,7 @@ async def validate_job(*, body: kopf.Body, warnings: list[str], memo: Any = None
 
 
 async def _within_runtime(
-    rt: runtime.Runtime | None,
+    rt: runtime.Admission | None,
     operation: str,
     new: Mapping[str, Any],
     old: Mapping[str, Any] | None,
@@ -332,7 +336,7 @@ async def _within_runtime(
 
 
 async def _with_dry_run(
-    rt: runtime.Runtime,
+    rt: runtime.Admission,
     operation: str,
     new: Mapping[str, Any],
     old: Mapping[str, Any] | None,
@@ -370,6 +374,9 @@ async def _with_dry_run(
 # --- server configuration ------------------------------------------------------------------------
 
 
+CLIENT_CA_ENV = "ASYNCGRPO_WEBHOOK_CLIENT_CA_FILE"
+
+
 @dataclass(frozen=True)
 class WebhookConfig:
     """Where the webhook listens and which TLS files it serves; read from the environment.
@@ -382,6 +389,9 @@ class WebhookConfig:
       ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS  how often the files are re-read (default 60)
       ASYNCGRPO_WEBHOOK_SELF_SIGNED set to 1 for local development without cert files: a throwaway
                                     CA and certificate are written to a temporary folder
+      ASYNCGRPO_WEBHOOK_CLIENT_CA_FILE  a CA (PEM): only a caller presenting a client certificate
+                                    it signed completes the TLS handshake (the API server does,
+                                    given one in its admission configuration; docs/security.md)
     """
 
     addr: str = "0.0.0.0"
@@ -389,6 +399,10 @@ class WebhookConfig:
     cert_dir: Path = DEFAULT_CERT_DIR
     cert_check_seconds: float = 60.0
     self_signed: bool = False
+    client_ca: Path | None = None
+    """Where set, the webhook answers only callers with a client certificate this CA signed:
+    anyone else who reaches the port could have it dry-run RayClusters under the operator's
+    account in any namespace it judges."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WebhookConfig:
@@ -400,6 +414,7 @@ class WebhookConfig:
             cert_dir=Path(env.get("ASYNCGRPO_WEBHOOK_CERT_DIR", str(cls.cert_dir))),
             cert_check_seconds=float(env.get("ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS", cls.cert_check_seconds)),
             self_signed=env.get("ASYNCGRPO_WEBHOOK_SELF_SIGNED", "").lower() in {"1", "true", "yes"},
+            client_ca=Path(env[CLIENT_CA_ENV]) if env.get(CLIENT_CA_ENV) else None,
         )
 
     @property
@@ -448,12 +463,7 @@ def build_server(config: WebhookConfig) -> kopf.WebhookServer:
 
         files = certs.write_self_signed(hosts=[config.addr, "localhost", "127.0.0.1"])
         logger.warning("Serving the webhook with a throwaway self-signed certificate; CA at %s", files.ca)
-        config = WebhookConfig(
-            addr=config.addr,
-            port=config.port,
-            cert_dir=files.directory,
-            cert_check_seconds=config.cert_check_seconds,
-        )
+        config = dataclasses.replace(config, cert_dir=files.directory)
     missing = [str(p) for p in (config.certfile, config.keyfile) if not p.is_file()]
     if missing:
         raise WebhookConfigError(
@@ -461,12 +471,20 @@ def build_server(config: WebhookConfig) -> kopf.WebhookServer:
             f"kubernetes.io/tls Secret at {config.cert_dir} (the chart does), point "
             f"ASYNCGRPO_WEBHOOK_CERT_DIR elsewhere, or set ASYNCGRPO_WEBHOOK_SELF_SIGNED=1 for local runs"
         )
+    if config.client_ca is not None and not config.client_ca.is_file():
+        raise WebhookConfigError(
+            f"{CLIENT_CA_ENV}={config.client_ca}: no such file. Mount the CA that signs the API "
+            f"server's client certificate there (the chart's webhook.clientAuth.caBundle does), or "
+            f"unset it to answer callers without a certificate"
+        )
     return _WebhookServer(
         addr=config.addr,
         port=config.port,
         certfile=str(config.certfile),
         pkeyfile=str(config.keyfile),
         file_check_interval=config.cert_check_seconds,
+        verify_mode=ssl.CERT_REQUIRED if config.client_ca is not None else None,
+        verify_cafile=str(config.client_ca) if config.client_ca is not None else None,
     )
 
 
@@ -495,10 +513,15 @@ class _DenialsAreNotErrors(logging.Filter):
 _DENIAL_FILTER = _DenialsAreNotErrors()
 
 
+@kopf.on.startup(id=naming.HANDLER_ADMISSION_SERVER)
+def serve_admission(*, settings: kopf.OperatorSettings, **_: Any) -> None:
+    configure_admission(settings)
+
+
 def configure_admission(
     settings: kopf.OperatorSettings, config: WebhookConfig | None = None
 ) -> WebhookConfig:
-    """Point kopf's admission settings at our server; call from `@kopf.on.startup`.
+    """Point kopf's admission settings at our server.
 
     `settings.admission.managed` stays None: the chart owns the ValidatingWebhookConfiguration
     (service reference, CA bundle, matchConditions, failurePolicy), and the operator therefore
@@ -510,5 +533,11 @@ def configure_admission(
     objects_logger = logging.getLogger("kopf.objects")
     if _DENIAL_FILTER not in objects_logger.filters:
         objects_logger.addFilter(_DENIAL_FILTER)
-    logger.info("Admission webhook on https://%s:%d%s", config.addr, config.port, WEBHOOK_PATH)
+    logger.info(
+        "Admission webhook on https://%s:%d%s%s",
+        config.addr,
+        config.port,
+        WEBHOOK_PATH,
+        f", for callers with a client certificate signed by {config.client_ca}" if config.client_ca else "",
+    )
     return config

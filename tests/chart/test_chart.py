@@ -11,6 +11,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from asyncgrpo_operator import certs
 from asyncgrpo_operator.webhook import DEFAULT_CERT_DIR, WEBHOOK_NAME, WEBHOOK_PATH
 from tests.api.test_admission_policy import cel
 from tests.chart.helm import CHART, REPO, HelmError, by_kind, helm, kube_version, one, template
@@ -18,14 +19,24 @@ from tests.chart.helm import CHART, REPO, HelmError, by_kind, helm, kube_version
 Objects = list[dict[str, Any]]
 
 
-def container(objects: Objects) -> dict[str, Any]:
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+def deployment(objects: Objects, role: str = "reconciler") -> dict[str, Any]:
+    """The reconciler's Deployment, or the webhook's (`role="webhook"`)."""
+    (found,) = [
+        d
+        for d in by_kind(objects, "Deployment")
+        if d["metadata"]["name"].endswith("-webhook") == (role == "webhook")
+    ]
+    return found
+
+
+def container(objects: Objects, role: str = "reconciler") -> dict[str, Any]:
+    pod = deployment(objects, role)["spec"]["template"]["spec"]
     (operator,) = pod["containers"]
     return dict(operator)
 
 
-def env(objects: Objects) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container(objects)["env"]}
+def env(objects: Objects, role: str = "reconciler") -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(objects, role)["env"]}
 
 
 AGGREGATED = "agrpo-asyncgrpo-operator-edit", "agrpo-asyncgrpo-operator-view"
@@ -103,10 +114,13 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
             "ClusterRoleBinding",
             "Role",  # the leader-election Lease
             "RoleBinding",
-            "PodDisruptionBudget",  # two replicas: one keeps serving the webhook through a drain
-            "Deployment",
+            "PodDisruptionBudget",  # two webhook replicas: one keeps serving through a drain
+            "Deployment",  # the reconciler
+            "Deployment",  # the webhook (admission only)
             "Service",  # webhook
-            "Service",  # metrics
+            "Service",  # the reconciler's metrics
+            "Service",  # the webhook's metrics
+            "NetworkPolicy",  # the webhook's pods: its port and the metrics port only
             "Secret",  # generated webhook certificate
             "Secret",  # generated key of the jobs' Ray tokens
             "ValidatingWebhookConfiguration",
@@ -119,7 +133,7 @@ def test_default_install_renders_the_expected_objects(default_objects: Objects) 
 
 
 def test_operator_pod_is_locked_down(default_objects: Objects) -> None:
-    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    pod = deployment(default_objects)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     sc = container(default_objects)["securityContext"]
@@ -133,12 +147,62 @@ def test_operator_pod_is_locked_down(default_objects: Objects) -> None:
 
 
 def test_probes_target_kopf_liveness_and_the_webhook_listener(default_objects: Objects) -> None:
-    c = container(default_objects)
-    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert f"--liveness=http://0.0.0.0:{ports['health']}/healthz" in c["args"]
+    for role in ("reconciler", "webhook"):
+        c = container(default_objects, role)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+        assert f"--liveness=http://0.0.0.0:{ports['health']}/healthz" in c["args"]
+    c = container(default_objects, "webhook")
     assert c["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
-    assert env(default_objects)["ASYNCGRPO_WEBHOOK_PORT"] == str(ports["webhook"])
+    assert env(default_objects, "webhook")["ASYNCGRPO_WEBHOOK_PORT"] == str(c["ports"][0]["containerPort"])
+    assert container(default_objects)["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_admission_is_served_by_a_deployment_of_its_own_and_the_reconciler_serves_none(
+    default_objects: Objects,
+) -> None:
+    """Issue 47 item 5: the reconciler, which watches what tenants write, could be OOM-killed into
+    a crash loop, and admission (failurePolicy Fail) with it. The webhook Service now routes to a
+    Deployment that only admits, with a selector the reconciler's pods do not match."""
+    reconciler, webhook = container(default_objects), container(default_objects, "webhook")
+    assert "--role=reconciler" in reconciler["args"] and "--role=webhook" in webhook["args"]
+    assert "webhook" not in {p["name"] for p in reconciler["ports"]}
+    assert not [name for name in env(default_objects) if name.startswith("ASYNCGRPO_WEBHOOK_")]
+    assert "ASYNCGRPO_RAY_TOKEN_KEY_FILE" not in env(default_objects, "webhook")
+    service = named(default_objects, "Service", "agrpo-asyncgrpo-operator-webhook")
+    webhook_pods = deployment(default_objects, "webhook")["spec"]["template"]["metadata"]["labels"]
+    reconciler_pods = deployment(default_objects)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= webhook_pods.items()
+    assert not service["spec"]["selector"].items() <= reconciler_pods.items()
+    assert not deployment(default_objects)["spec"]["selector"]["matchLabels"].items() <= webhook_pods.items()
+    assert deployment(default_objects, "webhook")["spec"]["replicas"] == 2
+
+
+def test_the_webhooks_pods_take_connections_on_its_port_alone_and_a_client_ca_when_given(
+    default_objects: Objects, helm_bin: Path
+) -> None:
+    """Issue 47 item 9: a NetworkPolicy (where the network plugin enforces it), and with
+    webhook.clientAuth.caBundle the webhook answers only callers with a certificate that CA signed."""
+    (policy,) = by_kind(default_objects, "NetworkPolicy")
+    webhook_pods = deployment(default_objects, "webhook")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= webhook_pods.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = [[p["port"] for p in rule["ports"]] for rule in policy["spec"]["ingress"]]
+    assert ports == [[9443], [9090]]
+    assert "ASYNCGRPO_WEBHOOK_CLIENT_CA_FILE" not in env(default_objects, "webhook")
+    ca = base64.b64encode(certs.generate_ca().cert_pem).decode()
+    control_plane = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    objects = template(
+        helm_bin, {"webhook.clientAuth.caBundle": ca, "webhook.networkPolicy.from": control_plane}
+    )
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == control_plane
+    path = env(objects, "webhook")["ASYNCGRPO_WEBHOOK_CLIENT_CA_FILE"]
+    configmap = named(objects, "ConfigMap", "agrpo-asyncgrpo-operator-webhook-client-ca")
+    assert configmap["data"]["ca.crt"].strip() == base64.b64decode(ca).decode().strip()
+    mount = next(m for m in container(objects, "webhook")["volumeMounts"] if m["name"] == "webhook-client-ca")
+    assert path == f"{mount['mountPath']}/ca.crt"
+    assert not by_kind(template(helm_bin, {"webhook.networkPolicy.enabled": False}), "NetworkPolicy")
 
 
 def test_operator_runs_its_own_entrypoint_on_all_namespaces(default_objects: Objects) -> None:
@@ -149,10 +213,14 @@ def test_operator_runs_its_own_entrypoint_on_all_namespaces(default_objects: Obj
 
 
 def test_webhook_certificate_is_mounted_where_the_operator_reads_it(default_objects: Objects) -> None:
-    c = container(default_objects)
-    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    c = container(default_objects, "webhook")
+    pod = deployment(default_objects, "webhook")["spec"]["template"]["spec"]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "webhook-tls")
-    assert mount["mountPath"] == env(default_objects)["ASYNCGRPO_WEBHOOK_CERT_DIR"] == str(DEFAULT_CERT_DIR)
+    assert (
+        mount["mountPath"]
+        == env(default_objects, "webhook")["ASYNCGRPO_WEBHOOK_CERT_DIR"]
+        == str(DEFAULT_CERT_DIR)
+    )
     volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
     secret = webhook_secret(default_objects)
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
@@ -323,11 +391,11 @@ def test_jobs_that_name_no_queue_meet_a_mutating_webhook_only_where_kueues_setti
     )
     (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "team-a"]
     assert granted(role["rules"], "kueue.x-k8s.io", "localqueues") == {"get"}
-    assert env(objects)["ASYNCGRPO_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"] == "true"
-    assert "ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING" not in env(objects)
+    assert env(objects, "webhook")["ASYNCGRPO_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"] == "true"
+    assert "ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING" not in env(objects, "webhook")
     defaulting = template(helm_bin, {"kueue.localQueueDefaulting": True})
     assert one(defaulting, "MutatingWebhookConfiguration")
-    assert env(defaulting)["ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING"] == "true"
+    assert env(defaulting, "webhook")["ASYNCGRPO_KUEUE_LOCAL_QUEUE_DEFAULTING"] == "true"
 
 
 def test_users_get_jobs_through_the_default_edit_admin_and_view_roles(default_objects: Objects) -> None:
@@ -404,7 +472,9 @@ def test_webhook_calls_the_service_on_the_kopf_handler_path(default_objects: Obj
     assert service_ref["namespace"] == "asyncgrpo-system"
     (port,) = svc["spec"]["ports"]
     assert service_ref["port"] == port["port"] and port["targetPort"] == "webhook"
-    assert svc["spec"]["selector"] == one(default_objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert (
+        svc["spec"]["selector"] == deployment(default_objects, "webhook")["spec"]["selector"]["matchLabels"]
+    )
 
 
 def test_the_ray_token_key_is_generated_and_mounted_where_the_operator_reads_it(
@@ -415,7 +485,7 @@ def test_the_ray_token_key_is_generated_and_mounted_where_the_operator_reads_it(
         s for s in by_kind(default_objects, "Secret") if s["metadata"]["name"].endswith("-ray-token-key")
     ]
     assert len(base64.b64decode(secret["data"]["key"])) >= 32
-    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    pod = deployment(default_objects)["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "ray-token-key")
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     mount = next(m for m in container(default_objects)["volumeMounts"] if m["name"] == "ray-token-key")
@@ -426,7 +496,7 @@ def test_the_ray_token_key_is_generated_and_mounted_where_the_operator_reads_it(
 def test_the_jobs_network_policies_admit_the_operator_pods_by_the_labels_they_carry(
     default_objects: Objects,
 ) -> None:
-    pod = one(default_objects, "Deployment")["spec"]["template"]
+    pod = deployment(default_objects)["spec"]["template"]
     pairs = env(default_objects)["ASYNCGRPO_OPERATOR_POD_LABELS"].split(",")
     labels = dict(pair.split("=", 1) for pair in pairs)
     assert labels and labels.items() <= pod["metadata"]["labels"].items()
@@ -460,7 +530,7 @@ def test_cert_manager_switch_replaces_the_generated_secret(helm_bin: Path) -> No
         annotations["cert-manager.io/inject-ca-from"] == "asyncgrpo-system/agrpo-asyncgrpo-operator-webhook"
     )
     assert "caBundle" not in webhook_entry(objects)["clientConfig"]
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = deployment(objects)["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
     assert serving["spec"]["secretName"] == volume["secret"]["secretName"]
     assert "agrpo-asyncgrpo-operator-webhook.asyncgrpo-system.svc" in serving["spec"]["dnsNames"]
@@ -487,7 +557,7 @@ def test_a_provided_certificate_and_ray_token_key_render_the_same_objects_on_eve
     assert first == second
     assert not by_kind(first, "Secret")
     assert webhook_entry(first)["clientConfig"]["caBundle"] == ca
-    pod = one(first, "Deployment")["spec"]["template"]["spec"]
+    pod = deployment(first)["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["webhook-tls"]["secret"]["secretName"] == "my-webhook-tls"
     assert volumes["ray-token-key"]["secret"]["secretName"] == "my-ray-token-key"
@@ -546,7 +616,7 @@ def test_non_default_values_reach_the_objects(helm_bin: Path) -> None:
     assert entry["failurePolicy"] == "Ignore" and entry["timeoutSeconds"] == 10
     assert entry["namespaceSelector"] == {"matchLabels": {"asyncgrpo.dev/jobs": "enabled"}}
     assert entry["objectSelector"]["matchExpressions"][0]["key"] == "team"
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = deployment(objects)["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "existing-sa" and not by_kind(objects, "ServiceAccount")
     assert pod["nodeSelector"] == {"pool": "system"}
     assert container(objects)["resources"]["limits"] == {"cpu": "2", "memory": "300Mi"}
@@ -579,14 +649,16 @@ def test_by_default_two_replicas_elect_a_leader_roll_and_keep_one_through_drains
     default_objects: Objects,
 ) -> None:
     """The webhook's failurePolicy Fail refuses every job write while no replica answers: two
-    replicas with a PodDisruptionBudget keep one answering through an upgrade or a node drain."""
+    webhook replicas with a PodDisruptionBudget keep one answering through an upgrade or a node
+    drain; two reconcilers elect a leader."""
     objects = default_objects
-    deployment = one(objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 2
-    assert deployment["spec"]["strategy"] == {
-        "type": "RollingUpdate",
-        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-    }
+    reconciler, webhook = deployment(objects), deployment(objects, "webhook")
+    for each in (reconciler, webhook):
+        assert each["spec"]["replicas"] == 2
+        assert each["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
     assert env(objects)["ASYNCGRPO_LEADER_ELECTION"] == "true"
     role = one(objects, "Role")
     assert role["metadata"]["namespace"] == "asyncgrpo-system"
@@ -602,28 +674,30 @@ def test_by_default_two_replicas_elect_a_leader_roll_and_keep_one_through_drains
     binding = one(objects, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     pdb = one(objects, "PodDisruptionBudget")
-    assert pdb["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+    assert pdb["spec"] == {"minAvailable": 1, "selector": webhook["spec"]["selector"]}
 
 
 def test_the_replicas_prefer_different_nodes_unless_the_affinity_is_set(
     default_objects: Objects, helm_bin: Path
 ) -> None:
-    pod = one(default_objects, "Deployment")["spec"]["template"]["spec"]
+    pod = deployment(default_objects)["spec"]["template"]["spec"]
     (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    selector = one(default_objects, "Deployment")["spec"]["selector"]
+    selector = deployment(default_objects)["spec"]["selector"]
     assert term["podAffinityTerm"]["labelSelector"] == selector
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["podAntiAffinity"]
     pinned = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
     objects = template(helm_bin, {"affinity": pinned})
-    assert one(objects, "Deployment")["spec"]["template"]["spec"]["affinity"] == pinned
+    assert deployment(objects)["spec"]["template"]["spec"]["affinity"] == pinned
 
 
 def test_one_replica_without_leader_election_recreates_and_has_no_lease_role_or_pdb(helm_bin: Path) -> None:
-    objects = template(helm_bin, {"replicaCount": 1, "leaderElection.enabled": False})
-    deployment = one(objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
+    objects = template(
+        helm_bin, {"replicaCount": 1, "leaderElection.enabled": False, "webhook.replicaCount": 1}
+    )
+    reconciler = deployment(objects)
+    assert reconciler["spec"]["replicas"] == 1
+    assert reconciler["spec"]["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
     assert "ASYNCGRPO_LEADER_ELECTION" not in env(objects)
     assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
     assert not by_kind(objects, "PodDisruptionBudget"), "a PDB on one replica would block drains"
@@ -683,19 +757,20 @@ def test_metrics_are_served_where_the_chart_points_the_service(default_objects: 
     """values.yaml, the Deployment, the Service and the operator agree on the metrics port."""
     from asyncgrpo_operator import metrics  # noqa: PLC0415 - the operator's side of the contract
 
-    values = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]
-    ports = {p["name"]: p["containerPort"] for p in container(default_objects)["ports"]}
-    assert env(default_objects)[metrics.PORT_ENV] == str(values["port"]) == str(ports["metrics"])
-    assert env(default_objects)[metrics.SECURE_ENV] == "true"
-    assert env(default_objects)[metrics.CERT_DIR_ENV] == str(DEFAULT_CERT_DIR), "the webhook's certificate"
-    assert (
-        env(default_objects)[metrics.CERT_CHECK_ENV]
-        == env(default_objects)["ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS"]
-    )
-    service = next(
-        s for s in by_kind(default_objects, "Service") if s["metadata"]["name"].endswith("-metrics")
-    )
-    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for role in ("reconciler", "webhook"):
+        ports = {p["name"]: p["containerPort"] for p in container(default_objects, role)["ports"]}
+        served = env(default_objects, role)
+        assert served[metrics.PORT_ENV] == str(values["metrics"]["port"]) == str(ports["metrics"])
+        assert served[metrics.SECURE_ENV] == "true"
+        assert served[metrics.CERT_DIR_ENV] == str(DEFAULT_CERT_DIR), "the webhook's certificate"
+        assert served[metrics.CERT_CHECK_ENV] == str(values["webhook"]["certCheckSeconds"])
+    services = [s for s in by_kind(default_objects, "Service") if s["metadata"]["name"].endswith("-metrics")]
+    selected = [s["spec"]["selector"] for s in services]
+    assert selected == [
+        deployment(default_objects, r)["spec"]["selector"]["matchLabels"] for r in ("reconciler", "webhook")
+    ]
+    assert {s["spec"]["ports"][0]["targetPort"] for s in services} == {"metrics"}
     assert not by_kind(default_objects, "ServiceMonitor")  # off by default: needs prometheus-operator
 
 

@@ -60,11 +60,12 @@ def is_alive(rec: ProcRecord) -> bool:
     return fields[0] not in ("Z", "X")
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of one process (VmRSS), 0 if it is gone."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size of one process (VmRSS), 0 if it is gone. `field="VmHWM"`: its peak since
+    it started, as the kernel counts it (no sampling can miss a brief one)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass

@@ -116,7 +116,12 @@ class InClusterChart:
             "nodeSelector": {key: value},
             "tolerations": [{**node.TAINT, "operator": "Equal"}],
             "operator": {"watchNamespaces": [self.jobs_ns], "logFormat": "text"},
-            "webhook": {"namespaceSelector": {"matchLabels": {SELECTOR_LABEL: self.release}}},
+            # One webhook pod beside the reconciler's two: four operator processes starting at once
+            # on the 2-core node slowed every pod's start, and one proves the Deployment serves.
+            "webhook": {
+                "namespaceSelector": {"matchLabels": {SELECTOR_LABEL: self.release}},
+                "replicaCount": 1,
+            },
         }
 
     def install(self) -> float:

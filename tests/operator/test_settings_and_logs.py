@@ -12,7 +12,7 @@ import kopf
 import pytest
 from kopf._cogs.structs import references
 
-from asyncgrpo_operator import logs, naming, raytoken, runtime, settings
+from asyncgrpo_operator import logs, naming, raytoken, runtime, settings, webhook
 from asyncgrpo_operator.manifests import OperatorPods
 
 
@@ -76,13 +76,36 @@ def test_log_lines_are_json_with_the_extra_fields() -> None:
     assert (line["job_name"], line["phase"], line["level"]) == ("demo", "Running", "INFO")
 
 
-def test_python_dash_m_entry_point_registers_the_handlers() -> None:
+def registered(role: str) -> dict[str, set[str]]:
+    """The kopf handlers `python -m asyncgrpo_operator --role <role>` registers (in a fresh
+    interpreter: kopf's registry is per process)."""
     code = (
-        "import kopf, asyncgrpo_operator.__main__; r = kopf.get_default_registry();"
-        "print(sorted(h.id for h in r._activities.get_all_handlers()))"
+        "import importlib, json, kopf; from asyncgrpo_operator.__main__ import ROLES;"
+        f"importlib.import_module(ROLES[{role!r}]); r = kopf.get_default_registry();"
+        "print(json.dumps({k: sorted(h.id for h in getattr(r, '_' + k).get_all_handlers())"
+        " for k in ('activities', 'watching', 'webhooks')}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert {naming.HANDLER_START_CONTROLLER, naming.HANDLER_STARTUP, naming.HANDLER_PROBE} <= set(eval(out))
+    return {kind: set(ids) for kind, ids in json.loads(out).items()}
+
+
+def test_each_role_registers_its_handlers_and_only_the_webhook_roles_serve_admission() -> None:
+    """Issue 47 item 5: the chart runs the reconciler and the webhook as two Deployments, so that
+    an OOM-killed reconciler does not take admission with it. `--role reconciler` must then
+    neither serve nor require an admission server; `--role webhook` watches and reconciles nothing."""
+    webhooks = {webhook.HANDLER_ID, naming.HANDLER_DEFAULT_QUEUE}
+    reconciling = {naming.HANDLER_START_CONTROLLER, naming.HANDLER_PROBE}
+    both = registered("all")
+    assert both["webhooks"] == webhooks and both["watching"] == {naming.HANDLER_JOB_EVENT}
+    assert reconciling | {naming.HANDLER_STARTUP, naming.HANDLER_ADMISSION_SERVER} <= both["activities"]
+    reconciler = registered("reconciler")
+    assert reconciler["webhooks"] == set() and reconciler["watching"] == {naming.HANDLER_JOB_EVENT}
+    assert naming.HANDLER_ADMISSION_SERVER not in reconciler["activities"]
+    assert reconciling <= reconciler["activities"]
+    admission = registered("webhook")
+    assert admission["webhooks"] == webhooks and admission["watching"] == set()
+    assert {naming.HANDLER_START_ADMISSION, naming.HANDLER_ADMISSION_SERVER} <= admission["activities"]
+    assert not reconciling & admission["activities"]
 
 
 def test_importing_the_operator_loads_neither_torch_nor_ray() -> None:

@@ -20,20 +20,22 @@ from asyncgrpo_operator.handlers import lifecycle
 
 
 class QuietApi:
-    """Every list is empty; every watch waits until it is cancelled. Records the lists."""
+    """Every streaming list is empty; every watch then waits until it is cancelled. Records the
+    lists."""
 
     def __init__(self) -> None:
         self.lists: list[str] = []
 
-    async def list_all(
-        self, path: str, label_selector: str | None = None, *, metadata_only: bool = False
-    ) -> tuple[list[Any], str]:
-        self.lists.append(path)
-        return [], "1"
-
-    async def watch(self, *_: Any, **__: Any) -> AsyncIterator[Any]:
+    async def watch(self, path: str, *_: Any, initial_events: bool = False, **__: Any) -> AsyncIterator[Any]:
+        if initial_events:
+            self.lists.append(path)
+            yield {
+                "type": "BOOKMARK",
+                "object": {
+                    "metadata": {"resourceVersion": "1", "annotations": {k8s.INITIAL_EVENTS_END: "true"}}
+                },
+            }
         await asyncio.Event().wait()
-        yield {}
 
     async def list_jobs(self, namespace: str | None = None) -> tuple[list[Any], str]:
         return [], "1"

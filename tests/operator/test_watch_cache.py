@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import pickle
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ import aiohttp
 import pytest
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Progress
-from asyncgrpo_operator import decision, k8s, naming, plan, progress, runtime
+from asyncgrpo_operator import decision, k8s, naming, observed, plan, progress, runtime
 from asyncgrpo_operator import informer as informer_module
 from asyncgrpo_operator.cache import ADDED, DELETED, MODIFIED, Cache, Index
 from asyncgrpo_operator.informer import Informer
@@ -60,7 +61,8 @@ def test_a_relist_drops_what_was_deleted_while_the_watch_was_down_and_names_the_
     index = Index(PodView.from_dict)
     index.apply(ADDED, pod("head", 10))
     index.apply(ADDED, pod("worker", 11))
-    changed = index.replace([pod("head", 10)], "20")  # worker deleted during the gap: no event
+    index.apply(ADDED, pod("head", 10))  # a list at version 20 shows the head alone:
+    changed = index.prune({"head-uid"}, "20")  # the worker was deleted during the gap, no event
     assert names(index) == ["head"]
     assert changed == {JOB}
 
@@ -68,8 +70,24 @@ def test_a_relist_drops_what_was_deleted_while_the_watch_was_down_and_names_the_
 def test_a_relist_keeps_what_the_operator_created_after_the_list_was_taken() -> None:
     index = Index(PodView.from_dict)
     index.apply(ADDED, pod("created-by-us", 30))  # the answer to our create, newer than the list
-    index.replace([], "20")
+    index.prune(set(), "20")
     assert names(index) == ["created-by-us"]
+
+
+def test_a_pods_view_keeps_a_bounded_part_of_what_others_write_into_it() -> None:
+    megabyte = "x" * (1 << 20)
+    statuses = [
+        {"name": f"sidecar-{i}", "state": {"waiting": {"reason": "CrashLoopBackOff", "message": megabyte}}}
+        for i in range(100)
+    ] + [{"name": naming.DRIVER_CONTAINER, "state": {"terminated": {"exitCode": 0, "message": megabyte}}}]
+    body = pod("head", 10)
+    body["spec"] = {"containers": [{"name": "c", "env": [{"name": "BIG", "value": megabyte}]}]}
+    body["status"] = {"phase": "Running", "message": megabyte, "containerStatuses": statuses}
+    view = PodView.from_dict(body)
+    assert len(pickle.dumps(view)) < 64 << 10  # of some 103 MiB written
+    assert len(view.containers) == observed.MAX_CONTAINERS
+    driver = view.container(naming.DRIVER_CONTAINER)
+    assert driver is not None and driver.exit_code == 0  # the one the plan reads is kept
 
 
 def test_an_older_event_never_replaces_a_newer_object() -> None:
@@ -130,30 +148,57 @@ def test_no_pass_runs_before_every_watch_has_listed_once() -> None:
 
 class WatchApi:
     """Lists and watches from scripts: each list returns the next of `lists` (or raises it), each
-    watch yields the next of `watches`; afterwards the informer is stopped."""
+    watch yields the next of `watches`, each streaming list the next of `streams` (refused as an
+    API server without them refuses it while `streams` is None); afterwards the informer is
+    stopped. Records the page sizes asked for."""
 
-    def __init__(self, lists: list[Any], watches: list[list[dict[str, Any]]]) -> None:
-        self.lists, self.watches = lists, watches
+    def __init__(
+        self,
+        lists: list[Any],
+        watches: list[list[dict[str, Any]]],
+        streams: list[list[dict[str, Any]]] | None = None,
+    ) -> None:
+        self.lists, self.watches, self.streams = lists, watches, streams
         self.calls: list[str] = []
+        self.page_sizes: list[int] = []
 
-    async def list_all(
-        self, path: str, label_selector: str | None = None, *, metadata_only: bool = False
-    ) -> tuple[list[Any], str]:
+    async def list_pages(
+        self,
+        path: str,
+        label_selector: str | None = None,
+        *,
+        metadata_only: bool = False,
+        page_size: int = k8s.LIST_PAGE_SIZE,
+    ) -> AsyncIterator[tuple[list[Any], str]]:
         self.calls.append("list")
+        self.page_sizes.append(page_size)
         if not self.lists:
             raise asyncio.CancelledError
         answer = self.lists.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        return answer  # type: ignore[no-any-return]
+        yield answer
 
     async def watch(
-        self, path: str, selector: str | None, version: str, timeout: int, *, metadata_only: bool = False
+        self,
+        path: str,
+        selector: str | None,
+        version: str,
+        timeout: int,
+        *,
+        metadata_only: bool = False,
+        initial_events: bool = False,
     ) -> AsyncIterator[Any]:
-        self.calls.append(f"watch@{version}")
-        if not self.watches:
+        if initial_events and self.streams is None:
+            raise k8s.ApiError(
+                422, "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
+            )
+        script = self.streams if initial_events else self.watches
+        assert script is not None
+        self.calls.append("stream" if initial_events else f"watch@{version}")
+        if not script:
             raise asyncio.CancelledError
-        for event in self.watches.pop(0):
+        for event in script.pop(0):
             yield event
 
 
@@ -184,18 +229,59 @@ def test_the_informer_lists_watches_from_the_lists_version_and_lists_again_on_41
     assert JOB in changed
 
 
+def test_a_streaming_list_fills_the_cache_then_watches_on_and_drops_what_it_lacked() -> None:
+    index = Index(PodView.from_dict)
+    index.apply(ADDED, pod("gone", 5))  # deleted while no watch ran
+    end = {"metadata": {"resourceVersion": "20", "annotations": {k8s.INITIAL_EVENTS_END: "true"}}}
+    api = WatchApi(
+        lists=[],
+        watches=[],
+        streams=[
+            [
+                {"type": "ADDED", "object": pod("head", 10)},
+                {"type": "ADDED", "object": pod("worker", 11)},
+                {"type": "BOOKMARK", "object": end},
+                {"type": "MODIFIED", "object": pod("head", 21, phase="Failed")},
+            ]
+        ],
+    )
+    changed = run_informer(api, index)
+    assert api.calls[:2] == ["stream", "watch@21"]  # the stream ended: watched on from where it was
+    assert names(index) == ["head", "worker"]
+    assert [p.phase for p in index.of(JOB) if p.name == "head"] == ["Failed"]
+    assert JOB in changed
+
+
+def test_without_streaming_lists_whole_objects_are_listed_in_small_pages_metadata_in_large() -> None:
+    for metadata_only, size in ((False, informer_module.FULL_PAGE_SIZE), (True, informer_module.PAGE_SIZE)):
+        api = WatchApi(lists=[([pod("head", 10)], "11")], watches=[[]])
+        informer = Informer(
+            api,  # type: ignore[arg-type]
+            "pods",
+            "team",
+            Index(PodView.from_dict),
+            changed=lambda _: None,
+            listed=lambda: None,
+            metadata_only=metadata_only,
+        )
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(informer.run())
+        assert api.page_sizes == [size]
+    assert informer_module.FULL_PAGE_SIZE * 1536 << 10 < 64 << 20  # a page of the largest: < 64 MiB
+
+
 def test_a_resource_not_served_is_recorded_and_cleared_once_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(informer_module, "MISSING_SECONDS", 0.0)
     index = Index(PodView.from_dict)
     api = WatchApi(lists=[k8s.ApiError(404, "404 page not found"), ([], "3")], watches=[])
     seen: list[dict[str | None, str]] = []
-    original = index.replace
+    original = index.prune
 
-    def replace(objs: list[Any], version: str, scope: str | None = None) -> set[tuple[str, str]]:
+    def prune(listed: set[str], version: str, scope: str | None = None) -> set[tuple[str, str]]:
         seen.append(dict(index.missing))
-        return original(objs, version, scope)
+        return original(listed, version, scope)
 
-    index.replace = replace  # type: ignore[method-assign]
+    index.prune = prune  # type: ignore[method-assign]
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(_informer(api, index))
     assert seen == [{"team": "404 page not found"}]

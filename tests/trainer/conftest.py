@@ -60,7 +60,8 @@ def warm_qwen2(pretrained_example: pretrained_doc.Place) -> Path:
 
 
 @pytest.fixture(scope="session")
-def taught_judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def taught_judge() -> Path:
     """A tiny judge checkpoint taught to answer 1 when the response it reads is the reference answer
-    and 0 otherwise (`judge_checkpoint`): made once per session, since teaching it takes a minute."""
-    return judge_checkpoint.teach_judge(tmp_path_factory.mktemp("judge"))
+    and 0 otherwise (`judge_checkpoint`), from the suite's cache (read it, do not write it): taught
+    once per recipe, since teaching it takes 1-8 minutes."""
+    return judge_checkpoint.cached_judge()

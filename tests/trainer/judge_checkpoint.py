@@ -15,15 +15,20 @@ reward model's rewards separate right from wrong answers beyond what it saw.
 
 from __future__ import annotations
 
+import hashlib
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
+import transformers
 
 from asyncgrpo_trainer.backends import sampling
 from asyncgrpo_trainer.models import hf, recipe
 from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
+from tests.cluster.config import cache_root
 
 TEMPLATE = "{reference}|{response}="
 """rewardModel.template of the tests (and of the guide's example job)."""
@@ -107,3 +112,34 @@ def teach_judge(directory: Path, *, seed: int = 0) -> Path:
         torch.set_num_threads(threads)
     hf.save(model.state_dict(), build.config, directory, source_dir=directory, dtype=torch.float32)
     return directory
+
+
+def recipe_key() -> str:
+    """What the taught judge depends on: this module's lessons and hyperparameters, the code that
+    makes, trains and saves the checkpoint, and the torch and transformers versions."""
+    sources = [Path(__file__), *(Path(m.__file__ or "") for m in (hf, recipe, sampling))]
+    sources.append(Path(make_tiny_checkpoint.__code__.co_filename))
+    digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
+    for source in sources:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_judge() -> Path:
+    """The taught judge from the suite's cache (<ASYNCGRPO_CACHE or ~/.cache/asyncgrpo>/judge/KEY),
+    taught and stored there when missing.
+
+    Why: teaching takes 1000 steps, a minute on a quiet machine but 8.5 minutes in a CI run beside
+    the operator's half (the longest trainer test of 2026-12-07's run). The checkpoint is a
+    fixture, not a claim: the tests prove what a reward model does with it, and a change to how it
+    is taught, made or saved changes its key (`recipe_key`), so it is taught again."""
+    target = cache_root().parent / "judge" / recipe_key()
+    if not (target / "config.json").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".teaching-", dir=target.parent))
+        teach_judge(staging)
+        try:
+            staging.rename(target)  # whole or not at all: a run killed mid-teaching leaves no half
+        except OSError:  # another run stored it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return target

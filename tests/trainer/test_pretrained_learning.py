@@ -5,8 +5,9 @@ fine-tuning on reversing 3- and 5-digit strings (`make-tiny-checkpoint --warm-st
 starts from a pretrained model, and a random RoPE model this small barely moves on the task under
 GRPO) answers 4-digit prompts wrong: held-out exact-match accuracy 0.0 before the first step. The
 async job of `learning_job.yaml` through `asyncgrpo run` must then take it to >= 0.8 by step 80,
-with the torch engine and with vLLM's CPU build (whose first, on-policy step must also pass the
-log-prob gate: mean exp|logp_vllm - logp_policy| <= 1.05).
+with LoRA on the torch engine and with vLLM's CPU build (whose first, on-policy step must also pass
+the log-prob gate: mean exp|logp_vllm - logp_policy| <= 1.05). The torch engine's full-weight case
+is `test_async_keeps_pace.py`, whose seeded async runs carry the same assertions.
 
 Why the recipe is what it is (issue 25; docs/guides/models.md has the sweeps). The vLLM case
 stayed at 0.0 in two clean-clone CI runs. Not a vLLM fault: the engine's log-probs equal the
@@ -57,11 +58,10 @@ def _job(backend: str, *, lora: bool = False) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("backend", "lora"),
     [
-        ("torch", False),
         ("torch", True),
         pytest.param("vllm", False, marks=pytest.mark.vllm),
     ],
-    ids=["torch", "torch-lora", "vllm"],
+    ids=["torch-lora", "vllm"],
 )
 @pytest.mark.budget(600, "80 steps of the learning job: the real-model path learns, per engine")
 def test_a_warm_started_checkpoint_learns_reversal_in_an_async_job(

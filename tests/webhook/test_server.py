@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 import tempfile
@@ -12,6 +13,7 @@ from typing import Any
 import aiohttp
 import kopf
 import pytest
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from asyncgrpo_operator import certs
 from asyncgrpo_operator.webhook import (
@@ -23,8 +25,11 @@ from asyncgrpo_operator.webhook import (
     WebhookConfigError,
     configure_admission,
 )
+from tests.cluster import pki
 from tests.webhook.jobs import INVALID_COMBINATIONS, SYNC_WITH_FORCE_IN_ORDER, VALID_MODES
 from tests.webhook.server import admission_review, free_port, post, serving
+
+CLIENT_AUTH = ExtendedKeyUsageOID.CLIENT_AUTH
 
 
 def tls_config(tmp_path: Path, *, check_seconds: float = 60.0) -> WebhookConfig:
@@ -155,6 +160,43 @@ def test_rotated_certificate_files_are_served_without_a_restart(tmp_path: Path) 
     asyncio.run(scenario())
 
 
+def test_with_a_client_ca_only_a_caller_with_a_certificate_it_signed_is_answered(tmp_path: Path) -> None:
+    """Issue 47 item 9: anyone who reached the port could make the webhook dry-run RayClusters
+    under the operator's account. With `client_ca` (the CA of the API server's client certificate
+    for webhooks) the TLS handshake itself refuses every other caller."""
+    callers = pki.create(tmp_path / "callers")  # the API server's CA, and its client certificate
+    api_server = pki.issue(callers, "apiserver-webhook-client", cn="kube-apiserver", usage=CLIENT_AUTH)
+    strangers = pki.create(tmp_path / "strangers")
+    stranger = pki.issue(strangers, "stranger", cn="kube-apiserver", usage=CLIENT_AUTH)
+    config = dataclasses.replace(tls_config(tmp_path), client_ca=callers.ca_crt)
+    review = admission_review("CREATE", VALID_MODES[0].manifest)
+
+    async def answer(client: tuple[Path, Path] | None) -> str:
+        context = ssl.create_default_context(cafile=str(config.cert_dir / "ca.crt"))
+        if client is not None:
+            context.load_cert_chain(*client)
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url(config), json=review, ssl=context) as resp,
+            ):
+                return "allowed" if (await resp.json())["response"]["allowed"] else "denied"
+        except aiohttp.ClientError:
+            return "refused"
+
+    async def scenario() -> list[str]:
+        async with serving(config):
+            return [await answer(client) for client in (None, stranger, api_server)]
+
+    assert asyncio.run(scenario()) == ["refused", "refused", "allowed"]
+
+
+def test_a_client_ca_that_is_not_there_fails_at_startup_with_the_fix(tmp_path: Path) -> None:
+    config = dataclasses.replace(tls_config(tmp_path), client_ca=tmp_path / "missing-ca.crt")
+    with pytest.raises(WebhookConfigError, match=r"ASYNCGRPO_WEBHOOK_CLIENT_CA_FILE=.*: no such file"):
+        configure_admission(kopf.OperatorSettings(), config)
+
+
 def test_missing_certificate_files_fail_at_startup_with_the_fix(tmp_path: Path) -> None:
     settings = kopf.OperatorSettings()
     with pytest.raises(WebhookConfigError, match=r"Mount a kubernetes\.io/tls Secret"):
@@ -191,5 +233,8 @@ def test_config_from_environment_and_defaults() -> None:
         "ASYNCGRPO_WEBHOOK_CERT_DIR": "/tmp/tls",
         "ASYNCGRPO_WEBHOOK_CERT_CHECK_SECONDS": "5",
         "ASYNCGRPO_WEBHOOK_SELF_SIGNED": "true",
+        "ASYNCGRPO_WEBHOOK_CLIENT_CA_FILE": "/etc/client-ca/ca.crt",
     }
-    assert WebhookConfig.from_env(env) == WebhookConfig("127.0.0.1", 19443, Path("/tmp/tls"), 5.0, True)
+    assert WebhookConfig.from_env(env) == WebhookConfig(
+        "127.0.0.1", 19443, Path("/tmp/tls"), 5.0, True, Path("/etc/client-ca/ca.crt")
+    )

@@ -30,6 +30,13 @@ app.kubernetes.io/name: {{ include "asyncgrpo-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The webhook Deployment's pods (a name of their own: no selector of the reconciler's, which
+cannot change, may match them). */}}
+{{- define "asyncgrpo-operator.webhookSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "asyncgrpo-operator.name" . }}-webhook
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
 {{- /* The selector labels as `k=v,k=v`, for the operator's ASYNCGRPO_OPERATOR_POD_LABELS. */ -}}
 {{- define "asyncgrpo-operator.selectorLabelPairs" -}}
 {{- $pairs := list }}
