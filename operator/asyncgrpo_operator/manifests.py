@@ -54,12 +54,12 @@ from asyncgrpo_api.v1alpha1.placement import (
     GENERATION_POOL,
     GENERATION_POOL_LABEL,
     GPU_RESOURCE,
-    RAY_LABELS_ENV,
     WORKER_POD_LABEL,
     Placement,
     Resources,
     WorkerGroup,
 )
+from asyncgrpo_api.v1alpha1.podtemplate import POD_NAME_ENV, RAY_LABELS_ENV
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
 from asyncgrpo_operator import naming, overrides, pinned
 
@@ -590,16 +590,13 @@ def _port(name: str, port: int) -> Manifest:
     return {"name": name, "containerPort": port, "protocol": "TCP"}
 
 
-_POD_NAME_ENV = "ASYNCGRPO_POD_NAME"
-
-
 def _generation_labels() -> list[Manifest]:
     """A generation worker's Ray node labels: the pool and the pod's name (the kubelet expands
     $(ASYNCGRPO_POD_NAME)), by which an elastic fleet's driver starts an engine on a node the fleet
     gains and finds the pod a drain request names (asyncgrpo_trainer.fleet)."""
-    labels = {GENERATION_POOL_LABEL: GENERATION_POOL, WORKER_POD_LABEL: f"$({_POD_NAME_ENV})"}
+    labels = {GENERATION_POOL_LABEL: GENERATION_POOL, WORKER_POD_LABEL: f"$({POD_NAME_ENV})"}
     return [
-        {"name": _POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": RAY_LABELS_ENV, "value": json.dumps(labels, separators=(",", ":"))},
     ]
 

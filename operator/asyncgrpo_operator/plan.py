@@ -52,6 +52,9 @@ The rules, in the order they are applied:
    Workload (MultiKueue created it before the job) instead of creating one, never writes its spec
    nor deletes it, and is Failed (PrebuiltWorkloadOutOfSync) when its pod sets are not the ones
    the Workload was built with.
+9. A status that cannot be read at all (`reconciler._parse_status`: absent, or of another type than
+   this version's) is rebuilt from the job's own RayCluster of its latest attempt (recovery.py),
+   with a Warning: the running attempt and its cluster are kept, not restarted at attempt 0.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from asyncgrpo_api.v1alpha1.job import (
     Outputs,
 )
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import elastic, manifests, naming, workload
+from asyncgrpo_operator import elastic, manifests, naming, recovery, workload
 from asyncgrpo_operator.decision import (
     ADMITTED_UNDER_OLDER_RULES,
     BACKOFF_LIMIT_EXCEEDED,
@@ -162,7 +165,7 @@ def plan(
     `spec_errors` are the rules a started job's spec fails now but did not when it was admitted
     (the operator was upgraded with tighter rules): the job keeps running, SpecValid says why.
     """
-    draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, observed.progress_mark)
+    draft = _draft(status, observed, owner, generation, observed.progress_mark)
     ctx = _Ctx(job, observed, owner)
     _spec_validity(draft, spec_errors)
     if not spec_errors:
@@ -241,6 +244,24 @@ def plan_dispatched(
     )
 
 
+def _draft(
+    status: AsyncGRPOJobStatus | None,
+    observed: Observation,
+    owner: Owner | None,
+    generation: int,
+    mark: ProgressMark | None,
+) -> Draft:
+    """The pass's draft of the stored status; of one rebuilt from the job's RayClusters when the
+    stored one cannot be read but the job has a cluster (recovery.py), with a Warning that says so:
+    an empty status would restart the job at attempt 0 and delete the running attempt's cluster."""
+    rebuilt = recovery.rebuild(owner, observed.clusters) if status is None else None
+    if rebuilt is None:
+        return Draft(status or AsyncGRPOJobStatus(), observed.now, generation, mark)
+    draft = Draft(rebuilt.status, observed.now, generation, mark)
+    draft.events.append(rebuilt.event)
+    return draft
+
+
 def _runs_on_worker(status: AsyncGRPOJobStatus) -> bool:
     """Whether a dispatched job's worker copy may still run pods, by the status MultiKueue last
     copied here. Kueue's jobframework gives an evicted Workload's quota back only once its job is
@@ -282,7 +303,7 @@ def plan_invalid(
     - Finished: it keeps its outcome.
     `cleanup` is the job's cleanupPolicy as far as it can be read (else the defaults); it applies
     once the job is finished by a kept attempt, and its TTL applies either way."""
-    draft = Draft(status or AsyncGRPOJobStatus(), observed.now, generation, None)
+    draft = _draft(status, observed, owner, generation, None)
     clusters = tuple(c for c in observed.clusters if owner is None or c.owner_uid == owner.uid)
     if not draft.finished:
         running = _running_attempt(draft, clusters)
@@ -942,7 +963,7 @@ def _run(ctx: _Ctx, draft: Draft) -> None:
         else:
             _create_cluster(ctx, draft)
         return
-    if not ours:  # first seen since it was created: record it
+    if not ours or draft.get("dashboard_url") is None:  # first seen since created, or status rebuilt
         draft.set_field("ray_cluster_name", name)
         draft.set_field("dashboard_url", _dashboard_url(job, name))
         if draft.get("attempt_start_time") is None:

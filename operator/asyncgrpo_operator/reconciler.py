@@ -41,7 +41,18 @@ from asyncgrpo_api.v1alpha1 import TERMINAL_PHASES, AsyncGRPOJob, AsyncGRPOJobSt
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
 from asyncgrpo_api.v1alpha1.base import known_fields
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import admitted, cache, decision, k8s, manifests, naming, plan, progress, raytoken
+from asyncgrpo_operator import (
+    admitted,
+    cache,
+    decision,
+    k8s,
+    manifests,
+    naming,
+    plan,
+    progress,
+    raytoken,
+    recovery,
+)
 from asyncgrpo_operator import workload as workload_mod
 from asyncgrpo_operator.cache import Cache
 from asyncgrpo_operator.manifests import OperatorPods, Owner
@@ -250,8 +261,11 @@ class Reconciler:
             del self.memory.create_failures[key]  # created since
             failure = None
         uid = str(body["metadata"].get("uid", ""))
-        current_name = naming.raycluster_name(name, status.attempt if status is not None else 0)
-        current = next((c for c in clusters if c.name == current_name and c.owner_uid == uid), None)
+        if status is None:  # unreadable or new: the plan rebuilds it from the latest cluster, if any
+            current = recovery.latest_cluster(Owner(name, uid), clusters)
+        else:
+            current_name = naming.raycluster_name(name, status.attempt)
+            current = next((c for c in clusters if c.name == current_name and c.owner_uid == uid), None)
         head = None
         if current is not None:
             head = next((p for p in pods if is_kuberay_head(p, current) and not p.deleting), None)
@@ -698,12 +712,12 @@ def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _parse_status(raw: Any) -> AsyncGRPOJobStatus | None:
-    """The stored status, or None when there is none or it cannot be read (it is then rebuilt).
+    """The stored status, or None when there is none or it cannot be read (the plan then rebuilds
+    it from the job's RayClusters: recovery.py).
 
     Fields this version does not know, at any depth, are dropped rather than failing the whole
-    status: after a rollback the newer version's fields stay in the stored status, and a status
-    rebuilt from nothing starts at attempt 0, which would take the running attempt's RayCluster for
-    a stale one (issue 47 item 8)."""
+    status: after a rollback the newer version's fields stay in the stored status, and a rebuilt
+    status knows less than the stored one (no conditions, no progress; issue 47 item 8)."""
     if not isinstance(raw, dict) or not raw:
         return None
     try:

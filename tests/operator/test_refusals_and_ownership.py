@@ -235,12 +235,22 @@ def test_a_started_job_keeps_running_when_its_spec_fails_newer_rules() -> None:
     assert fixed.condition("SpecValid") is None
 
 
+NOT_STARTED = AsyncGRPOJobStatus(phase="Pending")
+"""The status of a job the operator never started (no status at all would be rebuilt from the
+job's RayCluster as a started one: recovery.py)."""
+
+
 def test_a_job_the_operator_will_not_run_is_failed_and_cleaned_up_by_its_policy() -> None:
     rc = cluster(0, provisioned=True)
     foreign = cluster(1, owner_uid="someone-else", uid="foreign")
     policy = CleanupPolicy(on_failure="DeleteCluster", ttl_seconds_after_finished=60)
     failed = plan.plan_invalid(
-        None, observe(40, rc, foreign), generation=2, message="spec.x: bad", cleanup=policy, owner=OWNER
+        NOT_STARTED,
+        observe(40, rc, foreign),
+        generation=2,
+        message="spec.x: bad",
+        cleanup=policy,
+        owner=OWNER,
     )
     assert (failed.status.phase, failed.status.reason) == ("Failed", "InvalidSpec")
     assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]
@@ -256,7 +266,7 @@ def test_a_job_refused_before_it_started_never_keeps_a_cluster_even_with_keep_cl
     debug, and must not hold GPUs."""
     rc = cluster(0, provisioned=True)
     failed = plan.plan_invalid(
-        None, observe(40, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
+        NOT_STARTED, observe(40, rc), generation=2, message="bad", cleanup=CleanupPolicy(), owner=OWNER
     )
     assert failed.status.phase == "Failed"
     assert [a.uid for a in actions_of(failed, plan.DeleteRayCluster)] == ["rc-uid-0"]  # type: ignore[attr-defined]

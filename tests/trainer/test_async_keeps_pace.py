@@ -95,7 +95,9 @@ def verdict(runs: dict[str, list[Run]]) -> tuple[float, float, str]:
     return area["async-in-order"] / area["sync"], end["sync"] - end["async-in-order"], shown
 
 
-@pytest.mark.budget(600, "6 seeded runs of 15 steps: the one check that async keeps sync's pace per sample")
+@pytest.mark.budget(
+    900, "6 seeded runs of 15 steps (290 s alone, 778 s at load 9-16): the one check of async's pace"
+)
 def test_async_in_order_keeps_most_of_syncs_pace_per_sample_before_either_saturates(
     ray_address: str, warm_qwen2: Path, tmp_path: Path
 ) -> None:

@@ -14,8 +14,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MAX_AUTOSCALING_WINDOW_STEPS = 10
 """The most step windows an elastic fleet's rule reads: the driver's /progress carries this many."""
 
-RAY_LABELS_ENV = "RAY_OVERRIDE_LABELS"
-"""The environment variable whose JSON object Ray 2.60 adds to its node's labels (`ray start`)."""
 GENERATION_POOL_LABEL = "asyncgrpo.dev/pool"
 """The Ray node label the operator puts on every generation worker's node, valued
 `GENERATION_POOL`: an elastic fleet's driver starts an engine on each such node it gains."""
