@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition, Phase
 from asyncgrpo_operator.manifests import Manifest
-from asyncgrpo_operator.observed import ConfigMapView, ProgressMark
+from asyncgrpo_operator.observed import ConfigMapView, PodView, ProgressMark
 
 # --- condition types and reasons ------------------------------------------------------------------
 
@@ -206,6 +206,16 @@ class ScaleGenerationWorkers:
 
 
 @dataclass(frozen=True)
+class DeliverDrain:
+    """Ask the job's driver, in pod `head`, to drain generation worker `worker` (POST /drain, sent
+    outside the pass by drain.py): planned on every pass until /progress lists it drained, and
+    the sender stops when a pass no longer plans it."""
+
+    head: PodView
+    worker: str
+
+
+@dataclass(frozen=True)
 class SetJobSuspend:
     """Write the job's spec.suspend: for a job Kueue manages it is Kueue's gate (true until the
     Workload is admitted, true again when it is evicted), as for Kueue's built-in kinds."""
@@ -269,6 +279,7 @@ Action = (
     | SetRayClusterSpec
     | ScaleRayClusterWorkers
     | ScaleGenerationWorkers
+    | DeliverDrain
     | SetJobSuspend
     | CreateWorkload
     | UpdateWorkload

@@ -34,6 +34,8 @@ Direction = Literal["up", "down"]
 SCALED_UP = "GenerationScaledUp"
 DRAIN_REQUESTED = "GenerationDrainRequested"
 SCALED_DOWN = "GenerationScaledDown"
+DRAIN_REFUSED = "GenerationDrainRefused"
+"""A Warning: the driver answered the drain request with a 4xx (the answer is quoted)."""
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ from asyncgrpo_operator.decision import (
     DeleteJob,
     DeleteRayCluster,
     DeleteWorkload,
+    DeliverDrain,
     Draft,
     Event,
     PatchWorkloadStatus,
@@ -1364,7 +1365,7 @@ def _progressing(
         if draft.is_true(RESTARTING):
             draft.set(RESTARTING, False, "Restarted", f"attempt {draft.attempt} is running")
         _track_progress(job, draft, observed, cluster)
-        _elastic_fleet(ctx, draft, cluster, live)
+        _elastic_fleet(ctx, draft, cluster, live, head)
         draft.requeue(job.spec.progress.poll_seconds)
         return
     if driver is not None and driver.state == "waiting" and driver.reason not in ("", "ContainerCreating"):
@@ -1527,12 +1528,13 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
         draft.requeue(limit - quiet)
 
 
-def _elastic_fleet(ctx: _Ctx, draft: Draft, cluster: ClusterView, live: list[PodView]) -> None:
+def _elastic_fleet(ctx: _Ctx, draft: Draft, cluster: ClusterView, live: list[PodView], head: PodView) -> None:
     """Grow or shrink an elastic generation fleet as `elastic.decide` says, from the driver's step
     windows; status.generationFleet remembers the last change (the cooldown and the windows that
     count survive an operator restart). Growing patches the generation group's replicas; shrinking
-    first asks the driver to drain a named worker (status.generationFleet.drainRequest) and removes
-    that pod only once the driver reports it drained."""
+    first asks the driver to drain a named worker (status.generationFleet.drainRequest, delivered
+    to the driver in `head` on every pass until it reports the worker drained) and removes that
+    pod only then."""
     pool = ctx.job.spec.cluster.generation_workers
     if not pool.elastic or cluster.generation_group is None:
         return
@@ -1559,6 +1561,8 @@ def _elastic_fleet(ctx: _Ctx, draft: Draft, cluster: ClusterView, live: list[Pod
                     "drain_request": None,
                 }
             )
+        else:
+            draft.act(DeliverDrain(head, request.pod))
         draft.set_field("generation_fleet", fleet)
         return
     last = (
@@ -1584,13 +1588,14 @@ def _elastic_fleet(ctx: _Ctx, draft: Draft, cluster: ClusterView, live: list[Pod
             request = DrainRequest(
                 pod=workers[-1], replicas=change.replicas, requested_at=now, message=change.message
             )
-            draft.events.append(
+            draft.act(
+                DeliverDrain(head, request.pod),
                 Event(
                     "Normal",
                     elastic.DRAIN_REQUESTED,
                     f"asking the driver to drain generation worker {request.pod} before removing it: "
                     f"{change.message}",
-                )
+                ),
             )
             fleet = fleet.model_copy(update={"drain_request": request})
     draft.set_field("generation_fleet", fleet)

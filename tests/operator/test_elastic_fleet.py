@@ -16,7 +16,7 @@ import pytest
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.placement import GenerationWorkerGroup
 from asyncgrpo_operator import elastic, plan
-from asyncgrpo_operator.decision import Decision, ScaleGenerationWorkers
+from asyncgrpo_operator.decision import Decision, DeliverDrain, ScaleGenerationWorkers
 from asyncgrpo_operator.observed import FleetWindow
 from tests.operator.builders import BASE_JOB, OWNER, at, cluster, healthy_pods, observe, pod
 
@@ -216,16 +216,25 @@ def test_a_shrink_asks_the_driver_to_drain_a_named_worker_and_removes_it_only_on
     worker = fleet.drain_request.pod
     assert worker == "demo-0-generation-worker-1" and fleet.drain_request.replicas == 1
     assert [e.reason for e in asked.events if e.reason.startswith("Generation")] == [elastic.DRAIN_REQUESTED]
-    # The driver has not drained it (the trainer cannot yet): the pod stays, however long.
+    assert delivered(asked) == [("demo-0-head", worker)]
+    # Until the driver lists it drained, every pass delivers the request again (the sender keeps
+    # its own pace) and the pod stays, however long.
     waiting = run(the_job, 3600, progress(GATED, GATED, GATED), 2, asked.status)
     assert not [a for a in waiting.actions if isinstance(a, ScaleGenerationWorkers)]
+    assert delivered(waiting) == [("demo-0-head", worker)]
     assert waiting.status.generation_fleet == fleet
     drained = run(the_job, 3605, progress(GATED, GATED, GATED, drained=(worker,)), 2, waiting.status)
+    assert delivered(drained) == []
     (scale,) = [a for a in drained.actions if isinstance(a, ScaleGenerationWorkers)]
     assert (scale.replicas, scale.remove) == (1, (worker,))
     assert [e.reason for e in drained.events if e.reason.startswith("Generation")] == [elastic.SCALED_DOWN]
     after = drained.status.generation_fleet
     assert after is not None and after.drain_request is None and after.last_change_time == at(3605)
+
+
+def delivered(decision: Decision) -> list[tuple[str, str]]:
+    """The drain requests a pass hands to the sender: (the driver's pod, the worker)."""
+    return [(a.head.name, a.worker) for a in decision.actions if isinstance(a, DeliverDrain)]
 
 
 def test_cooldown_counts_from_the_last_change_across_passes() -> None:

@@ -34,6 +34,7 @@ IO_MODULES = {
     "leader",
     "controller",
     "progress",
+    "drain",
     "handlers",
     "settings",
     "main",
