@@ -71,6 +71,10 @@ JUDGE_TEMPLATE = _t("rewardModel.template")
 MAX_TURNS = _t("env.maxTurns")
 TURN_TOKENS = _t("env.maxTokensPerTurn")
 
+GENERATION_REPLICAS = Field("cluster.generationWorkers.replicas")
+GENERATION_MIN = Field("cluster.generationWorkers.minReplicas")
+GENERATION_MAX = Field("cluster.generationWorkers.maxReplicas")
+
 CAPACITY = P * (S + 1)
 SAMPLES = P * N
 TINY = MODEL_SOURCE.eq("tiny")
@@ -112,6 +116,33 @@ _MEGATRON_FILTERS = (
 )
 
 INVARIANTS: tuple[Invariant, ...] = (
+    # --- cluster: the elastic generation fleet (docs/guides/job-lifecycle.md#elastic-generation) ---
+    Invariant(
+        "generationMinAboveReplicas",
+        GENERATION_MIN.path,
+        GENERATION_MIN.is_set() & GENERATION_MIN.gt(GENERATION_REPLICAS),
+        (
+            "(",
+            GENERATION_MIN,
+            ") must be at most replicas (",
+            GENERATION_REPLICAS,
+            "): the fleet starts at replicas and shrinks no lower than minReplicas; lower minReplicas or "
+            "raise replicas",
+        ),
+    ),
+    Invariant(
+        "generationMaxBelowReplicas",
+        GENERATION_MAX.path,
+        GENERATION_MAX.is_set() & GENERATION_MAX.lt(GENERATION_REPLICAS),
+        (
+            "(",
+            GENERATION_MAX,
+            ") must be at least replicas (",
+            GENERATION_REPLICAS,
+            "): the fleet starts at replicas and grows no higher than maxReplicas; raise maxReplicas or "
+            "lower replicas",
+        ),
+    ),
     # --- async_rl: the knob table (docs/guides/async-modes.md) ---
     Invariant(
         "syncModeOverSampled",

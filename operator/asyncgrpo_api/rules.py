@@ -288,6 +288,54 @@ def _inflight_within_buffer(job: AsyncGRPOJob) -> Iterator[Finding]:
         )
 
 
+def _elastic_fleet(job: AsyncGRPOJob) -> Iterator[Finding]:
+    """An elastic generation fleet (minReplicas, maxReplicas; min <= replicas <= max is an invariant)
+    against its pool, the staleness bound and Kueue."""
+    pool, trainer = job.spec.cluster.generation_workers, job.spec.trainer
+    path = "spec.cluster.generationWorkers"
+    named = (("minReplicas", pool.min_replicas), ("maxReplicas", pool.max_replicas))
+    bounds = [(name, value) for name, value in named if value is not None]
+    if trainer.generation.colocated:
+        for name, value in bounds:
+            yield Finding(
+                f"{path}.{name}",
+                f"({value}) must be unset when generation.colocated is true: generation then runs on the "
+                "policy workers, one engine per policy rank; remove it or set colocated: false",
+            )
+        return
+    if not pool.elastic:
+        return
+    field = f"{path}.maxReplicas" if pool.most != pool.replicas else f"{path}.minReplicas"
+    if job.kueue_queue_name is not None:
+        yield Finding(
+            field,
+            f"makes the generation fleet elastic ({pool.fewest} to {pool.most} workers), but Kueue queues "
+            f"this job and admits a fixed number of pods: growing would use quota Kueue never granted. "
+            f"Set minReplicas and maxReplicas to replicas ({pool.replicas}) or remove them, or do not "
+            f"queue the job in Kueue",
+        )
+    per_replica = max(engines_per_replica(job), 1)
+    engines, inflight = pool.most * per_replica, trainer.max_inflight_prompts
+    if engines > inflight:
+        yield Finding(
+            f"{path}.maxReplicas",
+            f"({pool.most}) would run {engines} generation engines, but the staleness bound lets at most "
+            f"{inflight} prompt groups be in flight (asyncRL.maxInflightPrompts, default maxBufferedRollouts "
+            f"= numPromptsPerStep x (maxStalenessVersions + 1)): the engines beyond it would never get a "
+            f"group. Lower maxReplicas to {max(inflight // per_replica, 1)} or raise the bound",
+        )
+
+
+def engines_per_replica(job: AsyncGRPOJob) -> int:
+    """Generation engines per generation worker pod: one per GPU (per tensorParallelSize GPUs with
+    vLLM), one on a CPU pod."""
+    pool = job.spec.cluster.generation_workers
+    if pool.gpus_per_replica == 0:
+        return 1
+    per_engine = job.spec.trainer.generation.tensor_parallel_size if generation_backend(job) == "vllm" else 1
+    return pool.gpus_per_replica // per_engine
+
+
 # --- data ----------------------------------------------------------------------------------------
 
 
@@ -991,6 +1039,7 @@ _ERROR_RULES: tuple[Callable[[AsyncGRPOJob], Iterator[Finding]], ...] = (
     _batch_divides,
     _truncation_bounds,
     _gpu_layout,
+    _elastic_fleet,
     _sleep_while_training,
     _lora_supported,
     _gpus_not_in_resources,

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJobStatus, Condition, Phase
 from asyncgrpo_operator.manifests import Manifest
-from asyncgrpo_operator.observed import ConfigMapView, ProgressMark
+from asyncgrpo_operator.observed import ConfigMapView, PodView, ProgressMark
 
 # --- condition types and reasons ------------------------------------------------------------------
 
@@ -192,6 +192,30 @@ class ScaleRayClusterWorkers:
 
 
 @dataclass(frozen=True)
+class ScaleGenerationWorkers:
+    """Set the replicas of a RayCluster's generation worker group (index `group`): an elastic fleet
+    grows, or shrinks by the pods in `remove` (KubeRay's scaleStrategy.workersToDelete), which the
+    driver has drained. UID precondition."""
+
+    name: str
+    uid: str
+    group: int
+    replicas: int
+    remove: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class DeliverDrain:
+    """Ask the job's driver, in pod `head`, to drain generation worker `worker` (POST /drain, sent
+    outside the pass by drain.py): planned on every pass until /progress lists it drained, and
+    the sender stops when a pass no longer plans it."""
+
+    head: PodView
+    worker: str
+
+
+@dataclass(frozen=True)
 class SetJobSuspend:
     """Write the job's spec.suspend: for a job Kueue manages it is Kueue's gate (true until the
     Workload is admitted, true again when it is evicted), as for Kueue's built-in kinds."""
@@ -254,6 +278,8 @@ Action = (
     | DeleteJob
     | SetRayClusterSpec
     | ScaleRayClusterWorkers
+    | ScaleGenerationWorkers
+    | DeliverDrain
     | SetJobSuspend
     | CreateWorkload
     | UpdateWorkload
@@ -386,6 +412,7 @@ class Draft:
                 "head_pod",
                 "driver_logs",
                 "progress",
+                "generation_fleet",
                 "outputs",
             )
         }

@@ -371,6 +371,17 @@ class Api:
         ]
         return await self._patch_raycluster(namespace, name, uid, ops)
 
+    async def scale_generation_workers(
+        self, namespace: str, name: str, uid: str, *, group: int, replicas: int, remove: tuple[str, ...]
+    ) -> Obj:
+        """The generation group's replicas (UID test), and the pods KubeRay deletes for a shrink."""
+        base = f"/spec/workerGroupSpecs/{group}"
+        ops: list[Obj] = [{"op": "add", "path": f"{base}/replicas", "value": replicas}]
+        if remove:
+            strategy = {"workersToDelete": list(remove)}
+            ops.append({"op": "add", "path": f"{base}/scaleStrategy", "value": strategy})
+        return await self._patch_raycluster(namespace, name, uid, ops)
+
     async def _patch_raycluster(self, namespace: str, name: str, uid: str, ops: list[Obj]) -> Obj:
         """A JSON patch of the RayCluster `name`, applied only while its UID is `uid`."""
         test: Obj = {"op": "test", "path": "/metadata/uid", "value": uid}

@@ -50,7 +50,16 @@ from asyncgrpo_api.object_store_env import (
 )
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob
 from asyncgrpo_api.v1alpha1.admin_runtime import AsyncGRPORuntime
-from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Placement, Resources, WorkerGroup
+from asyncgrpo_api.v1alpha1.placement import (
+    GENERATION_POOL,
+    GENERATION_POOL_LABEL,
+    GPU_RESOURCE,
+    WORKER_POD_LABEL,
+    Placement,
+    Resources,
+    WorkerGroup,
+)
+from asyncgrpo_api.v1alpha1.podtemplate import POD_NAME_ENV, RAY_LABELS_ENV
 from asyncgrpo_api.v1alpha1.runtime import VolumeSpec
 from asyncgrpo_operator import naming, overrides, pinned
 
@@ -440,7 +449,7 @@ def _worker_group(
         # No command: KubeRay generates `ray start --address=<head>:6379 ... --block`.
         "ports": [_port("metrics", naming.METRICS_PORT)],
         "resources": _resources(pool.resources, gpus=pool.gpus_per_replica),
-        **_env_block(job, []),
+        **_env_block(job, _generation_labels() if group == naming.GENERATION_GROUP else []),
         **_mounts_block(job, [_SHM_MOUNT]),
         "lifecycle": _wait_for_driver(
             naming.head_service_name(naming.raycluster_name(job.metadata.name, attempt)),
@@ -450,8 +459,9 @@ def _worker_group(
     return {
         "groupName": group,
         "replicas": pool.replicas,
-        "minReplicas": pool.replicas,
-        "maxReplicas": pool.replicas,
+        # KubeRay keeps replicas within these: an elastic pool's bounds, which the operator scales in.
+        "minReplicas": pool.fewest,
+        "maxReplicas": pool.most,
         "rayStartParams": _node_start_params(),
         "template": pinned.pin(
             overrides.merge(
@@ -578,6 +588,17 @@ def _resources(resources: Resources, gpus: int) -> Manifest:
 
 def _port(name: str, port: int) -> Manifest:
     return {"name": name, "containerPort": port, "protocol": "TCP"}
+
+
+def _generation_labels() -> list[Manifest]:
+    """A generation worker's Ray node labels: the pool and the pod's name (the kubelet expands
+    $(ASYNCGRPO_POD_NAME)), by which an elastic fleet's driver starts an engine on a node the fleet
+    gains and finds the pod a drain request names (asyncgrpo_trainer.fleet)."""
+    labels = {GENERATION_POOL_LABEL: GENERATION_POOL, WORKER_POD_LABEL: f"$({POD_NAME_ENV})"}
+    return [
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": RAY_LABELS_ENV, "value": json.dumps(labels, separators=(",", ":"))},
+    ]
 
 
 def _env_block(job: AsyncGRPOJob, extra: list[Manifest]) -> Manifest:

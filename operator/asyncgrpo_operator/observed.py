@@ -208,6 +208,10 @@ class ClusterView:
     """How many worker groups its spec has (each one's replicas are what KubeRay keeps running)."""
     worker_replicas: int = 0
     """The sum of its worker groups' spec replicas: 0 once the workers are scaled away."""
+    generation_group: int | None = None
+    """The index of its generation worker group in spec.workerGroupSpecs (None: it has none)."""
+    generation_replicas: int = 0
+    """That group's spec replicas: the generation fleet's size, which an elastic job's operator sets."""
 
     @classmethod
     def from_dict(cls, cluster: Mapping[str, Any]) -> ClusterView:
@@ -218,6 +222,8 @@ class ClusterView:
         groups = [
             g for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or [] if isinstance(g, Mapping)
         ]
+        named = [i for i, g in enumerate(groups) if g.get("groupName") == naming.GENERATION_GROUP]
+        generation = named[0] if named else None
         return cls(
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
@@ -236,6 +242,10 @@ class ClusterView:
             head_pod=str((status.get("head") or {}).get("podName") or ""),
             worker_groups=len(groups),
             worker_replicas=sum(_int_or_none(g.get("replicas")) or 0 for g in groups),
+            generation_group=generation,
+            generation_replicas=(
+                _int_or_none(groups[generation].get("replicas")) or 0 if generation is not None else 0
+            ),
         )
 
 
@@ -366,6 +376,9 @@ class ProgressReading:
     """When the attempt's driver trained its first step."""
     windows: tuple[FleetWindow, ...] = ()
     """The latest step windows, oldest first (at most MAX_AUTOSCALING_WINDOW_STEPS)."""
+    drained_workers: tuple[str, ...] = ()
+    """Generation worker pods the driver has drained (no group in flight, none to come) and lets
+    the operator remove. The trainer does not drain yet, so it reports none."""
     state: str = "starting"
     error: str | None = None
 
@@ -398,9 +411,16 @@ class ProgressReading:
             samples_untrained=_count(doc.get("samplesUntrained")),
             first_step_at=_epoch(doc.get("firstStepAt")),
             windows=_windows(doc.get("windows")),
+            drained_workers=tuple(
+                str(p) for p in (doc.get("drainedWorkers") or [])[:MAX_DRAINED] if isinstance(p, str)
+            ),
             state=str(doc.get("state") or "starting"),
             error=str(doc["error"]) if doc.get("error") else None,
         )
+
+
+MAX_DRAINED = 1024
+"""The most drained workers a reading keeps (a generation pool's largest maxReplicas)."""
 
 
 def _share(value: Any) -> float | None:

@@ -65,9 +65,15 @@ from datetime import datetime, timedelta
 
 from asyncgrpo_api import exitcodes, outputs
 from asyncgrpo_api.v1alpha1 import AsyncGRPOJob, AsyncGRPOJobStatus, Progress
-from asyncgrpo_api.v1alpha1.job import PREBUILT_WORKLOAD_LABEL, TERMINAL_PHASES, Outputs
+from asyncgrpo_api.v1alpha1.job import (
+    PREBUILT_WORKLOAD_LABEL,
+    TERMINAL_PHASES,
+    DrainRequest,
+    GenerationFleet,
+    Outputs,
+)
 from asyncgrpo_api.v1alpha1.runtime import CleanupPolicy
-from asyncgrpo_operator import manifests, naming, recovery, workload
+from asyncgrpo_operator import elastic, manifests, naming, recovery, workload
 from asyncgrpo_operator.decision import (
     ADMITTED_UNDER_OLDER_RULES,
     BACKOFF_LIMIT_EXCEEDED,
@@ -112,9 +118,11 @@ from asyncgrpo_operator.decision import (
     DeleteJob,
     DeleteRayCluster,
     DeleteWorkload,
+    DeliverDrain,
     Draft,
     Event,
     PatchWorkloadStatus,
+    ScaleGenerationWorkers,
     ScaleRayClusterWorkers,
     SetJobSuspend,
     SetRayClusterSpec,
@@ -1336,9 +1344,12 @@ def _progressing(
 ) -> None:
     job, observed = ctx.job, ctx.observed
     live = [p for p in pods if not p.deleting]
-    expected = 1 + sum(
-        pool.replicas for pool in (job.spec.cluster.policy_workers, job.spec.cluster.generation_workers)
+    generation = (
+        cluster.generation_replicas
+        if job.spec.cluster.generation_workers.elastic and cluster.generation_group is not None
+        else job.spec.cluster.generation_workers.replicas
     )
+    expected = 1 + job.spec.cluster.policy_workers.replicas + generation
     _set_scheduled(draft, cluster, live, expected)
     ready = _set_ready(draft, live, head, expected)
     driver = head.container(naming.DRIVER_CONTAINER) if head is not None else None
@@ -1354,6 +1365,7 @@ def _progressing(
         if draft.is_true(RESTARTING):
             draft.set(RESTARTING, False, "Restarted", f"attempt {draft.attempt} is running")
         _track_progress(job, draft, observed, cluster)
+        _elastic_fleet(ctx, draft, cluster, live, head)
         draft.requeue(job.spec.progress.poll_seconds)
         return
     if driver is not None and driver.state == "waiting" and driver.reason not in ("", "ContainerCreating"):
@@ -1514,6 +1526,79 @@ def _track_progress(job: AsyncGRPOJob, draft: Draft, observed: Observation, clus
     else:
         draft.set(STALLED, False, "Progressing", "the step advances")
         draft.requeue(limit - quiet)
+
+
+def _elastic_fleet(ctx: _Ctx, draft: Draft, cluster: ClusterView, live: list[PodView], head: PodView) -> None:
+    """Grow or shrink an elastic generation fleet as `elastic.decide` says, from the driver's step
+    windows; status.generationFleet remembers the last change (the cooldown and the windows that
+    count survive an operator restart). Growing patches the generation group's replicas; shrinking
+    first asks the driver to drain a named worker (status.generationFleet.drainRequest, delivered
+    to the driver in `head` on every pass until it reports the worker drained) and removes that
+    pod only then."""
+    pool = ctx.job.spec.cluster.generation_workers
+    if not pool.elastic or cluster.generation_group is None:
+        return
+    fleet: GenerationFleet | None = draft.get("generation_fleet")
+    if fleet is None or fleet.ray_cluster_name != cluster.name:
+        fleet = GenerationFleet(ray_cluster_name=cluster.name, replicas=cluster.generation_replicas)
+    reading, now = ctx.observed.progress, draft.now
+    step = reading.step if reading is not None else 0
+    request = fleet.drain_request
+    if request is not None:
+        if reading is not None and request.pod in reading.drained_workers:
+            why = f"the driver drained {request.pod}; {request.message}"
+            draft.act(
+                ScaleGenerationWorkers(
+                    cluster.name, cluster.uid, cluster.generation_group, request.replicas, (request.pod,), why
+                ),
+                Event("Normal", elastic.SCALED_DOWN, f"removing generation worker {request.pod}: {why}"),
+            )
+            fleet = fleet.model_copy(
+                update={
+                    "replicas": request.replicas,
+                    "last_change_time": now,
+                    "last_change_step": step,
+                    "drain_request": None,
+                }
+            )
+        else:
+            draft.act(DeliverDrain(head, request.pod))
+        draft.set_field("generation_fleet", fleet)
+        return
+    last = (
+        elastic.LastChange(fleet.last_change_time, fleet.last_change_step or 0)
+        if fleet.last_change_time is not None
+        else None
+    )
+    windows = reading.windows if reading is not None else ()
+    change = elastic.decide(pool, windows, cluster.generation_replicas, last, now)
+    if change is not None and change.direction == "up":
+        draft.act(
+            ScaleGenerationWorkers(
+                cluster.name, cluster.uid, cluster.generation_group, change.replicas, (), change.message
+            ),
+            Event("Normal", elastic.SCALED_UP, change.message),
+        )
+        fleet = fleet.model_copy(
+            update={"replicas": change.replicas, "last_change_time": now, "last_change_step": step}
+        )
+    elif change is not None:
+        workers = sorted(p.name for p in live if p.group == naming.GENERATION_GROUP)
+        if workers:
+            request = DrainRequest(
+                pod=workers[-1], replicas=change.replicas, requested_at=now, message=change.message
+            )
+            draft.act(
+                DeliverDrain(head, request.pod),
+                Event(
+                    "Normal",
+                    elastic.DRAIN_REQUESTED,
+                    f"asking the driver to drain generation worker {request.pod} before removing it: "
+                    f"{change.message}",
+                ),
+            )
+            fleet = fleet.model_copy(update={"drain_request": request})
+    draft.set_field("generation_fleet", fleet)
 
 
 def _time_to_first_step(reading: ProgressReading, attempt_start: datetime | None) -> float | None:

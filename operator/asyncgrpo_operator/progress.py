@@ -6,7 +6,8 @@ a URL a job author could choose would make the operator send requests wherever t
 inside the cluster (request forgery), and copy the answers' error text into the status. The
 default is the head pod's own IP; an operator that cannot reach pod IPs (a local run, the tests,
 a proxy) is given a template with `--progress-url-template` / ASYNCGRPO_PROGRESS_URL_TEMPLATE.
-Redirects are not followed, for the same reason. Every read carries the job's Ray token (the
+The driver's /drain (drain.py) is found by the same template, its `progress` segment read as
+`drain`. Redirects are not followed, for the same reason. Every read carries the job's Ray token (the
 driver refuses a read without it, asyncgrpo_api.ray_auth), so the figures, like the job's Ray
 ports, are only for the operator and whoever may read the job's Secret.
 
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -75,7 +76,22 @@ def check_url_template(template: str) -> str:
         )
     if urlsplit(template).scheme not in ("http", "https"):
         raise ValueError(f"{URL_TEMPLATE_ENV}: {template!r} must be an http:// or https:// URL")
+    drain_url_template(template)
     return template
+
+
+def drain_url_template(template: str) -> str:
+    """Where the driver's /drain is (drain.py): beside its /progress, the template with its path
+    segment `progress` read as `drain`, so one setting routes both."""
+    parts = urlsplit(template)
+    segments = parts.path.split("/")
+    if "progress" not in segments:
+        raise ValueError(
+            f"{URL_TEMPLATE_ENV}: {template!r} needs a path segment `progress` (the driver's /drain is "
+            "the same URL with `drain` in its place), e.g. http://{pod_ip}:{port}/progress"
+        )
+    segments[segments.index("progress")] = "drain"
+    return urlunsplit(parts._replace(path="/".join(segments)))
 
 
 def progress_url(template: str, namespace: str, job: str, head: PodView | None) -> str | None:

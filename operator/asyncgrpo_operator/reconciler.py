@@ -45,6 +45,8 @@ from asyncgrpo_operator import (
     admitted,
     cache,
     decision,
+    drain,
+    elastic,
     k8s,
     manifests,
     naming,
@@ -136,14 +138,18 @@ class Reconciler:
         may_act: Callable[[], bool] = lambda: True,
         ray_key: bytes | None = None,
         operator_pods: OperatorPods | None = None,
+        drainer: drain.Drainer | None = None,
     ) -> None:
         self.api = api
         self.may_act = may_act
         """Whether this replica leads (leader.py), asked before every write."""
         self.poller = poller
+        self.drainer = drainer if drainer is not None else drain.Drainer(poller.session)
+        """Sends the elastic fleets' drain requests to their drivers, outside the passes."""
         self.cache = cache
         self.memory = memory or Memory()
         self.progress_url_template = progress.check_url_template(progress_url_template)
+        self.drain_url_template = progress.drain_url_template(progress_url_template)
         self.ray_key = ray_key if ray_key is not None else raytoken.new_key()
         """What each job's Ray token is derived from (raytoken.py)."""
         self.operator_pods = operator_pods
@@ -169,6 +175,7 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.memory.forget(key)
             self.poller.forget(key)
+            self.drainer.forget(key)
             return None
         if self.memory.conflicts.get(key) == str(body["metadata"].get("resourceVersion")):
             return CONFLICT_RECHECK_SECONDS  # the cache has not caught up with the job yet
@@ -445,6 +452,8 @@ class Reconciler:
             if outcome.events:
                 self._check_leading(key)
                 await asyncio.gather(*(self._post_event(key, body, event) for event in outcome.events))
+        if not any(isinstance(a, decision.DeliverDrain) for a in outcome.actions):
+            self.drainer.forget(key)  # drained, cleared, or no driver to ask: stop sending
         log.debug("pass", extra=_fields(key, wrote_status=wrote, requeue_after=outcome.requeue_after))
         self.memory.phases[key] = outcome.status.phase
         if outcome.progress_mark is not None:
@@ -476,6 +485,9 @@ class Reconciler:
         namespace, name = key
         if _starts_pods(action):
             await self._protect(key, str(meta["uid"]))
+        if isinstance(action, decision.DeliverDrain):
+            await self._deliver_drain(key, meta, action)
+            return None
         if isinstance(action, decision.ApplyConfigMap):
             return await self._apply_configmap(str(meta["uid"]), action)
         if isinstance(action, decision.CreateRayCluster):
@@ -490,6 +502,21 @@ class Reconciler:
         else:
             await self._act_on_kueue_and_suspend(key, meta, action)
         return None
+
+    async def _deliver_drain(self, key: Key, meta: Mapping[str, Any], action: decision.DeliverDrain) -> None:
+        """Hand the drain request to the sender (it POSTs outside the pass); a refusal of it by
+        the driver that was not reported yet becomes a Warning event naming the worker."""
+        namespace, name = key
+        url = progress.progress_url(self.drain_url_template, namespace, name, action.head)
+        if url is None:
+            return  # the head pod has no IP yet: a later pass delivers it
+        token = self.ray_token(namespace, name, str(meta["uid"]))
+        refusal = self.drainer.deliver(key, drain.Request(url, token, action.worker))
+        if refusal is not None:
+            message = f"the driver refused to drain generation worker {action.worker}: {refusal}"
+            log.warning("drain request refused", extra=_fields(key, worker=action.worker, answer=refusal))
+            event = decision.Event("Warning", elastic.DRAIN_REFUSED, message)
+            await self._post_event(key, {"metadata": meta}, event)
 
     async def _act_on_kueue_and_suspend(
         self, key: Key, meta: Mapping[str, Any], action: decision.Action
@@ -506,6 +533,16 @@ class Reconciler:
             elif isinstance(action, decision.ScaleRayClusterWorkers):
                 written = await self.api.scale_raycluster_workers(
                     namespace, action.name, action.uid, action.groups
+                )
+                self.cache.clusters.apply(cache.MODIFIED, written)
+            elif isinstance(action, decision.ScaleGenerationWorkers):
+                written = await self.api.scale_generation_workers(
+                    namespace,
+                    action.name,
+                    action.uid,
+                    group=action.group,
+                    replicas=action.replicas,
+                    remove=action.remove,
                 )
                 self.cache.clusters.apply(cache.MODIFIED, written)
             elif isinstance(action, decision.SetJobSuspend):

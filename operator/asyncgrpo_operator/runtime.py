@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from asyncgrpo_operator import k8s, metrics_tls, naming, progress, raytoken
+from asyncgrpo_operator import drain, k8s, metrics_tls, naming, progress, raytoken
 from asyncgrpo_operator import metrics as metrics_module
 from asyncgrpo_operator.cache import Cache, Key
 from asyncgrpo_operator.controller import Controller
@@ -95,6 +95,8 @@ class Runtime(Admission):
     """The work queue's supervisor (like every task here: supervisor.py restarts the loop it runs)."""
     poller: asyncio.Task[None]
     """Reads the running drivers' /progress (progress.Poller), outside the passes."""
+    drainer: asyncio.Task[None]
+    """Sends the elastic fleets' drain requests to their drivers (drain.Drainer)."""
     informers: list[asyncio.Task[None]]
     elector: LeaseElector | None = None
     elector_task: asyncio.Task[None] | None = None
@@ -109,7 +111,7 @@ class Runtime(Admission):
 
     def loops(self) -> list[asyncio.Task[None]]:
         elector = [self.elector_task] if self.elector_task is not None else []
-        return [self.task, self.poller, *self.informers, *elector, *super().loops()]
+        return [self.task, self.poller, self.drainer, *self.informers, *elector, *super().loops()]
 
 
 def watched_namespaces() -> list[str]:
@@ -172,10 +174,12 @@ async def start(memo: Any) -> Runtime:
     elector = _elector(api)
     leading: Callable[[], bool] = (lambda: elector.is_leader) if elector is not None else (lambda: True)
     poller = progress.Poller(session, active=leading)
+    drainer = drain.Drainer(session)
     reconciler = Reconciler(
         api,
         poller,
         cache,
+        drainer=drainer,
         progress_url_template=template,
         may_act=leading,
         ray_key=raytoken.load_key(),
@@ -195,6 +199,7 @@ async def start(memo: Any) -> Runtime:
         metrics=metrics,
     )
     poller.changed = controller.enqueue  # a new /progress reading: a pass writes it
+    drainer.changed = controller.enqueue  # a drain refused: a pass reports it
 
     def changed(keys: Iterable[Key]) -> None:
         for key in keys:
@@ -239,6 +244,7 @@ async def start(memo: Any) -> Runtime:
             informers.append(supervised(f"asyncgrpo-watch-{resource}-{scope or 'all'}", informer.run))
     task = supervised("asyncgrpo-controller", controller.run)
     poller_task = supervised("asyncgrpo-progress-poller", poller.run)
+    drainer_task = supervised("asyncgrpo-drainer", drainer.run)
     elector_task = supervised("asyncgrpo-leader", elector.run) if elector is not None else None
     runtime = Runtime(
         api=api,
@@ -249,6 +255,7 @@ async def start(memo: Any) -> Runtime:
         metrics=metrics,
         task=task,
         poller=poller_task,
+        drainer=drainer_task,
         informers=informers,
         elector=elector,
         elector_task=elector_task,
@@ -318,6 +325,7 @@ async def stop(memo: Any) -> None:
     if isinstance(runtime, Runtime):
         await _cancel(runtime.task)
         await _cancel(runtime.poller)
+        await _cancel(runtime.drainer)
         for informer in runtime.informers:
             await _cancel(informer)
         if runtime.elector is not None:

@@ -32,8 +32,9 @@ SCHEMA = spec_schema()
 BY_NAME = {invariant.name: invariant for invariant in INVARIANTS}
 
 
-def job(name: str = "job", **trainer: Any) -> dict[str, Any]:
-    manifest = {
+def job(name: str = "job", cluster: dict[str, Any] | None = None, **trainer: Any) -> dict[str, Any]:
+    """A job with these trainer blocks, and spec.cluster when given."""
+    manifest: dict[str, Any] = {
         "apiVersion": "asyncgrpo.dev/v1alpha1",
         "kind": "AsyncGRPOJob",
         "metadata": {"name": name},
@@ -43,6 +44,8 @@ def job(name: str = "job", **trainer: Any) -> dict[str, Any]:
         },
     }
     merge(manifest["spec"]["trainer"], trainer)
+    if cluster is not None:
+        manifest["spec"]["cluster"] = copy.deepcopy(cluster)
     return manifest
 
 
@@ -109,6 +112,14 @@ def policy_verdicts(manifest: Mapping[str, Any]) -> Verdicts:
 # --- each invariant on a good and a bad job -------------------------------------------------------
 
 TABLE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "generationMinAboveReplicas": (
+        {"cluster": {"generationWorkers": {"replicas": 2, "minReplicas": 2, "maxReplicas": 3}}},
+        {"cluster": {"generationWorkers": {"replicas": 2, "minReplicas": 3, "maxReplicas": 3}}},
+    ),
+    "generationMaxBelowReplicas": (
+        {"cluster": {"generationWorkers": {"replicas": 2, "maxReplicas": 2}}},
+        {"cluster": {"generationWorkers": {"replicas": 2, "minReplicas": 1, "maxReplicas": 1}}},
+    ),
     "syncModeOverSampled": (
         {"asyncRL": {"maxStalenessVersions": 1, "overSampling": True, "maxBufferedRollouts": 16}},
         {"asyncRL": {"maxStalenessVersions": 0, "overSampling": True}},
@@ -285,6 +296,17 @@ def unset_or(*values: Any) -> st.SearchStrategy[Any]:
 
 TRAINERS = st.fixed_dictionaries(
     {
+        "cluster": st.fixed_dictionaries(
+            {
+                "generationWorkers": st.fixed_dictionaries(
+                    {
+                        "replicas": st.sampled_from((1, 2, 3)),
+                        "minReplicas": unset_or(1, 2, 3),
+                        "maxReplicas": unset_or(1, 2, 3, 4),
+                    }
+                )
+            }
+        ),
         "grpo": st.fixed_dictionaries(
             {
                 "numPromptsPerStep": st.sampled_from((1, 2, 4, 8)),

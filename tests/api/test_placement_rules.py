@@ -206,3 +206,69 @@ def test_an_affinity_mistake_is_refused_at_apply_with_its_path(
     base_job["spec"]["cluster"] = {"head": {"affinity": affinity}}
     errors = errors_of(base_job)
     assert any(e.startswith(f"{HEAD}.{path}:") and text in e for e in errors), errors
+
+
+GEN = "spec.cluster.generationWorkers"
+
+
+def test_an_elastic_generation_fleet_between_its_bounds_is_accepted(base_job: dict[str, Any]) -> None:
+    base_job["spec"]["cluster"] = {"generationWorkers": {"replicas": 2, "minReplicas": 1, "maxReplicas": 4}}
+    assert validate_manifest(base_job).ok, errors_of(base_job)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "finding"),
+    [
+        (
+            {"minReplicas": 3, "maxReplicas": 4},
+            f"{GEN}.minReplicas: (3) must be at most replicas (2): the fleet starts at replicas and "
+            "shrinks no lower than minReplicas; lower minReplicas or raise replicas",
+        ),
+        (
+            {"maxReplicas": 1},
+            f"{GEN}.maxReplicas: (1) must be at least replicas (2): the fleet starts at replicas and "
+            "grows no higher than maxReplicas; raise maxReplicas or lower replicas",
+        ),
+    ],
+)
+def test_replicas_outside_the_fleets_bounds_name_the_bound_and_the_fix(
+    base_job: dict[str, Any], bounds: dict[str, int], finding: str
+) -> None:
+    base_job["spec"]["cluster"] = {"generationWorkers": {"replicas": 2, **bounds}}
+    assert errors_of(base_job) == [finding]
+
+
+def test_a_colocated_engine_has_no_fleet_to_scale(base_job: dict[str, Any]) -> None:
+    base_job["spec"]["cluster"] = {"generationWorkers": {"replicas": 0, "maxReplicas": 2}}
+    base_job["spec"]["trainer"]["generation"] = {"colocated": True}
+    errors = errors_of(base_job)
+    expected = f"{GEN}.maxReplicas: (2) must be unset when generation.colocated is true: generation "
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_a_fleet_larger_than_the_staleness_bound_lets_be_in_flight_is_refused(
+    base_job: dict[str, Any],
+) -> None:
+    """P = 8, S = 0: at most 8 groups in flight, so a ninth engine would never get one."""
+    base_job["spec"]["cluster"] = {"generationWorkers": {"replicas": 1, "maxReplicas": 9}}
+    base_job["spec"]["trainer"]["asyncRL"] = {"maxStalenessVersions": 0}
+    assert errors_of(base_job) == [
+        f"{GEN}.maxReplicas: (9) would run 9 generation engines, but the staleness bound lets at most 8 "
+        "prompt groups be in flight (asyncRL.maxInflightPrompts, default maxBufferedRollouts = "
+        "numPromptsPerStep x (maxStalenessVersions + 1)): the engines beyond it would never get a group. "
+        "Lower maxReplicas to 8 or raise the bound"
+    ]
+    base_job["spec"]["cluster"]["generationWorkers"]["maxReplicas"] = 8
+    assert validate_manifest(base_job).ok, errors_of(base_job)
+
+
+def test_kueue_admits_a_fixed_fleet_only(base_job: dict[str, Any]) -> None:
+    base_job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    base_job["spec"]["cluster"] = {"generationWorkers": {"replicas": 1, "maxReplicas": 3}}
+    assert errors_of(base_job) == [
+        f"{GEN}.maxReplicas: makes the generation fleet elastic (1 to 3 workers), but Kueue queues this job "
+        "and admits a fixed number of pods: growing would use quota Kueue never granted. Set minReplicas and "
+        "maxReplicas to replicas (1) or remove them, or do not queue the job in Kueue"
+    ]
+    base_job["spec"]["cluster"]["generationWorkers"]["maxReplicas"] = 1
+    assert validate_manifest(base_job).ok, errors_of(base_job)

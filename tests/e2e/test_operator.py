@@ -178,7 +178,8 @@ class ProgressServer:
     header, as a pod network carries it; a job in `hostile` is answered as a hostile head would:
     "hang" (the connection accepted, no answer for a minute) or "flood" (an endless body). `hits`
     records every path asked, `authorization` the last Authorization header each job's read
-    carried.
+    carried. A POST to /drain/<namespace>/<job> (the operator's drain URL, drain.py) is recorded in
+    `drains`, with its Authorization header, and answered as the trainer's driver answers it.
     """
 
     def __init__(self) -> None:
@@ -188,9 +189,22 @@ class ProgressServer:
         self.hostile: dict[tuple[str, str], str] = {}
         self.hits: list[str] = []
         self.authorization: dict[tuple[str, str], str | None] = {}
+        self.drains: dict[tuple[str, str], list[tuple[str, str | None]]] = {}
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                parts = self.path.strip("/").split("/")
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if len(parts) != 3 or parts[0] != "drain":
+                    self.send_error(404)
+                    return
+                sent = (str(body.get("worker")), self.headers.get("Authorization"))
+                server_self.drains.setdefault((parts[1], parts[2]), []).append(sent)
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_GET(self) -> None:
                 server_self.hits.append(self.path)
                 parts = self.path.strip("/").split("/")
@@ -693,6 +707,107 @@ def test_a_driver_whose_step_stops_advancing_is_reported_stalled(
 
     driver_progress.doc = {**driver_progress.doc, "step": 4}
     wait_until(lambda: not stalled(), "Stalled=False once the step advances", timeout=30, interval=1)
+
+
+def test_a_policy_starved_of_rollouts_grows_its_elastic_generation_fleet_with_an_event(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    """issue 48: the driver reports that the policy waited for rollouts most of each step window; the
+    operator patches the RayCluster's generation group up by one (KubeRay makes the pod) and says
+    why in an event, with the numbers."""
+    elastic = {"replicas": 1, "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"windowSteps": 2}}
+    manifest = job_manifest("starved")
+    manifest["spec"]["cluster"]["generationWorkers"].update(elastic)
+    assert validate_manifest(manifest).ok
+    create_job(kube_api, namespace, manifest)
+    run_until_running(kube_api, namespace, "starved", driver_progress)
+    window = {"seconds": 4.0, "generationIdleShare": 0.0, "generationGatedShare": 0.0, "generationEngines": 1}
+    driver_progress.doc = {
+        **driver_progress.doc,
+        "step": 5,
+        "policyIdleShare": 0.7,
+        "windows": [{**window, "step": s, "policyIdleShare": 0.7} for s in (4, 5)],
+    }
+
+    def generation_replicas() -> int | None:
+        (rc,) = [
+            r for r in rayclusters(kube_api, namespace, "starved") if r["metadata"]["name"] == "starved-0"
+        ]
+        group = {g["groupName"]: g for g in rc["spec"]["workerGroupSpecs"]}["generation"]
+        return int(group["replicas"]) if group["replicas"] == 2 else None
+
+    wait_until(generation_replicas, "the generation group at 2 replicas", timeout=60, interval=1)
+    wait_until(
+        lambda: (
+            len(pods(kube_api, namespace, "ray.io/cluster=starved-0,ray.io/group=generation")) == 2 or None
+        ),
+        "KubeRay's second generation pod",
+        timeout=60,
+    )
+    scaled = wait_until(
+        lambda: [e for e in events(kube_api, namespace, "starved") if e["reason"] == "GenerationScaledUp"],
+        "the GenerationScaledUp event",
+        timeout=30,
+    )
+    assert "waited for rollouts 70%, 70% of steps 4-5" in scaled[0]["message"], scaled[0]["message"]
+    assert "1 -> 2 (maxReplicas 2)" in scaled[0]["message"]
+    fleet = get_job(kube_api, namespace, "starved")["status"]["generationFleet"]
+    assert (fleet["rayClusterName"], fleet["replicas"], fleet["lastChangeStep"]) == ("starved-0", 2, 5)
+    table = {e["reason"] for e in events(kube_api, namespace, "starved")}
+    assert "GenerationDrainRequested" not in table and "GenerationScaledDown" not in table
+
+
+def test_engines_idle_behind_the_gate_get_a_worker_drained_by_the_driver_then_removed(
+    kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
+) -> None:
+    """issue 48: the driver reports its generation engines sitting behind the staleness gate while
+    the policy is fed; the operator asks the driver (POST /drain, with the job's Ray token) to drain
+    one named worker, and removes that pod from the generation group only once /progress lists
+    it drained, with an event."""
+    elastic = {"replicas": 2, "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"windowSteps": 2}}
+    manifest = job_manifest("gated")
+    manifest["spec"]["cluster"]["generationWorkers"].update(elastic)
+    assert validate_manifest(manifest).ok
+    create_job(kube_api, namespace, manifest)
+    run_until_running(kube_api, namespace, "gated", driver_progress)
+    window = {"seconds": 4.0, "policyIdleShare": 0.05, "generationIdleShare": 0.8, "generationEngines": 2}
+    driver_progress.doc = {
+        **driver_progress.doc,
+        "step": 5,
+        "windows": [{**window, "step": s, "generationGatedShare": 0.8} for s in (4, 5)],
+    }
+    sent = wait_until(
+        lambda: driver_progress.drains.get((namespace, "gated")), "the driver's POST /drain", timeout=60
+    )
+    fleet = get_job(kube_api, namespace, "gated")["status"]["generationFleet"]
+    worker = fleet["drainRequest"]["pod"]
+    assert sent[0] == (worker, driver_progress.authorization[(namespace, "gated")])
+    assert worker in {p["metadata"]["name"] for p in pods(kube_api, namespace, "ray.io/cluster=gated-0")}
+    assert "GenerationScaledDown" not in {e["reason"] for e in events(kube_api, namespace, "gated")}
+
+    driver_progress.doc = {**driver_progress.doc, "drainedWorkers": [worker]}
+
+    def generation_group() -> JSON | None:
+        (rc,) = [r for r in rayclusters(kube_api, namespace, "gated") if r["metadata"]["name"] == "gated-0"]
+        group: JSON = {g["groupName"]: g for g in rc["spec"]["workerGroupSpecs"]}["generation"]
+        return group if group["replicas"] == 1 else None
+
+    wait_until(generation_group, "the generation group down to 1 replica", timeout=60, interval=1)
+    scaled = wait_until(
+        lambda: [e for e in events(kube_api, namespace, "gated") if e["reason"] == "GenerationScaledDown"],
+        "the GenerationScaledDown event",
+        timeout=30,
+    )
+    assert worker in scaled[0]["message"], scaled[0]["message"]
+    wait_until(
+        lambda: (
+            worker not in {p["metadata"]["name"] for p in pods(kube_api, namespace, "ray.io/cluster=gated-0")}
+            or None
+        ),
+        "KubeRay to delete the drained pod",
+        timeout=60,
+    )
+    assert get_job(kube_api, namespace, "gated")["status"]["generationFleet"].get("drainRequest") is None
 
 
 def test_an_operator_killed_mid_reconcile_never_makes_a_second_raycluster(

@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "asyncgrpo_operator"
-PURE = ["plan", "decision", "manifests", "observed", "naming", "recovery", "render", "workload"]
+PURE = [
+    "plan",
+    "decision",
+    "elastic",
+    "manifests",
+    "observed",
+    "naming",
+    "recovery",
+    "render",
+    "workload",
+]
 IO_MODULES = {
     "k8s",
     "cache",
@@ -24,6 +34,7 @@ IO_MODULES = {
     "leader",
     "controller",
     "progress",
+    "drain",
     "handlers",
     "settings",
     "main",

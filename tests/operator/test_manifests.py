@@ -208,6 +208,15 @@ def test_worker_groups_request_and_limit_gpus_on_the_gpu_pool() -> None:
     assert "podAntiAffinity" in pod["affinity"]
 
 
+def test_an_elastic_generation_fleet_starts_at_replicas_within_kuberays_bounds() -> None:
+    manifest = json.loads(json.dumps(EVERY_FIELD))
+    bounds = {"replicas": 2, "minReplicas": 1, "maxReplicas": 3}
+    manifest["spec"]["cluster"]["generationWorkers"].update(bounds)
+    groups = {g["groupName"]: g for g in manifests.ray_cluster(load(manifest), 0)["spec"]["workerGroupSpecs"]}
+    generation = groups["generation"]
+    assert (generation["replicas"], generation["minReplicas"], generation["maxReplicas"]) == (2, 1, 3)
+
+
 def test_a_pool_with_zero_replicas_has_no_worker_group() -> None:
     manifest = json.loads(json.dumps(EVERY_FIELD))
     manifest["spec"]["cluster"]["generationWorkers"]["replicas"] = 0

@@ -163,6 +163,7 @@ def test_an_operator_url_template_routes_by_names_the_operator_knows() -> None:
         ("http://{host}/progress", "unknown placeholder"),
         ("file:///etc/passwd", "http:// or https://"),
         ("{pod_ip}:8090", "http:// or https://"),
+        ("http://{pod_ip}:{port}/status", "path segment `progress`"),
     ],
 )
 def test_a_bad_url_template_is_refused_at_startup(template: str, complaint: str) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,3 +75,15 @@ def points_from_row(prompt: str, response: str, reference: str, row: Mapping[str
 
 
 NOT_A_FUNCTION = 3
+
+
+HOLD = Path(tempfile.gettempdir()) / f"asyncgrpo-hold-{hashlib.sha1(__file__.encode()).hexdigest()[:12]}"
+"""While this file exists, `exact_unless_held` does not answer (one per checkout of the tests)."""
+
+
+def exact_unless_held(prompt: str, response: str, reference: str) -> float:
+    """exact's reward, once HOLD is gone: a test holds a run's first step until it is ready."""
+    deadline = time.monotonic() + 100
+    while HOLD.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return exact(prompt, response, reference)

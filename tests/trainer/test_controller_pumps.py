@@ -41,7 +41,7 @@ class FakeGeneration:
         self.calls = 0
         self.asleep = False
         self.sleeps = 0
-        self.occupancy = occupancy.Occupancy(1)
+        self.occupancy = occupancy.Occupancy([0])
 
     async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
         with self.occupancy.serving(0):

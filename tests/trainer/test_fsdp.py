@@ -130,7 +130,7 @@ def trained(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> dict[
         sharded_pools[0], build, OPTIM, LOSS, 0, sharding=policy.Sharding(), activation_checkpointing=True
     )
     plain, plain_ready = workers.start_policy_group(plain_pools[0], build, OPTIM, LOSS, 0)
-    engines, engines_ready = workers.start_generation_group(sharded_pools[1], build, 0)
+    engines, engines_ready = workers.start_generation_group(sharded_pools[1], workers.EngineSpec(build, 0))
     out: dict[str, Any] = {"build": build, "steps": []}
     try:
         ray.get(sharded_ready + plain_ready + engines_ready)

@@ -610,7 +610,7 @@ def test_the_ray_group_runs_tensor_parallel_ranks_like_the_torch_worker(
     group, ready = megatron_workers.start_megatron_policy_group(
         pools[0], build, OPTIM, LOSS, 0, tensor_parallel_size=2
     )
-    engines, engines_ready = workers.start_generation_group(pools[1], build, 0)
+    engines, engines_ready = workers.start_generation_group(pools[1], workers.EngineSpec(build, 0))
     try:
         ray.get(ready + engines_ready)
         assert group.world_size == 1

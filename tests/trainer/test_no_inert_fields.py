@@ -72,6 +72,10 @@ for pool in ("policyWorkers", "generationWorkers"):
         OPERATOR_ONLY[f"cluster.{pool}.{leaf}"] = "manifests: the worker group's pod placement"
     OPERATOR_ONLY[f"cluster.{pool}.podTemplate"] = "overrides: merged into the worker group's pod template"
 
+OPERATOR_ONLY["cluster.generationWorkers.autoscaling"] = "elastic: the rule that scales an elastic fleet"
+for bound in ("minReplicas", "maxReplicas"):
+    OPERATOR_ONLY[f"cluster.generationWorkers.{bound}"] = f"manifests: KubeRay's {bound} of the generation"
+
 PINNED = {
     "trainer.policy.megatron.pipelineParallelSize": "rules._megatron_supported: must be 1",
     "trainer.policy.megatron.contextParallelSize": "rules._megatron_supported: must be 1",

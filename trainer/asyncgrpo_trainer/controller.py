@@ -58,6 +58,7 @@ from asyncgrpo_trainer.backends import policy, sampling
 from asyncgrpo_trainer.buffer import ReplayBuffer, Slot
 from asyncgrpo_trainer.data import PromptLoader
 from asyncgrpo_trainer.envs.base import Example, Score
+from asyncgrpo_trainer.fleet import Fleet
 from asyncgrpo_trainer.logprob_gate import GateSettings, LogprobGate
 from asyncgrpo_trainer.models.recipe import ModelBuild
 from asyncgrpo_trainer.models.tokenizer import Tokenizer
@@ -196,6 +197,8 @@ class ControllerArgs:
     model: ModelBuild
     """The recipe, recorded in every checkpoint's meta.json (`asyncgrpo export` reads it)."""
     resume: ResumeState | None = None
+    fleet: Fleet | None = None
+    """An elastic generation pool's joins and drains (`fleet`); None for a fixed pool."""
 
 
 class Pulse:
@@ -305,6 +308,8 @@ class SingleController:
         self.started_at = time.time()
         self.occupancy = self.a.generation.occupancy
         self.occupancy.restart()
+        if self.a.fleet is not None:
+            await self.a.fleet.locate()
         await self._refit_weights(self.version, reset=True)
         if self.s.val_period and self.version == 0:
             # The curves start at the untrained model (0 samples); before the pumps, so every
@@ -317,6 +322,8 @@ class SingleController:
             asyncio.create_task(self._train_pump(), name="train-pump"),
             asyncio.create_task(self._watchdog(), name="watchdog"),
         ]
+        if self.a.fleet is not None:
+            pumps.append(asyncio.create_task(self.a.fleet.watch(), name="fleet"))
         waiting: set[asyncio.Future[None]] = {*pumps, self.failure}
         try:
             # The run ends when the train pump does (the rollout pump waits for replacements of
@@ -365,6 +372,8 @@ class SingleController:
                 "logprob_mismatch": self.logprob_gate.mismatch,
                 "first_step_at": self.first_step_at,
                 "windows": [fleet_window(r) for r in reversed(recent[:FLEET_WINDOW_STEPS])],
+                "drained_workers": list(self.a.fleet.drained) if self.a.fleet is not None else [],
+                "joining_workers": self.a.fleet.joining() if self.a.fleet is not None else [],
                 # The newest step's training and sampling figures, for /metrics.
                 **{key: last.get(key) for key in STEP_GAUGES},
                 "state": self.state,
@@ -558,6 +567,13 @@ class SingleController:
         """End the run after the step in progress, with a checkpoint of it (see `_train_pump`)."""
         self.stop_requested = True
 
+    def drain(self, pods: list[str]) -> None:
+        """The operator asks to remove these generation pods (`fleet.Fleet.drain`)."""
+        if self.a.fleet is None:
+            log.warning("drain of %s ignored: the generation pool is not elastic", pods)
+            return
+        self.a.fleet.drain(pods)
+
     async def _select_chunk(self, remaining: int, step: dict[str, float]) -> list[Slot]:
         while True:
             evicted = self.sampler.evict(self.buffer, self.version)
@@ -692,6 +708,9 @@ class SingleController:
             "generation_idle_share": sum(fleet.idle) / len(fleet.idle),
             "generation_gated_share": sum(fleet.gated_idle) / len(fleet.gated_idle),
             "generation_engines": len(fleet.idle),
+            # Groups sent to each engine over the run, by engine id (an elastic fleet's engines
+            # join and leave; a drained one's count stays as it was).
+            "generation_requests": {str(e): n for e, n in self.occupancy.requests.items()},
             "buffer_fill": len(self.buffer.ready()) / self.s.max_buffered_rollouts,
             "weight_version": self.gen_version,
             # Samples generated and never trained on (dropped, evicted, or still in the buffer).
@@ -786,9 +805,17 @@ class SingleController:
             return True
 
     async def _refit_weights(self, version: int, *, reset: bool) -> RefitTiming:
+        """Every engine loads `version`. An elastic fleet's engines join and leave here, with the
+        dispatch gate closed (`fleet.Fleet.regroup`): one that joins gets these weights before its
+        first group."""
+        fleet = self.a.fleet
+        if fleet is not None and fleet.regroup():
+            self.a.weights.regroup()
         timing = await self.a.weights.sync(version)
         if reset:
             await self.a.generation.reset_cache()
+        if fleet is not None:
+            fleet.opened()
         self.gen_version = version
         return timing
 
@@ -947,6 +974,9 @@ class SingleControllerActor:
 
     async def ping(self) -> bool:
         return True
+
+    async def drain(self, pods: list[str]) -> None:
+        self.c.drain(pods)
 
     async def stop(self) -> int:
         """Finish the step in progress, checkpoint it and end `run`; returns the step reached so far."""

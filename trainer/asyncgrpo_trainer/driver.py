@@ -50,6 +50,7 @@ from asyncgrpo_trainer import (
     durable_run,
     envs,
     failures,
+    fleet,
     judge,
     megatron_workers,
     progress,
@@ -224,7 +225,7 @@ def generation_layout(job: AsyncGRPOJob, policy_ranks: int) -> tuple[int, int]:
     if pool.gpus_per_replica == 0:
         return max(pool.replicas, 1), 0
     per_engine = t.generation.tensor_parallel_size if rules.generation_backend(job) == "vllm" else 1
-    return pool.replicas * (pool.gpus_per_replica // per_engine), per_engine
+    return pool.replicas * rules.engines_per_replica(job), per_engine
 
 
 @dataclass(frozen=True)
@@ -276,14 +277,14 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
     )
     try:
         policy_group, policy_ready = backend.start(job, pools[0], model)
-        generation_group, generation_ready = workers.start_generation_group(
-            pools[1],
+        engine = workers.EngineSpec(
             model,
             gen_gpus,
             max_prefix_age=t.async_rl.max_staleness_versions,
             torch_decode=t.generation.torch_decode,
             vllm=specmap.vllm_options(t) if rules.generation_backend(job) == "vllm" else None,
         )
+        generation_group, generation_ready = workers.start_generation_group(pools[1], engine)
         reward_model, judge_ready = judge.start(inputs.judge) if inputs.judge is not None else (None, None)
         rewards = reward_workers.RewardPool(
             t.env.name,
@@ -325,6 +326,7 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
             tokenizer=tokenizer,
             validation_params=specmap.sampling_params(t, greedy=True),
             model=model,
+            fleet=elastic_fleet(job, generation_group, engine),
         )
         return Built(
             args,
@@ -335,6 +337,18 @@ def build(job: AsyncGRPOJob, inputs: Inputs | None = None) -> Built:
     except BaseException:
         cluster.release(*pools)  # the workers started so far die with this driver
         raise
+
+
+def elastic_fleet(
+    job: AsyncGRPOJob, group: workers.GenerationGroup, engine: workers.EngineSpec
+) -> fleet.Fleet | None:
+    """An elastic generation pool's joins and drains (`fleet`): as many engines per pod as start
+    on each (`rules.engines_per_replica`), up to maxReplicas' worth; None for a fixed pool."""
+    pool = job.spec.cluster.generation_workers
+    if not pool.elastic or job.spec.trainer.generation.colocated:
+        return None
+    per_pod = rules.engines_per_replica(job)
+    return fleet.Fleet(group, engine, engines_per_node=per_pod, max_engines=pool.most * per_pod)
 
 
 USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
@@ -437,10 +451,13 @@ def _supervise(
     reporters: Sequence[progress.Reporter],
 ) -> dict[str, Any]:
     run_ref = actor.run.remote()
-    since = 0
+    since = drains = 0
     last_answer = time.monotonic()
     while True:
         ready, _ = ray.wait([run_ref], timeout=POLL_SECONDS)
+        if server is not None and (pods := server.drain_requests(drains)):
+            actor.drain.remote(pods)  # the operator's drain requests (POST /drain), each once
+            drains += len(pods)
         try:
             poll = ray.get(actor.poll.remote(since), timeout=max(stall_seconds, 1.0))
             last_answer = time.monotonic()

@@ -9,6 +9,11 @@ In a job's pod the server asks for the job's Ray token (`Authorization: Bearer <
 dashboard does; asyncgrpo_api.ray_auth): /progress and /metrics tell how the job trains, and
 nothing but the operator, and whoever may read the job's Secret, should learn it. /healthz says
 only that the server is up, and is open, like Ray's own health checks.
+
+POST /drain `{"worker": "<pod>"}` (the same token) is how the operator asks an elastic fleet to
+drain a generation worker pod before it deletes it (`fleet`); the trainer never reads Kubernetes.
+The driver relays each pod once (`drain_requests`); /progress lists it in drainedWorkers once its
+engines are gone. The answer is 202 with the pods drained so far.
 """
 
 from __future__ import annotations
@@ -125,6 +130,10 @@ class Progress:
     """When this attempt trained its first step (epoch seconds)."""
     windows: list[dict[str, Any]] = field(default_factory=list)
     """The latest step windows, oldest first (`fleet_window`)."""
+    drained_workers: list[str] = field(default_factory=list)
+    """Generation worker pods an elastic fleet has drained (`fleet`): the operator may delete them."""
+    joining_workers: list[str] = field(default_factory=list)
+    """Generation worker pods an elastic fleet gained whose engines are up and join at the next refit."""
     state: str = "starting"
     error: str | None = None
     mode: str = ""
@@ -205,6 +214,16 @@ def refusal(authorization: str | None, token: str | None) -> int | None:
 
 
 REFUSAL_HEADERS: dict[int, dict[str, str]] = {401: {"WWW-Authenticate": "Bearer"}, 403: {}}
+MAX_DRAIN_BYTES = 1024
+"""The most of a drain request's body read (a pod's name is at most MAX_POD_NAME characters)."""
+MAX_POD_NAME = 253
+
+
+def _length(headers: Any) -> int:
+    try:
+        return max(int(headers.get("Content-Length") or 0), 0)
+    except ValueError:
+        return 0
 
 
 def _answer(path: str, snap: Progress) -> tuple[int, bytes, dict[str, str]] | None:
@@ -225,9 +244,35 @@ class ProgressServer:
     def __init__(self, port: int, host: str = "0.0.0.0", token: str | None = None) -> None:
         self._lock = threading.Lock()
         self._progress = Progress()
+        self._drains: list[str] = []
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                path = self.path.split("?")[0]
+                refused = refusal(self.headers.get("Authorization"), token)
+                if refused is not None:
+                    self._send(refused, b"", REFUSAL_HEADERS[refused])
+                    return
+                if path != "/drain":
+                    self.send_error(404)
+                    return
+                status, body = server_self._drain(
+                    self.rfile.read(min(_length(self.headers), MAX_DRAIN_BYTES))
+                )
+                self._send(status, body, {"Content-Type": "application/json"})
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 refused = refusal(self.headers.get("Authorization"), token) if path != "/healthz" else None
@@ -242,18 +287,9 @@ class ProgressServer:
                 if answer is None:
                     self.send_error(404)
                     return
-                status, body, headers = answer
-                try:
-                    self.send_response(status)
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    # The client gave up (a poll timing out on a busy node). Not an error of the
-                    # run: a traceback here would land in the container's termination message.
-                    return
+                # A client that gave up (a poll timing out on a busy node) is not an error of the
+                # run: a traceback would land in the container's termination message.
+                self._send(*answer)
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
@@ -270,6 +306,27 @@ class ProgressServer:
     def snapshot(self) -> Progress:
         with self._lock:
             return Progress(**{**asdict(self._progress), "counters": dict(self._progress.counters)})
+
+    def _drain(self, raw: bytes) -> tuple[int, bytes]:
+        """Record a drain request (see the module docstring); the status and the JSON answer."""
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        worker = doc.get("worker") if isinstance(doc, dict) else None
+        if not isinstance(worker, str) or not 0 < len(worker) <= MAX_POD_NAME:
+            why = f'expected {{"worker": "<pod name, at most {MAX_POD_NAME} characters>"}}'
+            return 400, json.dumps({"error": why}).encode()
+        with self._lock:
+            if worker not in self._drains:
+                self._drains.append(worker)
+            drained = list(self._progress.drained_workers)
+        return 202, json.dumps({"drainedWorkers": drained}).encode()
+
+    def drain_requests(self, since: int) -> list[str]:
+        """The pods asked to drain after the first `since` (each is recorded once)."""
+        with self._lock:
+            return self._drains[since:]
 
     def update(self, **changes: Any) -> None:
         with self._lock:

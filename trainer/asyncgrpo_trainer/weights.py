@@ -65,6 +65,12 @@ class WeightSynchronizer(abc.ABC):
     async def sync(self, version: int) -> RefitTiming:
         """Push the current policy weights as `version`; how long that took and paused generation."""
 
+    def regroup(self) -> None:
+        """The engines changed (an elastic fleet's join or drain, `fleet`): the next `sync` reaches
+        the group's engines as they are then. A transport that reads them at each sync has nothing
+        to do."""
+        return
+
 
 class ObjectStoreSynchronizer(WeightSynchronizer):
     """Rank 0 -> Ray object store -> every engine; see the module docstring."""
@@ -100,6 +106,11 @@ class BroadcastSynchronizer(WeightSynchronizer):
     @property
     def transport(self) -> str:
         return self._backend or "broadcast (not joined yet)"
+
+    def regroup(self) -> None:
+        """The refit group spans the engines it was formed with: the next `sync` forms it again,
+        over the engines then (rank 0 serves a new store, each engine joins it anew)."""
+        self._backend = None
 
     async def sync(self, version: int) -> RefitTiming:
         return await _timed(self._sync(version), self.timeout)

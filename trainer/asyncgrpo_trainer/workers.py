@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -224,18 +225,45 @@ class PolicyGroup:
 class GenerationGroup:
     """The generation engines; least-outstanding routing of prompt groups. `occupancy` counts each
     engine's requests, which routing reads, and the time each one held some (the controller's
-    step windows report it)."""
+    step windows report it).
+
+    Engines have ids that are never reused. An elastic fleet (`fleet`) adds engines and removes
+    them while the run goes on: every engine in `engines` receives the refits, and routing skips
+    the `closed` ones, an engine that joined until its first refit gave it the current weights
+    and one draining before it leaves."""
 
     def __init__(self, actors: list[Any]) -> None:
-        self.actors = actors
-        self.occupancy = occupancy.Occupancy(len(actors))
+        self.engines: dict[int, Any] = dict(enumerate(actors))
+        self.closed: set[int] = set()
+        self.occupancy = occupancy.Occupancy(self.engines)
+        self._next_id = len(actors)
+
+    @property
+    def actors(self) -> list[Any]:
+        """Every engine, in the order of its id."""
+        return list(self.engines.values())
+
+    def add(self, actor: Any) -> int:
+        """A new engine, which refits reach from now on and routing once it is opened; its id."""
+        engine, self._next_id = self._next_id, self._next_id + 1
+        self.engines[engine] = actor
+        self.closed.add(engine)
+        self.occupancy.add(engine)
+        return engine
+
+    def remove(self, engine: int) -> Any:
+        """Take out an engine that holds no request; its actor."""
+        self.occupancy.remove(engine)
+        self.closed.discard(engine)
+        return self.engines.pop(engine)
 
     async def generate(
         self, prompt_ids: list[int], n: int, params: sampling.SamplingParams, seed: int
     ) -> generation.Generated:
-        idx = min(range(len(self.actors)), key=self.occupancy.outstanding.__getitem__)
+        routable = [e for e in self.engines if e not in self.closed]
+        idx = min(routable, key=self.occupancy.outstanding.__getitem__)
         with self.occupancy.serving(idx):
-            ref = self.actors[idx].generate.remote(prompt_ids, n, params, seed)
+            ref = self.engines[idx].generate.remote(prompt_ids, n, params, seed)
             try:
                 result: generation.Generated = await ref
                 return result
@@ -294,31 +322,43 @@ def start_policy_group(
     return group, [a.setup.remote(address) for a in actors]  # type: ignore[attr-defined]
 
 
-def start_generation_group(
-    pool: cluster.Pool,
-    build: ModelBuild,
-    gpus: int,
-    *,
-    max_prefix_age: int = 0,
-    torch_decode: generation.Engine = "auto",
-    vllm: vllm_engine.VLLMOptions | None = None,
-) -> tuple[GenerationGroup, list[Any]]:
-    """The generation group (vLLM engines when `vllm` options are given, else the torch engine
-    decoding as `torch_decode` says) and the refs that resolve once every engine is up."""
-    device = policy.default_device(gpus)
-    engine: type[generation.GenerationWorker] = generation.TorchGenerationWorker
-    options: dict[str, Any] = {"engine": torch_decode}
-    if vllm is not None:
-        vllm_engine.check_available()  # a clear error here, naming the spec field, not in every actor
-        engine, options = vllm_engine.VLLMGenerationWorker, {"options": vllm}
-    cls = ray.remote(engine)
-    actors = [
-        cls.options(**pool.options(rank)).remote(
-            build, device=device, max_prefix_age=max_prefix_age, **options
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to start one generation engine (vLLM when `vllm` options are given, else the torch
+    engine decoding as `torch_decode` says): in the generation pool's bundles at the start, and on
+    a node an elastic fleet gains later (`fleet`), the same way."""
+
+    build: ModelBuild
+    gpus: int
+    """GPUs per engine (0 on CPU)."""
+    max_prefix_age: int = 0
+    torch_decode: generation.Engine = "auto"
+    vllm: vllm_engine.VLLMOptions | None = None
+
+    def start(self, placement: dict[str, Any]) -> Any:
+        """The engine's actor, placed by `placement` (Ray's `.options`: resources and scheduling)."""
+        engine: type[generation.GenerationWorker] = generation.TorchGenerationWorker
+        options: dict[str, Any] = {"engine": self.torch_decode}
+        if self.vllm is not None:
+            engine, options = vllm_engine.VLLMGenerationWorker, {"options": self.vllm}
+        return (
+            ray.remote(engine)
+            .options(**placement)
+            .remote(
+                self.build,
+                device=policy.default_device(self.gpus),
+                max_prefix_age=self.max_prefix_age,
+                **options,
+            )
         )
-        for rank in range(pool.ranks)
-    ]
-    return GenerationGroup(actors), [a.stats.remote() for a in actors]  # type: ignore[attr-defined]
+
+
+def start_generation_group(pool: cluster.Pool, spec: EngineSpec) -> tuple[GenerationGroup, list[Any]]:
+    """The generation group and the refs that resolve once every engine is up."""
+    if spec.vllm is not None:
+        vllm_engine.check_available()  # a clear error here, naming the spec field, not in every actor
+    actors = [spec.start(pool.options(rank)) for rank in range(pool.ranks)]
+    return GenerationGroup(actors), [a.stats.remote() for a in actors]
 
 
 def kill(*groups: PolicyGroup | GenerationGroup | rewards.RewardPool) -> None:

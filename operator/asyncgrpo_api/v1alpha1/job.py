@@ -288,6 +288,39 @@ class Outputs(ApiModel):
     )
 
 
+class DrainRequest(ApiModel):
+    """A generation worker the operator asked the driver to drain before it removes the pod."""
+
+    pod: ShortText = Field(description="The generation worker pod to drain and then remove.")
+    replicas: int = Field(ge=0, le=1024, description="The fleet's size once it is removed.")
+    requested_at: datetime = Field(description="When the operator asked.")
+    message: Annotated[str, StringConstraints(max_length=4096)] = Field(
+        default="", description="Why: the step windows that decided it."
+    )
+
+
+class GenerationFleet(ApiModel):
+    """What the operator did to an elastic generation fleet of the current attempt's RayCluster
+    (docs/guides/job-lifecycle.md#elastic-generation)."""
+
+    ray_cluster_name: ShortText = Field(description="The RayCluster whose generation group this is.")
+    replicas: int = Field(ge=0, le=1024, description="The generation group's replicas the operator last set.")
+    last_change_time: datetime | None = Field(
+        default=None, description="When the operator last changed the fleet (the cooldown's clock)."
+    )
+    last_change_step: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_PROGRESS_INT,
+        description="The driver's step when it did: only step windows after it decide the next change.",
+    )
+    drain_request: DrainRequest | None = Field(
+        default=None,
+        description="A scale-down waiting for the driver to report the worker drained (progress "
+        "drainedWorkers); the pod is removed only then.",
+    )
+
+
 class AsyncGRPOJobStatus(ApiModel):
     """The observed state, written only by the operator."""
 
@@ -342,6 +375,9 @@ class AsyncGRPOJobStatus(ApiModel):
         default=None, description="Detail of the current phase."
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
+    generation_fleet: GenerationFleet | None = Field(
+        default=None, description="The elastic generation fleet's size and last change (elastic jobs only)."
+    )
     outputs: Outputs | None = Field(
         default=None, description="Where the driver's log, step records and curves are written."
     )

@@ -14,6 +14,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MAX_AUTOSCALING_WINDOW_STEPS = 10
 """The most step windows an elastic fleet's rule reads: the driver's /progress carries this many."""
 
+GENERATION_POOL_LABEL = "asyncgrpo.dev/pool"
+"""The Ray node label the operator puts on every generation worker's node, valued
+`GENERATION_POOL`: an elastic fleet's driver starts an engine on each such node it gains."""
+GENERATION_POOL = "generation"
+WORKER_POD_LABEL = "asyncgrpo.dev/pod"
+"""The Ray node label naming the worker's pod: the pod a drain request names (the operator's
+status.generationFleet.drainRequest) is found among the Ray nodes by it."""
+
 
 class Toleration(ApiModel):
     """A core/v1 Toleration: lets a pool's pods land on tainted nodes (GPU pools are tainted)."""
@@ -131,6 +139,89 @@ class WorkerGroup(Placement):
         """GPUs of the whole pool."""
         return self.replicas * self.gpus_per_replica
 
+    @property
+    def fewest(self) -> int:
+        """The fewest pods the pool may have: its replicas (an elastic pool's minReplicas)."""
+        return self.replicas
+
+    @property
+    def most(self) -> int:
+        """The most pods the pool may have: its replicas (an elastic pool's maxReplicas)."""
+        return self.replicas
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the operator may change the pool's size."""
+        return self.fewest != self.most
+
+
+class Autoscaling(ApiModel):
+    """When the operator grows or shrinks an elastic generation fleet (minReplicas < maxReplicas), from
+    the step windows the driver measures (docs/guides/job-lifecycle.md#elastic-generation). Separate
+    thresholds, a run of windows and a cooldown keep a load that sits at a threshold from flapping."""
+
+    policy_idle_above: float = Field(
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="Add a generation worker when the policy waited for rollouts for more than this share "
+        "of each of the last windowSteps step windows (status.progress.policyIdleShare), below maxReplicas.",
+    )
+    generation_gated_above: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="Remove one, above minReplicas, when the generation engines sat idle behind the "
+        "staleness gate for more than this share of each of those windows "
+        "(status.progress.generationGatedShare) while the policy waited for rollouts less than half of "
+        "policyIdleAbove (the band between the two keeps a fleet that just grew from shrinking back).",
+    )
+    window_steps: int = Field(
+        default=5,
+        ge=1,
+        le=MAX_AUTOSCALING_WINDOW_STEPS,
+        description="How many consecutive step windows, all measured since the fleet last changed, must "
+        "agree before it changes.",
+    )
+    cooldown_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86_400,
+        description="At least this long between two changes of the fleet.",
+    )
+
+
+class GenerationWorkerGroup(WorkerGroup):
+    """The generation pool: a fixed fleet of `replicas`, or an elastic one between minReplicas and
+    maxReplicas that starts at `replicas`."""
+
+    min_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="The fewest generation workers an elastic fleet shrinks to (at most replicas). Unset: "
+        "replicas.",
+    )
+    max_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="The most generation workers an elastic fleet grows to (at least replicas). Unset: "
+        "replicas.",
+    )
+    autoscaling: Autoscaling = Field(
+        default_factory=Autoscaling,
+        description="The rule that grows and shrinks an elastic fleet; ignored by a fixed one.",
+    )
+
+    @property
+    def fewest(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def most(self) -> int:
+        return self.replicas if self.max_replicas is None else self.max_replicas
+
 
 class ClusterSpec(ApiModel):
     """The Ray cluster a job runs on: one head and two worker pools (policy, generation)."""
@@ -146,7 +237,8 @@ class ClusterSpec(ApiModel):
         default_factory=WorkerGroup,
         description="Pool that trains the policy (computes log-probs, gradients, optimizer steps).",
     )
-    generation_workers: WorkerGroup = Field(
-        default_factory=WorkerGroup,
-        description="Pool that samples rollouts from the latest synced policy weights.",
+    generation_workers: GenerationWorkerGroup = Field(
+        default_factory=GenerationWorkerGroup,
+        description="Pool that samples rollouts from the latest synced policy weights; elastic between "
+        "minReplicas and maxReplicas.",
     )

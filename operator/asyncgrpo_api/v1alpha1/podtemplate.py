@@ -48,8 +48,15 @@ OPERATOR_MOUNT_PATHS: Final = frozenset(
     {"/tmp/ray", "/dev/shm", "/etc/asyncgrpo", object_store_env.CA_BUNDLE_DIR}
 )
 """Mount paths of the operator's own volumes (spec.storage's mount paths are checked per job)."""
+RAY_LABELS_ENV: Final = "RAY_OVERRIDE_LABELS"
+"""The environment variable whose JSON object Ray 2.60 adds to its node's labels (`ray start`):
+a generation worker's pool and pod name (asyncgrpo_api.v1alpha1.placement)."""
+POD_NAME_ENV: Final = "ASYNCGRPO_POD_NAME"
+"""A generation worker's own pod name (the downward API), which its Ray node labels expand."""
 OPERATOR_ENV: Final = frozenset(
     {
+        RAY_LABELS_ENV,
+        POD_NAME_ENV,
         "RAY_ADDRESS",
         "ASYNCGRPO_JOB_NAME",
         "ASYNCGRPO_ATTEMPT",

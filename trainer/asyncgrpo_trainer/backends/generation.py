@@ -55,6 +55,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
+import ray
 import torch
 
 from asyncgrpo_trainer.backends import ipc, sampling
@@ -111,6 +112,11 @@ class GenerationWorker(abc.ABC):
 
     @abc.abstractmethod
     async def device_type(self) -> str: ...
+
+    async def node_id(self) -> str:
+        """The Ray node this engine runs on (an elastic fleet drains engines by their node's pod)."""
+        node: str = ray.get_runtime_context().get_node_id()
+        return node
 
     @abc.abstractmethod
     async def refit_members(self) -> int:
