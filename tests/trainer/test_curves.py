@@ -92,6 +92,28 @@ def test_a_resumed_run_replaces_the_steps_it_trains_again(tmp_path: Path) -> Non
     assert [round(v, 3) for _, v in acc] == [0.1] * 4 + [0.9] * 4
 
 
+def test_a_resumed_writers_tenth_file_of_the_same_second_is_still_read_after_its_ninth(
+    tmp_path: Path,
+) -> None:
+    """Event files are named `<second>.<host>.<pid>.<n>`, n counting a process's writers: two
+    attempts written in one second by one process, the first its 9th writer and the second its
+    10th, must load in that order (as text, `.10` sorts first and the older values won)."""
+    names = []
+    for records, resumed in (
+        ([_step(s, 0.1) for s in range(1, 7)], None),
+        ([_step(s, 0.9) for s in range(5, 9)], 4),
+    ):
+        before = set(tmp_path.rglob("events.*"))
+        _write(tmp_path, records, resumed_step=resumed)
+        (new,) = set(tmp_path.rglob("events.*")) - before
+        names.append(new)
+    stamp, host = "1800000000", "host.example"
+    for file, number in zip(names, (9, 10), strict=True):
+        file.rename(file.parent / f"events.out.tfevents.{stamp}.{host}.4242.{number}")
+    acc = plot.load(tmp_path).accuracy
+    assert [round(v, 3) for _, v in acc] == [0.1] * 4 + [0.9] * 4
+
+
 def test_asyncgrpo_plot_writes_a_png_of_several_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

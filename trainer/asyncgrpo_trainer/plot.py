@@ -58,6 +58,21 @@ def event_dir(path: Path) -> Path:
     return found[0]
 
 
+def event_files(directory: Path) -> list[Path]:
+    """The directory's event files, oldest first: by the writer's start second, then its process and
+    its number within the process (`events.out.tfevents.<second>.<host>.<pid>.<n>`), compared as
+    numbers. TensorBoard reads a directory's files in text order, where one process's 10th writer
+    sorts before its 9th: when both started in one second, a resumed run's older values were read
+    last and won (a CI run's flake of 2026-12-07 that a repro with the counter at 9 shows)."""
+
+    def order(file: Path) -> tuple[int, ...]:
+        parts = file.name.removeprefix(EVENTS_PREFIX).split(".")
+        numbers = (parts[0], *parts[-2:]) if len(parts) >= 3 else parts[:1]
+        return tuple(int(part) if part.isdigit() else 0 for part in numbers)
+
+    return sorted((f for f in directory.iterdir() if f.name.startswith(EVENTS_PREFIX)), key=order)
+
+
 def store_location(url: str) -> tuple[str, str]:
     """(bucket, the job's root) of `s3://BUCKET/<prefix>/<namespace>/<job name>`."""
     bucket, _, root = url.removeprefix(STORE_SCHEME).partition("/")
@@ -114,13 +129,19 @@ def load(path: Path, label: str | None = None) -> Run:
     from tensorboard.backend.event_processing import event_accumulator  # noqa: PLC0415 (heavy)
 
     directory = event_dir(path)
-    acc = event_accumulator.EventAccumulator(str(directory), size_guidance={event_accumulator.SCALARS: 0})
-    acc.Reload()
-    tags = set(acc.Tags()["scalars"])
+    merged: dict[str, dict[int, float]] = {}
+    for file in event_files(directory):
+        acc = event_accumulator.EventAccumulator(str(file), size_guidance={event_accumulator.SCALARS: 0})
+        acc.Reload()
+        scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+        first = min((step for values in scalars.values() for step in values), default=None)
+        for tag, values in merged.items():  # a resumed writer's steps replace the older ones from its first
+            merged[tag] = {s: v for s, v in values.items() if first is None or s < first}
+        for tag, values in scalars.items():
+            merged.setdefault(tag, {}).update(values)
 
     def series(tag: str) -> dict[int, float]:
-        # Later events win: a step logged again after a resume replaces the earlier value.
-        return {e.step: e.value for e in acc.Scalars(tag)} if tag in tags else {}
+        return merged.get(tag, {})
 
     samples = series("train/samples")
     if not samples:
