@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncgrpo_trainer import controller, envs
+from asyncgrpo_trainer import controller, envs, occupancy
 from asyncgrpo_trainer.backends import generation, sampling
 from asyncgrpo_trainer.envs.base import Example, Score
 from asyncgrpo_trainer.models.recipe import ModelBuild
@@ -27,12 +27,17 @@ VALIDATION_TOKENS = 10
 
 
 class InProcessEngine:
-    """The real torch engine, called as the controller calls a generation group."""
+    """The real torch engine, called as the controller calls a generation group (which measures
+    its engines' idle time: `occupancy`)."""
 
     worker: generation.TorchGenerationWorker
 
+    def __init__(self) -> None:
+        self.occupancy = occupancy.Occupancy([0])
+
     async def generate(self, prompt_ids: list[int], n: int, params: Any, seed: int) -> generation.Generated:
-        return await self.worker.generate(prompt_ids, n, params, seed)
+        with self.occupancy.serving(0):
+            return await self.worker.generate(prompt_ids, n, params, seed)
 
     async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> list[float]:
         return [await self.worker.load_weights(state, version)]
