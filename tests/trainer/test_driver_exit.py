@@ -104,6 +104,7 @@ def test_a_failing_rollout_pump_stops_the_run_with_exit_1_and_reports_failed(
 
 
 @pytest.mark.trainer
+@pytest.mark.budget(300, "a driver process on the session's Ray until its train pump fails: 24-114 s in CI")
 def test_an_error_in_the_train_pump_exits_1_with_that_error(ray_address: str, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the checkpoint directory should be")
