@@ -15,6 +15,7 @@ from aiohttp import web
 
 from asyncgrpo_operator import drain, progress
 from asyncgrpo_trainer import progress as driver
+from tests.operator.test_progress_polling import serve
 
 TOKEN = "the-jobs-ray-token"
 WORKER = "demo-0-generation-worker-1"
@@ -98,16 +99,10 @@ def test_a_pending_drain_is_sent_again_less_and_less_often_until_the_pass_stops_
             posts.append(time.monotonic())
             return web.json_response({"drainedWorkers": []}, status=202)
 
-        app = web.Application()
-        app.router.add_post("/drain", accept)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, url = await serve(accept, "POST", "/drain")
         try:
             async with running_sender(retry_seconds=0.1) as (sender, _):
-                sender.deliver(JOB, drain.Request(drain_url(port), TOKEN, WORKER))
+                sender.deliver(JOB, drain.Request(url, TOKEN, WORKER))
                 await eventually(lambda: len(posts) >= 4, "four POSTs")
                 sender.forget(JOB)
                 stopped = len(posts)

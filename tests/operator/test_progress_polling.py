@@ -46,15 +46,16 @@ TOKEN = "the-jobs-ray-token"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def serve(handler: Handler) -> tuple[web.AppRunner, str]:
+async def serve(handler: Handler, method: str = "GET", path: str = "/progress") -> tuple[web.AppRunner, str]:
+    """A local HTTP server answering `method path` with `handler`; its runner and that URL."""
     app = web.Application()
-    app.router.add_get("/progress", handler)
+    app.router.add_route(method, path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}/progress"
+    return runner, f"http://127.0.0.1:{port}{path}"
 
 
 async def read_with(handler: Handler, timeout: float = 2.0) -> ProgressReading:
