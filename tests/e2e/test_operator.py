@@ -709,18 +709,27 @@ def test_a_driver_whose_step_stops_advancing_is_reported_stalled(
     wait_until(lambda: not stalled(), "Stalled=False once the step advances", timeout=30, interval=1)
 
 
+def run_elastic_job(
+    kube_api: Api, namespace: str, driver_progress: ProgressServer, name: str, *, replicas: int
+) -> None:
+    """A job whose generation fleet may be 1 or 2 workers, starting at `replicas`, judged on 2 step
+    windows, brought to Running."""
+    manifest = job_manifest(name)
+    manifest["spec"]["cluster"]["generationWorkers"].update(
+        {"replicas": replicas, "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"windowSteps": 2}}
+    )
+    assert validate_manifest(manifest).ok
+    create_job(kube_api, namespace, manifest)
+    run_until_running(kube_api, namespace, name, driver_progress)
+
+
 def test_a_policy_starved_of_rollouts_grows_its_elastic_generation_fleet_with_an_event(
     kube_api: Api, namespace: str, operator: OperatorProcess, driver_progress: ProgressServer
 ) -> None:
     """issue 48: the driver reports that the policy waited for rollouts most of each step window; the
     operator patches the RayCluster's generation group up by one (KubeRay makes the pod) and says
     why in an event, with the numbers."""
-    elastic = {"replicas": 1, "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"windowSteps": 2}}
-    manifest = job_manifest("starved")
-    manifest["spec"]["cluster"]["generationWorkers"].update(elastic)
-    assert validate_manifest(manifest).ok
-    create_job(kube_api, namespace, manifest)
-    run_until_running(kube_api, namespace, "starved", driver_progress)
+    run_elastic_job(kube_api, namespace, driver_progress, "starved", replicas=1)
     window = {"seconds": 4.0, "generationIdleShare": 0.0, "generationGatedShare": 0.0, "generationEngines": 1}
     driver_progress.doc = {
         **driver_progress.doc,
@@ -764,12 +773,7 @@ def test_engines_idle_behind_the_gate_get_a_worker_drained_by_the_driver_then_re
     the policy is fed; the operator asks the driver (POST /drain, with the job's Ray token) to drain
     one named worker, and removes that pod from the generation group only once /progress lists
     it drained, with an event."""
-    elastic = {"replicas": 2, "minReplicas": 1, "maxReplicas": 2, "autoscaling": {"windowSteps": 2}}
-    manifest = job_manifest("gated")
-    manifest["spec"]["cluster"]["generationWorkers"].update(elastic)
-    assert validate_manifest(manifest).ok
-    create_job(kube_api, namespace, manifest)
-    run_until_running(kube_api, namespace, "gated", driver_progress)
+    run_elastic_job(kube_api, namespace, driver_progress, "gated", replicas=2)
     window = {"seconds": 4.0, "policyIdleShare": 0.05, "generationIdleShare": 0.8, "generationEngines": 2}
     driver_progress.doc = {
         **driver_progress.doc,
