@@ -25,8 +25,7 @@ import torch
 import transformers
 
 from asyncgrpo_trainer.backends import sampling
-from asyncgrpo_trainer.models import hf, recipe
-from asyncgrpo_trainer.models.tiny_checkpoint import make_tiny_checkpoint
+from asyncgrpo_trainer.models import hf, recipe, tiny_checkpoint
 from asyncgrpo_trainer.models.tokenizer import CheckpointTokenizer
 from tests.cluster.config import cache_root
 
@@ -83,7 +82,9 @@ def _lesson(rng: random.Random, tok: CheckpointTokenizer) -> tuple[list[int], li
 
 def teach_judge(directory: Path, *, seed: int = 0) -> Path:
     """A judge checkpoint in `directory` (module docstring)."""
-    make_tiny_checkpoint(directory, hidden_size=64, num_layers=2, num_heads=2, max_positions=MAX_POSITIONS)
+    tiny_checkpoint.make_tiny_checkpoint(
+        directory, hidden_size=64, num_layers=2, num_heads=2, max_positions=MAX_POSITIONS
+    )
     build, tok = recipe.pretrained_build(
         str(directory),
         max_sequence_length=MAX_POSITIONS,
@@ -117,8 +118,7 @@ def teach_judge(directory: Path, *, seed: int = 0) -> Path:
 def recipe_key() -> str:
     """What the taught judge depends on: this module's lessons and hyperparameters, the code that
     makes, trains and saves the checkpoint, and the torch and transformers versions."""
-    sources = [Path(__file__), *(Path(m.__file__ or "") for m in (hf, recipe, sampling))]
-    sources.append(Path(make_tiny_checkpoint.__code__.co_filename))
+    sources = [Path(__file__), *(Path(m.__file__ or "") for m in (hf, recipe, sampling, tiny_checkpoint))]
     digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
     for source in sources:
         digest.update(source.read_bytes())
