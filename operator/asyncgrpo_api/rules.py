@@ -27,7 +27,7 @@ from asyncgrpo_api.naming import MAX_RAYCLUSTER_NAME_LENGTH, raycluster_name
 from asyncgrpo_api.object_store_rules import object_store_problems
 from asyncgrpo_api.v1alpha1 import API_VERSION, KIND, AsyncGRPOJob, podtemplate
 from asyncgrpo_api.v1alpha1.job import KUEUE_QUEUE_LABEL, MULTIKUEUE, PREBUILT_WORKLOAD_LABEL
-from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Resources, WorkerGroup
+from asyncgrpo_api.v1alpha1.placement import GPU_RESOURCE, Autoscaling, Resources, WorkerGroup
 from asyncgrpo_api.v1alpha1.trainer import DataSpec, MegatronSpec, TinyModelSpec, TrainerSpec
 
 TRAINER = "spec.trainer"
@@ -832,6 +832,13 @@ def _warn_ignored_settings(job: AsyncGRPOJob) -> Iterator[Finding]:
         yield Finding(
             "spec.scheduler.queueName",
             "is ignored with scheduler.name default; set name kueue, kai or volcano",
+        )
+    generation = job.spec.cluster.generation_workers
+    if not generation.elastic and generation.autoscaling != Autoscaling():
+        yield Finding(
+            "spec.cluster.generationWorkers.autoscaling",
+            "is ignored by a fixed fleet (minReplicas and maxReplicas unset or equal to replicas); set "
+            "minReplicas below or maxReplicas above replicas, or remove it",
         )
     if trainer.grpo.val_period and trainer.data.num_validation_prompts == 0:
         yield Finding(

@@ -216,6 +216,20 @@ def test_an_elastic_generation_fleet_between_its_bounds_is_accepted(base_job: di
     assert validate_manifest(base_job).ok, errors_of(base_job)
 
 
+def test_an_autoscaling_rule_on_a_fixed_fleet_is_named_as_ignored_and_on_an_elastic_one_is_not(
+    base_job: dict[str, Any],
+) -> None:
+    rule = {"autoscaling": {"windowSteps": 2}}
+    base_job["spec"]["cluster"] = {"generationWorkers": {"replicas": 2, **rule}}
+    report = validate_manifest(base_job)
+    assert report.ok
+    (ignored,) = [w for w in report.warnings if w.path == f"{GEN}.autoscaling"]
+    assert "is ignored by a fixed fleet" in ignored.message, ignored.message
+    assert "maxReplicas above replicas" in ignored.message, ignored.message
+    base_job["spec"]["cluster"] = {"generationWorkers": {"replicas": 2, "maxReplicas": 3, **rule}}
+    assert not [w for w in validate_manifest(base_job).warnings if w.path == f"{GEN}.autoscaling"]
+
+
 @pytest.mark.parametrize(
     ("bounds", "finding"),
     [
